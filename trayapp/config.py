@@ -1,0 +1,504 @@
+"""Settings and paths.
+
+Every setting's default, type, limits and comment live in one table (``SETTINGS``). ``config.toml``
+is hand-editable: a bad key or value gives a message that names it and the default is used for
+that key; saving edits the user's file in place (comments kept) and never writes less than the
+user wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python < 3.11
+    import tomli as tomllib
+
+APP_NAME = "headroom"
+
+# ---------------------------------------------------------------------------------------------
+# Sizes and thresholds
+
+
+class ConfigError(ValueError):
+    """A value that cannot be used; the message names the problem in one line."""
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: Any) -> int:
+    """``"2 GiB"`` -> bytes. A bare number is bytes. Raises ConfigError on anything else."""
+    if isinstance(text, bool):
+        raise ConfigError(f"{text!r} is not a size")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ConfigError(f"{text!r} is negative")
+        return int(text)
+    m = _SIZE_RE.match(str(text))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ConfigError(f"{text!r} is not a size like \"2048 MiB\" or \"2 GiB\"")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """An amount of available memory, as a share of the total or as a size."""
+
+    percent: Optional[float] = None
+    size_bytes: Optional[int] = None
+
+    @classmethod
+    def parse(cls, value: Any) -> "Threshold":
+        text = str(value).strip()
+        if text.endswith("%"):
+            try:
+                pct = float(text[:-1])
+            except ValueError:
+                raise ConfigError(f"{value!r} is not a percentage like \"15%\"") from None
+            if not 0 <= pct <= 100:
+                raise ConfigError(f"{value!r} is not between 0% and 100%")
+            return cls(percent=pct)
+        try:
+            return cls(size_bytes=parse_size(value))
+        except ConfigError:
+            raise ConfigError(
+                f"{value!r} is not a percentage like \"15%\" or a size like \"2 GiB\""
+            ) from None
+
+    def bytes_of(self, total_bytes: int) -> int:
+        if self.percent is not None:
+            return int(total_bytes * self.percent / 100.0)
+        return int(self.size_bytes or 0)
+
+    def __str__(self) -> str:
+        if self.percent is not None:
+            return f"{self.percent:g}%"
+        return format_bytes(self.size_bytes or 0)
+
+
+def format_bytes(n: Optional[float], digits: int = 1) -> str:
+    """Human-readable bytes in binary units; ``None`` reads "n/a"."""
+    if n is None:
+        return "n/a"
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{sign}{int(n)} B"
+            return f"{sign}{n:.{digits}f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.{digits}f} TiB"  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------
+# The table of settings
+
+
+def _as_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{v!r} is not a number")
+    return float(v)
+
+
+def _as_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{v!r} is not a whole number")
+    return v
+
+
+def _as_bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{v!r} is not true or false")
+    return v
+
+
+def _as_threshold(v: Any) -> str:
+    Threshold.parse(v)
+    return str(v)
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in options:
+            raise ConfigError(f"{v!r} is not one of {', '.join(options)}")
+        return str(v)
+
+    return check
+
+
+@dataclass(frozen=True)
+class Setting:
+    section: str
+    key: str
+    default: Any
+    convert: Callable[[Any], Any]
+    comment: str
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}"
+
+    def check(self, value: Any) -> Any:
+        v = self.convert(value)
+        if self.minimum is not None and v < self.minimum:
+            raise ConfigError(f"{value!r} is below the minimum {self.minimum:g}")
+        if self.maximum is not None and v > self.maximum:
+            raise ConfigError(f"{value!r} is above the maximum {self.maximum:g}")
+        return v
+
+
+SETTINGS: Tuple[Setting, ...] = (
+    # [engine]
+    Setting("engine", "sample_interval", 1.0, _as_float,
+            "Seconds between samples while memory is calm; the guard samples faster (down to "
+            "0.02 s) as headroom shrinks.", 0.02, 60),
+    Setting("engine", "idle_exit_seconds", 60.0, _as_float,
+            "Without --stay, the engine exits after this long with no clients and no jobs.", 1, 86400),
+    Setting("engine", "publish_hz", 4.0, _as_float,
+            "Most snapshots a second sent to the tray and other subscribers.", 0.1, 10),
+    # [history]
+    Setting("history", "raw_hours", 24.0, _as_float,
+            "Hours of every sample kept (at most one a second).", 1, 24 * 7),
+    Setting("history", "keep_days", 30.0, _as_float,
+            "Days of one-minute min/mean/max kept.", 1, 3650),
+    # [guard]
+    Setting("guard", "mode", "act", _choice("act", "dry-run", "off"),
+            "act: warn, pause and park jobs; dry-run: record what it would do and do nothing; "
+            "off: watch only."),
+    Setting("guard", "warn_available", "15%", _as_threshold,
+            "Warn when available memory falls below this (a share like \"15%\" or a size like "
+            "\"2 GiB\")."),
+    Setting("guard", "pause_available", "8%", _as_threshold,
+            "Pause the guard's jobs when available memory falls below this."),
+    Setting("guard", "park_available", "5%", _as_threshold,
+            "Park (checkpoint and end) a job when available memory falls below this."),
+    Setting("guard", "resume_available", "20%", _as_threshold,
+            "Resume paused jobs when available memory is back above this."),
+    Setting("guard", "warn_horizon_seconds", 60.0, _as_float,
+            "Warn when memory is predicted to run out within this many seconds.", 0, 3600),
+    Setting("guard", "pause_horizon_seconds", 10.0, _as_float,
+            "Pause when memory is predicted to run out within this many seconds.", 0, 3600),
+    Setting("guard", "psi_full_threshold", 20.0, _as_float,
+            "Memory pressure: warn when PSI \"full avg10\" (percent of time all tasks stall on "
+            "memory) stays above this...", 0, 100),
+    Setting("guard", "psi_duration_seconds", 20.0, _as_float,
+            "...for this many seconds.", 0, 3600),
+    Setting("guard", "vram_warn_percent", 95.0, _as_float,
+            "Warn when a GPU's memory use passes this percentage.", 1, 100),
+    Setting("guard", "budget_warn_percent", 90.0, _as_float,
+            "Warn when a job reaches this share of its RAM or VRAM budget (pause at 100%).", 1, 100),
+    Setting("guard", "pause_deadline_seconds", 2.0, _as_float,
+            "How long a Keras job gets to pause at a batch end before it is suspended.", 0.05, 60),
+    Setting("guard", "auto_resume", True, _as_bool,
+            "Resume paused jobs by itself when memory is back (per job, overridable)."),
+    Setting("guard", "resume_after_seconds", 10.0, _as_float,
+            "Memory must stay above resume_available this long before an automatic resume.", 0, 3600),
+    Setting("guard", "cooldown_seconds", 30.0, _as_float,
+            "After an automatic resume, wait this long before pausing the same job again "
+            "for a predicted (not actual) shortage.", 0, 3600),
+    # [ui]
+    Setting("ui", "notifications", True, _as_bool, "Show desktop notifications."),
+    Setting("ui", "show_dashboard_at_start", False, _as_bool,
+            "Open the dashboard when Headroom starts (otherwise only the tray icon)."),
+    Setting("ui", "start_at_login", False, _as_bool, "Start Headroom when you log in."),
+)
+
+SETTINGS_BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+SECTIONS = tuple(dict.fromkeys(s.section for s in SETTINGS))
+# Sections holding lists or tables the flat table above does not describe.
+FREE_FORM = {("guard", "rules")}
+
+
+@dataclass
+class Config:
+    """Loaded settings: ``values["guard.mode"]``, plus the messages about what was wrong."""
+
+    values: Dict[str, Any] = field(default_factory=lambda: {s.name: s.default for s in SETTINGS})
+    rules: List[Dict[str, Any]] = field(default_factory=list)
+    problems: List[str] = field(default_factory=list)
+    path: Optional[Path] = None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def threshold(self, name: str) -> Threshold:
+        return Threshold.parse(self.values[name])
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {sec: {} for sec in SECTIONS}
+        for s in SETTINGS:
+            out[s.section][s.key] = self.values[s.name]
+        out["guard"]["rules"] = list(self.rules)
+        return out
+
+
+def _check_rules(raw: Any, problems: List[str]) -> List[Dict[str, Any]]:
+    rules: List[Dict[str, Any]] = []
+    if not isinstance(raw, list):
+        problems.append("config: [[guard.rules]] must be a list of tables; ignored")
+        return rules
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict) or not isinstance(r.get("process"), str):
+            problems.append(f"config: guard rule {i + 1} needs process = \"name pattern\"; ignored")
+            continue
+        action = r.get("action", "warn")
+        if action not in ("warn", "pause", "stop"):
+            problems.append(f"config: guard rule {i + 1}: action {action!r} is not warn, pause or "
+                            "stop; ignored")
+            continue
+        rules.append({"process": r["process"], "action": action})
+    return rules
+
+
+def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
+    """Validate a parsed TOML mapping; every problem is a message and that key's default."""
+    cfg = Config(path=path)
+    for sec, table in data.items():
+        if sec not in SECTIONS:
+            cfg.problems.append(f"config: unknown section [{sec}]; ignored")
+            continue
+        if not isinstance(table, dict):
+            cfg.problems.append(f"config: [{sec}] must be a table; using the defaults")
+            continue
+        for key, value in table.items():
+            if (sec, key) in FREE_FORM:
+                cfg.rules = _check_rules(value, cfg.problems)
+                continue
+            setting = SETTINGS_BY_NAME.get(f"{sec}.{key}")
+            if setting is None:
+                cfg.problems.append(f"config: unknown setting {sec}.{key}; ignored")
+                continue
+            try:
+                cfg.values[setting.name] = setting.check(value)
+            except ConfigError as e:
+                cfg.problems.append(
+                    f"config: {setting.name} = {value!r}: {e}; using the default {setting.default!r}"
+                )
+    _check_order(cfg)
+    return cfg
+
+
+def _check_order(cfg: Config) -> None:
+    """The ladder's thresholds must nest; when they do not, say so (they still apply)."""
+    try:
+        t = {k: cfg.threshold(f"guard.{k}_available") for k in ("warn", "pause", "park", "resume")}
+    except ConfigError:  # pragma: no cover - validated above
+        return
+    ref = 16 * 1024**3
+    if not (t["park"].bytes_of(ref) <= t["pause"].bytes_of(ref) <= t["warn"].bytes_of(ref)):
+        cfg.problems.append("config: guard thresholds should satisfy park <= pause <= warn")
+
+
+def load(path: Path) -> Config:
+    """Read ``config.toml``; a missing file is the defaults, a broken one is the defaults and a
+    message. Never raises."""
+    if not path.exists():
+        return Config(path=path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        cfg = Config(path=path)
+        cfg.problems.append(f"config: {path} cannot be read ({_one_line(e)}); using the defaults")
+        return cfg
+    return from_mapping(data, path)
+
+
+def _one_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def default_text() -> str:
+    """A complete, commented ``config.toml`` holding every default."""
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("Headroom settings. Delete a line to get its default back."))
+    for sec in SECTIONS:
+        table = tomlkit.table()
+        for s in SETTINGS:
+            if s.section != sec:
+                continue
+            table.add(tomlkit.comment(s.comment))
+            table.add(s.key, s.default)
+        if sec == "guard":
+            table.add(tomlkit.comment(
+                "Rules for processes Headroom did not start, e.g.\n"
+                "# [[guard.rules]]\n# process = \"chrome*\"\n# action = \"warn\"   # warn | pause | stop"
+            ))
+        doc.add(sec, table)
+    return tomlkit.dumps(doc)
+
+
+def save_value(path: Path, name: str, value: Any) -> Any:
+    """Set one setting in the user's file (comments and other keys kept), atomically.
+
+    Returns the converted value. Raises ConfigError for an unknown name or a bad value; nothing
+    is written then. A file that cannot be parsed is moved aside (its name gets the time) first.
+    """
+    import tomlkit
+
+    setting = SETTINGS_BY_NAME.get(name)
+    if setting is None:
+        raise ConfigError(f"unknown setting {name}")
+    checked = setting.check(value)
+    doc: Any
+    if path.exists():
+        try:
+            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+        except Exception:  # tomlkit raises several types for broken files
+            aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(path, aside)
+            doc = tomlkit.parse(default_text())
+    else:
+        doc = tomlkit.parse(default_text())
+    if setting.section not in doc or not isinstance(doc[setting.section], dict):
+        doc[setting.section] = tomlkit.table()
+    doc[setting.section][setting.key] = checked
+    atomic_write(path, tomlkit.dumps(doc))
+    return checked
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where Headroom keeps its state. Tests point ``HEADROOM_HOME`` at a temporary folder."""
+
+    home: Path
+    config_file: Path
+    data_dir: Path
+    runtime_dir: Path
+
+    @property
+    def db_file(self) -> Path:
+        return self.data_dir / "headroom.db"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "engine.log"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.data_dir / "engine.lock"
+
+    @property
+    def control_address(self) -> str:
+        if sys.platform == "win32":
+            return r"\\.\pipe\headroom-" + _short_hash(str(self.data_dir))
+        return str(self.runtime_dir / "engine.sock")
+
+    @property
+    def key_file(self) -> Path:
+        return self.runtime_dir / "engine.key"
+
+    def job_address(self, job_id: str) -> str:
+        if sys.platform == "win32":
+            return r"\\.\pipe\headroom-" + _short_hash(str(self.data_dir)) + "-job-" + job_id
+        return str(self.runtime_dir / f"job-{job_id}.sock")
+
+    def ensure(self) -> None:
+        """Create the folders; the runtime folder is private to the user (0700)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.parent.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(self.runtime_dir)
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Make ``path`` a folder only this user can enter; refuse one owned by someone else."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if sys.platform != "win32":
+        st = path.stat()
+        if st.st_uid != os.getuid():
+            raise ConfigError(f"{path} belongs to another user; refusing to use it")
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+
+
+# Unix socket paths must fit in sun_path (108 bytes on Linux, 104 on macOS).
+_SOCKET_PATH_MAX = 100
+
+
+def _runtime_dir_for(data_dir: Path) -> Path:
+    candidate = data_dir / "run"
+    if sys.platform == "win32" or len(str(candidate / "job-0123456789ab.sock")) <= _SOCKET_PATH_MAX:
+        return candidate
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"headroom-{uid}" / _short_hash(str(data_dir))
+
+
+def get_paths(config_override: Optional[str] = None) -> Paths:
+    """The paths for this user, or under ``HEADROOM_HOME`` when it is set."""
+    home_env = os.environ.get("HEADROOM_HOME")
+    if home_env:
+        home = Path(home_env).expanduser().absolute()
+        config_file = home / "config.toml"
+        data_dir = home
+    else:
+        import platformdirs
+
+        home = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+        config_file = Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)) / "config.toml"
+        data_dir = home
+    if config_override:
+        config_file = Path(config_override).expanduser().absolute()
+    return Paths(home=home, config_file=config_file, data_dir=data_dir,
+                 runtime_dir=_runtime_dir_for(data_dir))

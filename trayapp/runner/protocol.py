@@ -1,0 +1,83 @@
+"""The job channel: messages between a job's runner and the engine, defined once.
+
+Stdlib only and Python >= 3.9: this module runs inside the user's own interpreter. The engine
+imports it too (``trayapp.runner.protocol``). Messages are JSON objects sent with
+``multiprocessing.connection`` ``send_bytes``/``recv_bytes``, authenticated with a key that is
+different for every job. Nothing is ever unpickled.
+
+The runner is the client: it connects to the address the engine gave it, says ``hello``, and
+reconnects (saying ``hello`` again) whenever the engine goes away and comes back.
+"""
+
+import json
+
+# Environment variables the launcher sets for the runner. The runner removes the key-file
+# variable before the user's script runs.
+ENV_JOB_ID = "HEADROOM_JOB_ID"
+ENV_ADDRESS = "HEADROOM_JOB_ADDRESS"
+ENV_KEYFILE = "HEADROOM_JOB_KEYFILE"
+ENV_OPTIONS = "HEADROOM_JOB_OPTIONS"  # JSON: the options the runner applies inside TensorFlow
+
+# Exit status of a job that was parked: checkpointed, training stopped, process ended on purpose.
+# 75 is EX_TEMPFAIL in sysexits.h: "try again later", which is what a parked job means.
+PARK_EXIT_CODE = 75
+
+MAX_MESSAGE_BYTES = 1 << 20
+
+# job -> engine
+HELLO = "hello"  # applied options, versions, devices, whether fit() is hooked
+PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory
+STATE = "state"  # state: running | pausing | paused | checkpointing | parking
+CHECKPOINTED = "checkpointed"  # path, epoch
+NOTE = "note"  # level, message (e.g. "no fit() call: progress not available")
+BYE = "bye"  # reason: finished | parked | error, exit_code
+
+# engine -> job
+PAUSE = "pause"
+RESUME = "resume"
+CHECKPOINT = "checkpoint"
+PARK = "park"
+STOP = "stop"
+
+JOB_MESSAGES = frozenset({HELLO, PROGRESS, STATE, CHECKPOINTED, NOTE, BYE})
+ENGINE_COMMANDS = frozenset({PAUSE, RESUME, CHECKPOINT, PARK, STOP})
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid JSON, not an object, too large, or of an unknown type."""
+
+
+def encode(message):
+    """A message (a dict with a ``type``) as bytes for ``send_bytes``."""
+    data = json.dumps(message, separators=(",", ":"), allow_nan=False, default=str).encode("utf-8")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("message too large")
+    return data
+
+
+def decode(data, allowed=None):
+    """Bytes from ``recv_bytes`` as a dict; raises ProtocolError on anything else.
+
+    ``allowed``: the set of message types accepted (``JOB_MESSAGES`` on the engine side,
+    ``ENGINE_COMMANDS`` in the runner).
+    """
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("message too large")
+    try:
+        message = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError("not JSON: %s" % (str(e).splitlines() or ["?"])[0]) from None
+    if not isinstance(message, dict):
+        raise ProtocolError("not a JSON object")
+    kind = message.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("no message type")
+    if allowed is not None and kind not in allowed:
+        raise ProtocolError("unknown message type %r" % kind)
+    return message
+
+
+def make(kind, **fields):
+    message = {"type": kind}
+    message.update(fields)
+    return message
