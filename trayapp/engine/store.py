@@ -652,34 +652,31 @@ class Store:
     ) -> Dict[str, Any]:
         m_start, m_end = math.floor(start / 60.0), math.floor(end / 60.0)
         rolled = self._rolled_until
-        # per series: minute -> [min, sum, max, n]
-        acc: Dict[str, Dict[int, List[float]]] = {}
-        out: Dict[str, Dict[str, List[float]]] = {}
+        done: Dict[str, List[Tuple[float, float, float, float]]] = {}  # rolled-up minutes
+        live: Dict[str, Dict[int, List[float]]] = {}  # newer: minute -> [min, sum, max, n]
         try:
             conn = self._db()
             for name in names:
                 sid = self._ids.get(name)
                 if sid is None:
                     continue
-                minutes: Dict[int, List[float]] = {}
                 if m_start < rolled:
-                    for m, lo, mean, hi, n in conn.execute(
-                        "SELECT m, vmin, vmean, vmax, n FROM minutes"
+                    done[name] = conn.execute(
+                        "SELECT m * 60.0, vmin, vmean, vmax FROM minutes"
                         " WHERE series_id = ? AND m >= ? AND m <= ? AND m < ? ORDER BY m",
                         (sid, m_start, m_end, rolled),
-                    ):
-                        minutes[m] = [lo, mean * n, hi, n]
+                    ).fetchall()
                 if m_end >= rolled:
                     # Minutes not rolled up yet come straight from the raw tier.
-                    for m, lo, total, hi, n in conn.execute(
-                        "SELECT CAST(t / 60 AS INTEGER), MIN(v), SUM(v), MAX(v), COUNT(*)"
-                        " FROM samples WHERE series_id = ? AND t >= ? AND t < ?"
-                        " GROUP BY CAST(t / 60 AS INTEGER)",
-                        (sid, max(m_start, rolled) * 60.0, (m_end + 1) * 60.0),
-                    ):
-                        minutes[m] = [lo, total, hi, n]
-                if minutes:
-                    acc[name] = minutes
+                    live[name] = {
+                        m: [lo, total, hi, n]
+                        for m, lo, total, hi, n in conn.execute(
+                            "SELECT CAST(t / 60 AS INTEGER), MIN(v), SUM(v), MAX(v), COUNT(*)"
+                            " FROM samples WHERE series_id = ? AND t >= ? AND t < ?"
+                            " GROUP BY CAST(t / 60 AS INTEGER)",
+                            (sid, max(m_start, rolled) * 60.0, (m_end + 1) * 60.0),
+                        )
+                    }
         except sqlite3.Error as e:
             self._read_failed("history", e)
         wanted = set(names)
@@ -687,23 +684,25 @@ class Store:
             m = math.floor(t / 60.0)
             if name not in wanted or m < rolled:
                 continue
-            cell = acc.setdefault(name, {}).get(m)
+            minutes = live.setdefault(name, {})
+            cell = minutes.get(m)
             if cell is None:
-                acc[name][m] = [v, v, v, 1]
+                minutes[m] = [v, v, v, 1]
             else:
                 cell[0] = min(cell[0], v)
                 cell[1] += v
                 cell[2] = max(cell[2], v)
                 cell[3] += 1
-        for name, minutes in acc.items():
-            keys = sorted(minutes)
-            cells = [minutes[m] for m in keys]
-            out[name] = {
-                "t": [m * 60.0 for m in keys],
-                "min": [c[0] for c in cells],
-                "mean": [c[1] / c[3] for c in cells],
-                "max": [c[2] for c in cells],
-            }
+        out: Dict[str, Dict[str, List[float]]] = {}
+        for name in names:
+            minutes = live.get(name, {})
+            rows = done.get(name, []) + [
+                (m * 60.0, c[0], c[1] / c[3], c[2])
+                for m, c in sorted(minutes.items())
+            ]
+            if rows:
+                times, lows, means, highs = (list(col) for col in zip(*rows))
+                out[name] = {"t": times, "min": lows, "mean": means, "max": highs}
         return out
 
     # -----------------------------------------------------------------------------------------
