@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, Union
 
 from trayapp.probes.snapshot import MemoryReading
 
@@ -438,7 +438,7 @@ class PsutilMemoryProbe:
         )
 
 
-def make_memory_probe(**kw: object) -> "MemoryProbe | PsutilMemoryProbe":
+def make_memory_probe(**kw: object) -> Union[MemoryProbe, PsutilMemoryProbe]:
     """The probe for this platform: MemoryProbe on Linux, PsutilMemoryProbe elsewhere.
 
     Keyword arguments go to the probe; the psutil probe takes only ``clock``.
