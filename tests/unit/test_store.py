@@ -428,6 +428,36 @@ def test_a_corrupt_file_is_moved_aside_and_a_new_one_made(db: Path, clock: Clock
     assert any(str(moved) in r.getMessage() for r in caplog.records)
 
 
+def test_a_file_that_goes_corrupt_while_open_is_replaced(db: Path, clock: Clock):
+    s = Store(db, clock=clock)
+    try:
+        for i in range(3000):
+            s.add_sample(T0 + i, {f"s{k}": float(i) for k in range(5)})
+        s.flush()
+        other = sqlite3.connect(str(db))
+        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = db.stat().st_size
+        with open(db, "r+b") as f:  # the sample pages, past the first tables' roots
+            f.seek(20 * 4096)
+            f.write(os.urandom(size - 20 * 4096))
+        # A commit from elsewhere makes the store drop its page cache and read the disk.
+        other.execute("INSERT INTO meta (key, value) VALUES ('touched', '1')")
+        other.commit()
+        other.close()
+
+        assert s.history(T0, T0 + 3000)["series"] == {}
+        moved = s.recovered_from
+        assert moved is not None and moved.exists()
+        assert [(e["kind"], str(moved) in e["message"]) for e in s.events()] == [
+            ("store_recovered", True)]
+        s.add_sample(T0 + 4000, {"a": 1.0})
+        s.flush()
+        assert s.history(T0 + 3999, T0 + 4001)["series"] == {"a": {"t": [T0 + 4000], "v": [1.0]}}
+        assert s.write_error is None
+    finally:
+        s.close()
+
+
 def test_an_empty_file_is_a_new_database_not_a_corrupt_one(db: Path, clock: Clock):
     db.write_bytes(b"")
     with Store(db, clock=clock) as s:

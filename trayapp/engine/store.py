@@ -468,6 +468,7 @@ class Store:
                 return
             with self._buf_lock:
                 pending, self._buf = self._buf, []
+            wrote = False
             if pending or self._pending_events:
                 try:
                     self._write_rows(pending)
@@ -478,7 +479,7 @@ class Store:
                         self._trim_buffer()
                     self._write_failed("history", e)
                     return
-                self._write_ok()
+                wrote = True
             now = self._clock()
             last = self._last_maintenance
             if last is None or now - last >= MAINTENANCE_INTERVAL_SECONDS or now < last:
@@ -489,6 +490,9 @@ class Store:
                     self._write_failed("the minute roll-up", e)
                     return
                 self._last_maintenance = now
+                wrote = True
+            # Cleared only when every step worked, so a failing step is not logged each time.
+            if wrote:
                 self._write_ok()
 
     def _write_rows(self, rows: List[Row]) -> None:
