@@ -74,7 +74,7 @@ class Threshold:
     size_bytes: Optional[int] = None
 
     @classmethod
-    def parse(cls, value: Any) -> "Threshold":
+    def parse(cls, value: Any) -> Threshold:
         text = str(value).strip()
         if text.endswith("%"):
             try:
@@ -183,7 +183,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "Seconds between samples while memory is calm; the guard samples faster (down to "
             "0.02 s) as headroom shrinks.", 0.02, 60),
     Setting("engine", "idle_exit_seconds", 60.0, _as_float,
-            "Without --stay, the engine exits after this long with no clients and no jobs.", 1, 86400),
+            "Without --stay, the engine exits after this long with no clients and no jobs.",
+            1, 86400),
     Setting("engine", "publish_hz", 4.0, _as_float,
             "Most snapshots a second sent to the tray and other subscribers.", 0.1, 10),
     # [history]
@@ -216,13 +217,15 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("guard", "vram_warn_percent", 95.0, _as_float,
             "Warn when a GPU's memory use passes this percentage.", 1, 100),
     Setting("guard", "budget_warn_percent", 90.0, _as_float,
-            "Warn when a job reaches this share of its RAM or VRAM budget (pause at 100%).", 1, 100),
+            "Warn when a job reaches this share of its RAM or VRAM budget (pause at 100%).",
+            1, 100),
     Setting("guard", "pause_deadline_seconds", 2.0, _as_float,
             "How long a Keras job gets to pause at a batch end before it is suspended.", 0.05, 60),
     Setting("guard", "auto_resume", True, _as_bool,
             "Resume paused jobs by itself when memory is back (per job, overridable)."),
     Setting("guard", "resume_after_seconds", 10.0, _as_float,
-            "Memory must stay above resume_available this long before an automatic resume.", 0, 3600),
+            "Memory must stay above resume_available this long before an automatic resume.",
+            0, 3600),
     Setting("guard", "cooldown_seconds", 30.0, _as_float,
             "After an automatic resume, wait this long before pausing the same job again "
             "for a predicted (not actual) shortage.", 0, 3600),
@@ -302,7 +305,8 @@ def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
                 cfg.values[setting.name] = setting.check(value)
             except ConfigError as e:
                 cfg.problems.append(
-                    f"config: {setting.name} = {value!r}: {e}; using the default {setting.default!r}"
+                    f"config: {setting.name} = {value!r}: {e}; "
+                    f"using the default {setting.default!r}"
                 )
     _check_order(cfg)
     return cfg
@@ -353,7 +357,8 @@ def default_text() -> str:
         if sec == "guard":
             table.add(tomlkit.comment(
                 "Rules for processes Headroom did not start, e.g.\n"
-                "# [[guard.rules]]\n# process = \"chrome*\"\n# action = \"warn\"   # warn | pause | stop"
+                "# [[guard.rules]]\n# process = \"chrome*\"\n"
+                "# action = \"warn\"   # warn | pause | stop"
             ))
         doc.add(sec, table)
     return tomlkit.dumps(doc)
@@ -389,11 +394,17 @@ def save_value(path: Path, name: str, value: Any) -> Any:
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a crash leaves the old file."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        # mkstemp makes the file 0600, so a key is never readable by others, even briefly.
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)

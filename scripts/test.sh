@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set everything up and run the checks: ruff, mypy and the test suite.
+#   HEADROOM_TEST_PACKAGING=1 also builds the installers and tests them (slow; CI sets it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh test
+echo "== ruff"
+.venv/bin/ruff check trayapp tests benchmarks scripts packaging
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,129 @@
+"""Shared fixtures: a private state folder per test and real engine processes on it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+from trayapp.config import Paths, get_paths
+from trayapp.engine.client import EngineClient, EngineUnavailable
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh HEADROOM_HOME for this test (set in the environment for child processes too)."""
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("HEADROOM_HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def paths(home: Path) -> Paths:
+    return get_paths()
+
+
+def headroom_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-m", "trayapp", *args]
+
+
+class EngineProcess:
+    """A real engine (``python -m trayapp engine``) on the test's state folder."""
+
+    def __init__(self, paths: Paths, demo: bool = False, stay: bool = True,
+                 env: Optional[Dict[str, str]] = None, config: Optional[str] = None):
+        self.paths = paths
+        args = []
+        if config:
+            args += ["--config", config]
+        if demo:
+            args.append("--demo")
+        args.append("engine")
+        if stay:
+            args.append("--stay")
+        full_env = dict(os.environ)
+        full_env["HEADROOM_HOME"] = str(paths.home)
+        full_env.update(env or {})
+        self.stderr_path = paths.home / f"engine-stderr-{time.monotonic_ns()}.log"
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(headroom_cmd(*args), env=full_env, cwd=str(REPO),
+                                     stdout=subprocess.DEVNULL, stderr=self._stderr,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout: float = 20.0) -> EngineProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"engine exited with {self.proc.returncode}:\n{self.stderr}")
+            try:
+                with EngineClient(self.paths, timeout=2.0) as c:
+                    if c.ping()["pid"] == self.proc.pid:
+                        return self
+            except EngineUnavailable:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"engine not ready in {timeout} s:\n{self.stderr}")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def client(self, timeout: float = 10.0) -> EngineClient:
+        return EngineClient(self.paths, timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_engine(paths: Paths) -> Iterator:
+    """A factory: ``start_engine(demo=False, stay=True)`` -> a ready EngineProcess; every engine
+    it started is stopped at the end of the test."""
+    started: List[EngineProcess] = []
+
+    def start(demo: bool = False, stay: bool = True, wait: bool = True,
+              env: Optional[Dict[str, str]] = None, config: Optional[str] = None) -> EngineProcess:
+        e = EngineProcess(paths, demo=demo, stay=stay, env=env, config=config)
+        started.append(e)
+        return e.wait_ready() if wait else e
+
+    yield start
+    for e in started:
+        e.stop()
+
+
+@pytest.fixture
+def engine(start_engine) -> EngineProcess:  # type: ignore[no-untyped-def]
+    """One running engine (no simulated GPUs) on the test's state folder."""
+    return start_engine()
+
+
+def run_cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 120,
+            cwd: Optional[str] = None, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run ``headroom ARGS`` as a user would; returns the completed process (text output)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(headroom_cmd(*args), env=full_env, cwd=cwd or str(REPO),
+                          capture_output=True, text=True, timeout=timeout, input=input)

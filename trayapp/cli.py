@@ -1,0 +1,322 @@
+"""The command line: ``headroom [tray] | engine | status | run | jobs | pause | resume | park |
+stop | doctor``. Every command is a client of the engine; bad usage exits 2 with one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, NoReturn, Optional, Sequence
+
+from trayapp import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_ENGINE = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """Bad usage or bad input: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: the user sees what is wrong and where to look.
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _common(parser: argparse.ArgumentParser, top: bool) -> None:
+    # On sub-commands the defaults are SUPPRESS so they do not overwrite the top level's values.
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--config", metavar="PATH", default=default,
+                        help="use this config.toml instead of the one in the state folder")
+    parser.add_argument("--demo", action="store_true",
+                        default=False if top else argparse.SUPPRESS,
+                        help="use simulated GPUs (to try Headroom without an NVIDIA GPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="headroom",
+                description="Headroom watches RAM and GPU memory, launches Keras/TensorFlow "
+                            "training with real memory options, and pauses jobs before the "
+                            "machine locks up. Without a command it starts the tray.",
+                epilog="HEADROOM_HOME=DIR keeps all state (settings, history, jobs) under DIR.")
+    p.add_argument("--version", action="version", version=f"headroom {__version__}")
+    _common(p, top=True)
+    p.add_argument("--open", choices=("dashboard", "launch", "jobs", "settings"),
+                   help="also open this window at start")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    e = sub.add_parser("engine", help="run the engine (the guard) in the foreground")
+    _common(e, top=False)
+    e.add_argument("--stay", action="store_true",
+                   help="keep running with no clients and no jobs")
+
+    s = sub.add_parser("status", help="RAM, swap, pressure, GPUs, the guard and the jobs")
+    _common(s, top=False)
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
+    s.add_argument("--watch", type=_positive_float, metavar="SECONDS",
+                   help="refresh every SECONDS until Ctrl-C")
+
+    r = sub.add_parser("run", help="launch a training script under the guard")
+    _common(r, top=False)
+    try:  # TEMPORARY while options.py is written
+        from trayapp.jobs.options import add_run_arguments
+
+        add_run_arguments(r)
+    except ImportError:
+        pass
+
+    j = sub.add_parser("jobs", help="list the jobs")
+    _common(j, top=False)
+    j.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    j.add_argument("--all", action="store_true", help="include finished jobs")
+
+    for name, what in (("pause", "pause a job (it stops growing; memory stays)"),
+                       ("resume", "resume a paused job, or relaunch a parked one"),
+                       ("park", "checkpoint a job and end it, freeing its memory"),
+                       ("stop", "stop a job (gracefully, then forced)")):
+        a = sub.add_parser(name, help=what)
+        _common(a, top=False)
+        a.add_argument("job", metavar="JOB", help="job id or unique name")
+
+    d = sub.add_parser("doctor", help="check the driver, CUDA and TensorFlow build")
+    _common(d, top=False)
+    d.add_argument("--python", metavar="PATH", help="the interpreter to check")
+    d.add_argument("--json", action="store_true", help="print the checks as JSON")
+    return p
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def _fmt(n: Optional[float]) -> str:
+    from trayapp.config import format_bytes
+
+    return format_bytes(n)
+
+
+def _pct(part: Optional[float], whole: Optional[float]) -> str:
+    if part is None or not whole:
+        return "n/a"
+    return f"{100.0 * part / whole:.0f}%"
+
+
+def _num(v: Optional[float], unit: str, digits: int = 0) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def format_status(st: Dict[str, Any]) -> str:
+    """The status object as a compact, glanceable text (one block per part)."""
+    lines: List[str] = []
+    eng = st.get("engine") or {}
+    guard = st.get("guard") or {}
+    if eng.get("running"):
+        head = f"engine running (pid {eng.get('pid')})"
+        state = guard.get("state") or "ok"
+        mode = guard.get("mode")
+        head += f" · guard {state}" + (f" ({mode})" if mode and mode != "act" else "")
+        tte = guard.get("seconds_to_exhaustion")
+        if tte is not None:
+            head += f" · memory runs out in ~{tte:.0f} s"
+    else:
+        head = "no engine is running: readings taken now; the guard is not watching"
+    lines.append(f"Headroom {__version__} · {head}")
+    for reason in guard.get("reasons") or []:
+        lines.append(f"  ! {reason}")
+    m = st.get("memory") or {}
+    source = m.get("limit_source", "host")
+    limit = "cgroup limit" if source == "cgroup" else "host"
+    lines.append(f"RAM    {_fmt(m.get('available_bytes'))} available of "
+                 f"{_fmt(m.get('total_bytes'))} ({limit}), "
+                 f"{_pct(m.get('used_bytes'), m.get('total_bytes'))} used")
+    if m.get("swap_total_bytes"):
+        lines.append(f"Swap   {_fmt(m.get('swap_used_bytes'))} used of "
+                     f"{_fmt(m.get('swap_total_bytes'))}")
+    else:
+        lines.append("Swap   none")
+    if m.get("psi_some_avg10") is None:
+        lines.append("Pressure n/a (this kernel does not report memory pressure)")
+    else:
+        lines.append(f"Pressure some {m['psi_some_avg10']:.1f}%  full "
+                     f"{m.get('psi_full_avg10') or 0:.1f}%  (avg10)")
+    gpu_status = st.get("gpu_status") or {}
+    gpus = st.get("gpus") or []
+    if not gpus:
+        lines.append(f"GPU    {gpu_status.get('message') or 'no NVIDIA GPU found'}")
+    for g in gpus:
+        sim = " [simulated]" if g.get("simulated") else ""
+        lines.append(
+            f"GPU {g['index']}  {g.get('name')}{sim} | {_fmt(g.get('memory_used_bytes'))} / "
+            f"{_fmt(g.get('memory_total_bytes'))} | util {_num(g.get('utilization_percent'), '%')}"
+            f" | {_num(g.get('temperature_c'), '°C')} | {_num(g.get('power_watts'), ' W')}")
+        procs = g.get("processes") or []
+        if procs:
+            lines.append("       " + ", ".join(
+                f"{p.get('name')} ({p.get('pid')}) {_fmt(p.get('used_memory_bytes'))}"
+                for p in procs))
+    if gpu_status.get("driver_version"):
+        lines.append(f"       driver {gpu_status['driver_version']}, CUDA "
+                     f"{gpu_status.get('cuda_driver_version') or 'n/a'}")
+    jobs = st.get("jobs") or []
+    if not jobs:
+        lines.append("Jobs   none")
+    for jb in jobs:
+        lines.append("Job    " + format_job_line(jb))
+    return "\n".join(lines)
+
+
+def format_job_line(jb: Dict[str, Any]) -> str:
+    parts = [f"{jb.get('id')} {jb.get('name')}", str(jb.get("state"))]
+    if jb.get("epochs"):
+        parts.append(f"epoch {jb.get('epoch') or 0}/{jb['epochs']}")
+    if jb.get("steps"):
+        parts.append(f"step {jb.get('step') or 0}/{jb['steps']}")
+    loss = (jb.get("metrics") or {}).get("loss")
+    if isinstance(loss, (int, float)):
+        parts.append(f"loss {loss:.4g}")
+    parts.append(f"RAM {_fmt(jb.get('rss_bytes'))}")
+    parts.append(f"VRAM {_fmt(jb.get('vram_bytes'))}")
+    if jb.get("exit_code") is not None:
+        parts.append(f"exit {jb['exit_code']}")
+    return " · ".join(parts)
+
+
+def local_status(demo: bool) -> Dict[str, Any]:
+    """The status read from the probes directly, for when no engine runs."""
+    from trayapp.probes.gpu import make_backend
+    from trayapp.probes.memory import make_memory_probe
+    from trayapp.probes.snapshot import Snapshot
+
+    backend = make_backend(demo=demo)
+    try:
+        memory = make_memory_probe().read()
+        snap = Snapshot(memory.time, memory, tuple(backend.read()), backend.status)
+    finally:
+        backend.close()
+    mem = snap.memory.to_json()
+    mem.pop("time", None)
+    return {"time": snap.time, "memory": mem, "gpus": [g.to_json() for g in snap.gpus],
+            "gpu_status": snap.gpu_status.to_json(),
+            "guard": {"state": None, "mode": None, "reasons": ["no engine is running"],
+                      "seconds_to_exhaustion": None},
+            "jobs": [], "engine": {"running": False}}
+
+
+def cmd_status(args: argparse.Namespace, paths: Any) -> int:
+    from trayapp.engine.client import EngineClient, EngineUnavailable
+
+    client = EngineClient(paths, timeout=5.0)
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            try:
+                st = client.status()
+            except EngineUnavailable:
+                st = local_status(args.demo)
+            if args.json:
+                print(json.dumps(st), flush=True)
+            else:
+                text = format_status(st)
+                if args.watch and tty:
+                    sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+                    sys.stdout.flush()
+                else:
+                    print(text, flush=True)
+            if not args.watch:
+                return EXIT_OK
+            time.sleep(args.watch)
+            if not tty and not args.json:
+                print()
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        client.close()
+
+
+# -- engine ---------------------------------------------------------------------------------------
+
+
+def cmd_engine(args: argparse.Namespace, paths: Any) -> int:
+    from trayapp import config as configmod
+    from trayapp.engine.service import Engine, setup_logging
+
+    paths.ensure()
+    setup_logging(paths.log_file)
+    engine = Engine(paths, configmod.load(paths.config_file), demo=args.demo, stay=args.stay)
+    return engine.run()
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        from trayapp.config import get_paths
+
+        paths = get_paths(args.config)
+        if args.command is None:
+            from trayapp.ui.app import run_tray
+
+            return run_tray(args, paths)
+        if args.command == "engine":
+            return cmd_engine(args, paths)
+        if args.command == "status":
+            return cmd_status(args, paths)
+        from trayapp import cli_jobs
+
+        return cli_jobs.dispatch(args, paths)
+    except UsageError as e:
+        print(f"headroom: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``headroom status --json | head``): not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
+    except Exception as e:  # no traceback on the user's screen; it goes to a file
+        from trayapp.engine.client import EngineError, EngineUnavailable
+
+        if isinstance(e, EngineUnavailable):
+            print(f"headroom: {e}", file=sys.stderr)
+            return EXIT_NO_ENGINE
+        if isinstance(e, EngineError):
+            print(f"headroom: {e}", file=sys.stderr)
+            return EXIT_USAGE if e.code in ("refused", "bad_request") else EXIT_FAILED
+        where = _save_traceback()
+        print(f"headroom: internal error: {type(e).__name__}: {e}"
+              + (f" (details in {where})" if where else ""), file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _save_traceback() -> Optional[str]:
+    try:
+        from trayapp.config import get_paths
+
+        path = get_paths().data_dir / "crash.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"--- {time.ctime()} pid {os.getpid()} argv {sys.argv!r}\n")
+            f.write(traceback.format_exc())
+        return str(path)
+    except Exception:
+        logging.getLogger("headroom").debug("could not save the traceback", exc_info=True)
+        return None

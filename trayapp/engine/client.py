@@ -1,0 +1,295 @@
+"""EngineClient: the one client of the control channel, for the tray and the CLI.
+
+Blocking calls with timeouts; the tray calls them off its GUI thread. ``connect(start=True)``
+starts an engine in the background when none runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
+from typing import Any, Dict, List, Optional
+
+from trayapp.config import Paths
+from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
+
+WINDOWS = sys.platform == "win32"
+
+
+class EngineUnavailable(Exception):
+    """No engine answers at this state folder (exit status 3 in the CLI)."""
+
+
+class EngineError(Exception):
+    """The engine answered with an error; the message is one line for the user."""
+
+    def __init__(self, message: str, code: str = "error"):
+        super().__init__(message)
+        self.code = code
+
+
+def _family() -> str:
+    return "AF_PIPE" if WINDOWS else "AF_UNIX"
+
+
+def _read_key(paths: Paths) -> bytes:
+    try:
+        return paths.key_file.read_bytes()
+    except OSError:
+        raise EngineUnavailable(f"no engine is running for {paths.home}") from None
+
+
+def _open(paths: Paths, timeout: float) -> Connection:
+    key = _read_key(paths)
+    if not WINDOWS and not os.path.exists(paths.control_address):
+        raise EngineUnavailable(f"no engine is running for {paths.home}")
+    result: Dict[str, Any] = {}
+
+    # Client() has no timeout of its own; a wedged engine must not hang the caller.
+    def attempt() -> None:
+        try:
+            result["conn"] = Client(paths.control_address, family=_family(), authkey=key)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            result["error"] = e
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise EngineUnavailable("the engine does not answer")
+    err = result.get("error")
+    if isinstance(err, AuthenticationError):
+        raise EngineUnavailable("the engine refused this client (wrong key)")
+    if err is not None:
+        raise EngineUnavailable(f"no engine is running for {paths.home}")
+    return result["conn"]
+
+
+class EngineClient:
+    """A connection for requests and answers. Thread-safe: one request at a time."""
+
+    def __init__(self, paths: Paths, timeout: float = 10.0):
+        self.paths = paths
+        self.timeout = timeout
+        self._conn: Optional[Connection] = None
+        self._lock = threading.Lock()
+        self._next_id = 0
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = _open(self.paths, self.timeout)
+        return self._conn
+
+    def request(self, op: str, timeout: Optional[float] = None, **args: Any) -> Any:
+        """Send one request; return its result. Raises EngineError (the engine said no) or
+        EngineUnavailable (no engine, or it went away)."""
+        args = {k: v for k, v in args.items() if v is not None}
+        with self._lock:
+            for attempt in (0, 1):
+                conn = self._connection()
+                self._next_id += 1
+                req_id = self._next_id
+                try:
+                    conn.send_bytes(encode(request(req_id, op, args)))
+                    answer = self._receive(conn, req_id, timeout or self.timeout)
+                    break
+                except (OSError, EOFError):
+                    self.close_nolock()
+                    # A connection the engine dropped (restart) gets one fresh try.
+                    if attempt == 1 or op == "shutdown":
+                        raise EngineUnavailable("the engine went away") from None
+        if not answer.get("ok"):
+            raise EngineError(str(answer.get("error", "unknown error")),
+                              answer.get("code", "error"))
+        return answer.get("result")
+
+    def _receive(self, conn: Connection, req_id: int, timeout: float) -> Dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not conn.poll(left):
+                self.close_nolock()
+                raise EngineUnavailable("the engine did not answer in time")
+            msg = json.loads(conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
+            if isinstance(msg, dict) and msg.get("id") in (req_id, None) and "ok" in msg:
+                return msg
+
+    def close_nolock(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_nolock()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the requests -------------------------------------------------------------------------
+
+    def ping(self) -> Dict[str, Any]:
+        return self.request("ping")
+
+    def status(self) -> Dict[str, Any]:
+        return self.request("status")
+
+    def history(self, start: float, end: Optional[float] = None,
+                series: Optional[List[str]] = None,
+                prefix: Optional[List[str]] = None) -> Dict[str, Any]:
+        return self.request("history", start=start, end=end, series=series, prefix=prefix,
+                            timeout=max(self.timeout, 30.0))
+
+    def events(self, since: Optional[float] = None, after_id: Optional[int] = None,
+               job: Optional[str] = None, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+        return self.request("events", since=since, after_id=after_id, job=job, limit=limit)
+
+    def config_get(self) -> Dict[str, Any]:
+        return self.request("config_get")
+
+    def config_set(self, name: str, value: Any) -> Dict[str, Any]:
+        return self.request("config_set", name=name, value=value)
+
+    def guard_mode(self, mode: str) -> Dict[str, Any]:
+        return self.request("guard_mode", mode=mode)
+
+    def shutdown(self, force: bool = False) -> Any:
+        return self.request("shutdown", force=force)
+
+    def jobs(self, all: bool = False) -> List[Dict[str, Any]]:
+        return self.request("jobs", all=all)
+
+    def job_get(self, job: str) -> Dict[str, Any]:
+        return self.request("job_get", job=job)
+
+    def job_start(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        return self.request("job_start", spec=spec, timeout=max(self.timeout, 30.0))
+
+    def job_action(self, job: str, action: str, reason: Optional[str] = None) -> Dict[str, Any]:
+        return self.request("job_action", job=job, action=action, reason=reason,
+                            timeout=max(self.timeout, 60.0))
+
+    def job_log(self, job: str, offset: Optional[int] = None,
+                max_bytes: Optional[int] = None) -> Dict[str, Any]:
+        return self.request("job_log", job=job, offset=offset, max_bytes=max_bytes)
+
+    def pause_all(self) -> List[Dict[str, Any]]:
+        return self.request("jobs_pause_all")
+
+
+class Subscription:
+    """A separate connection that receives pushes: ``get(timeout)`` returns the next one
+    (``{"push": "snapshot" | "event", "data": ...}``) or None on timeout. Raises
+    EngineUnavailable when the engine goes away."""
+
+    def __init__(self, paths: Paths, snapshots: bool = True, events: bool = True,
+                 timeout: float = 10.0):
+        self._conn = _open(paths, timeout)
+        try:
+            self._conn.send_bytes(encode(request(1, "subscribe",
+                                                 {"snapshots": snapshots, "events": events})))
+            if not self._conn.poll(timeout):
+                raise EngineUnavailable("the engine did not answer in time")
+            answer = json.loads(self._conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
+        except (OSError, EOFError):
+            self.close()
+            raise EngineUnavailable("the engine went away") from None
+        if not answer.get("ok"):
+            self.close()
+            raise EngineError(str(answer.get("error")))
+        self.initial = answer.get("result") or {}
+
+    def get(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        try:
+            if not self._conn.poll(timeout):
+                return None
+            msg = json.loads(self._conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
+        except (OSError, EOFError, ValueError):
+            self.close()
+            raise EngineUnavailable("the engine went away") from None
+        return msg if isinstance(msg, dict) else None
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# -- starting an engine -------------------------------------------------------------------------
+
+
+def engine_command(demo: bool = False, config_file: Optional[str] = None) -> List[str]:
+    """The argv that starts an engine (the frozen executable, or this Python with -m)."""
+    if getattr(sys, "frozen", False):
+        argv = [sys.executable]
+    else:
+        argv = [sys.executable, "-m", "trayapp"]
+    if config_file:
+        argv += ["--config", config_file]
+    if demo:
+        argv.append("--demo")
+    argv.append("engine")
+    return argv
+
+
+def start_engine(paths: Paths, demo: bool = False, config_file: Optional[str] = None) -> \
+        subprocess.Popen[bytes]:
+    """Start an engine in the background, detached from this terminal and this process."""
+    kwargs: Dict[str, Any] = {}
+    if WINDOWS:  # pragma: no cover
+        kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
+                                   | subprocess.CREATE_NO_WINDOW)  # type: ignore[attr-defined]
+    else:
+        kwargs["start_new_session"] = True
+    return subprocess.Popen(engine_command(demo, config_file), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            close_fds=True, **kwargs)
+
+
+def connect(paths: Paths, start: bool = False, demo: bool = False,
+            config_file: Optional[str] = None, timeout: float = 15.0) -> EngineClient:
+    """A client of a running engine; with ``start``, one is started when none answers.
+
+    Raises EngineUnavailable when none answers (within ``timeout`` after starting one).
+    """
+    client = EngineClient(paths)
+    try:
+        client.ping()
+        return client
+    except EngineUnavailable:
+        if not start:
+            raise
+    proc = start_engine(paths, demo=demo, config_file=config_file)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            client.ping()
+            return client
+        except EngineUnavailable:
+            rc = proc.poll()
+            # 0: another engine won the race for the lock; keep trying to reach that one.
+            if rc not in (None, 0):
+                raise EngineUnavailable(
+                    f"the engine could not start (exit status {rc}); see {paths.log_file}"
+                ) from None
+    raise EngineUnavailable(f"the engine did not start in {timeout:.0f} s; see {paths.log_file}")

@@ -1,0 +1,117 @@
+"""The control channel's messages: what a client may ask and how answers look.
+
+Request:  ``{"id": 7, "op": "status", "args": {...}}``
+Answer:   ``{"id": 7, "ok": true, "result": ...}`` or ``{"id": 7, "ok": false, "error": "..."}``
+Push:     ``{"push": "snapshot" | "event", "data": {...}}`` (to subscribed connections)
+
+JSON through ``send_bytes``/``recv_bytes``; never pickle. Every request is checked against the
+table below before a handler sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, Optional, Tuple
+
+from trayapp.runner.protocol import MAX_MESSAGE_BYTES, ProtocolError
+
+__all__ = ["MAX_MESSAGE_BYTES", "ProtocolError", "REQUESTS", "encode", "parse_request",
+           "ok", "error", "push"]
+
+_NUM = (int, float)
+_OPT_NUM = (int, float, type(None))
+_OPT_STR = (str, type(None))
+
+# op -> {arg: (allowed types, required)}
+REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
+    "ping": {},
+    "status": {},
+    "history": {"start": (_NUM, True), "end": (_OPT_NUM, False),
+                "series": ((list, type(None)), False), "prefix": ((list, type(None)), False)},
+    "events": {"since": (_OPT_NUM, False), "after_id": ((int, type(None)), False),
+               "job": (_OPT_STR, False), "limit": ((int, type(None)), False)},
+    "subscribe": {"snapshots": ((bool,), False), "events": ((bool,), False),
+                  "logs": ((bool,), False)},
+    "config_get": {},
+    "config_set": {"name": ((str,), True), "value": ((str, int, float, bool), True)},
+    "guard_mode": {"mode": ((str,), True)},
+    "shutdown": {"force": ((bool,), False)},
+    "jobs": {"all": ((bool,), False)},
+    "job_get": {"job": ((str,), True)},
+    "job_start": {"spec": ((dict,), True)},
+    "job_action": {"job": ((str,), True), "action": ((str,), True),
+                   "reason": (_OPT_STR, False)},
+    "job_log": {"job": ((str,), True), "offset": ((int, type(None)), False),
+                "max_bytes": ((int, type(None)), False)},
+    "jobs_pause_all": {},
+}
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes; NaN and infinities become null so the other side can always parse them."""
+    return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
+    """Bytes -> (id, op, args); raises ProtocolError with a one-line reason."""
+    try:
+        msg = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ProtocolError("request is not JSON") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("request is not a JSON object")
+    req_id = msg.get("id")
+    if not isinstance(req_id, (int, str, type(None))) or isinstance(req_id, bool):
+        raise ProtocolError("id must be a number or a string")
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in REQUESTS:
+        raise ProtocolError(f"unknown op {op!r}" if isinstance(op, str) else "no op")
+    args = msg.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ProtocolError("args must be an object")
+    spec = REQUESTS[op]
+    for name in args:
+        if name not in spec:
+            raise ProtocolError(f"{op}: unknown argument {name!r}")
+    for name, (types, required) in spec.items():
+        if name not in args:
+            if required:
+                raise ProtocolError(f"{op}: missing argument {name!r}")
+            continue
+        value = args[name]
+        if isinstance(value, bool) and bool not in types:
+            raise ProtocolError(f"{op}: {name} has the wrong type")
+        if not isinstance(value, types):
+            raise ProtocolError(f"{op}: {name} has the wrong type")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError(f"{op}: {name} is not a finite number")
+    return req_id, op, args
+
+
+def ok(req_id: Any, result: Any) -> Dict[str, Any]:
+    return {"id": req_id, "ok": True, "result": result}
+
+
+def error(req_id: Any, message: str, code: str = "error") -> Dict[str, Any]:
+    return {"id": req_id, "ok": False, "error": message, "code": code}
+
+
+def push(kind: str, data: Any) -> Dict[str, Any]:
+    return {"push": kind, "data": data}
+
+
+def request(req_id: Any, op: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    return {"id": req_id, "op": op, "args": args or {}}

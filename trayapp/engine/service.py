@@ -1,0 +1,526 @@
+"""The engine: sample -> store -> guard -> act -> publish, and the control channel's requests.
+
+One engine per state folder (an OS lock that dies with the process). No Qt, no numpy: it must
+stay small and answer while the machine is nearly out of memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+
+from trayapp import __version__
+from trayapp import config as configmod
+from trayapp.config import Config, ConfigError, Paths
+from trayapp.engine import protocol
+from trayapp.engine.api import ChannelServer, Peer
+from trayapp.engine.history import RecentHistory
+from trayapp.probes.snapshot import GpuReading, Snapshot
+
+log = logging.getLogger("headroom.engine")
+
+GPU_MIN_INTERVAL = 1.0  # NVML is read at most once a second
+STORE_FLUSH_INTERVAL = 5.0
+
+
+# -- the lock -----------------------------------------------------------------------------------
+
+
+class EngineLock:
+    """An exclusive lock on a file: held while the process lives, gone when it dies."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file: Optional[TextIO] = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            if sys.platform == "win32":  # pragma: no cover
+                import msvcrt
+
+                f.seek(0)
+                msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+            else:
+                import fcntl
+
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            return False
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+        return True
+
+    def holder_pid(self) -> Optional[int]:
+        try:
+            return int(self.path.read_text().strip() or 0) or None
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+# -- making the process sturdy ------------------------------------------------------------------
+
+
+def harden_process() -> List[str]:
+    """Lock the engine's memory and raise its priority where the OS allows it (Linux).
+
+    Returns lines for the log saying what worked and what was refused; never raises.
+    """
+    notes: List[str] = []
+    if not sys.platform.startswith("linux"):
+        return notes
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        # MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT: pages stay in RAM once touched, without
+        # faulting in every thread stack up front.
+        if libc.mlockall(1 | 2 | 4) != 0:
+            err = ctypes.get_errno()
+            notes.append(f"memory not locked (mlockall refused: {os.strerror(err)}); the engine "
+                         "may be swapped out under pressure")
+        else:
+            notes.append("memory locked (mlockall)")
+    except (OSError, AttributeError) as e:
+        notes.append(f"memory not locked ({e})")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -5)
+        notes.append("priority raised (nice -5)")
+    except OSError as e:
+        notes.append(f"priority not raised ({e.strerror})")
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-100")
+        notes.append("the kernel's OOM killer will prefer other processes (oom_score_adj -100)")
+    except OSError as e:
+        notes.append(f"oom_score_adj not lowered ({e.strerror})")
+    return notes
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+
+def sample_values(snap: Snapshot, jobs: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    """One snapshot as named series for the history (``mem.available``, ``gpu0.used``...).
+
+    VRAM per GPU is split into the guard's jobs (by job id) and "other", so the dashboard can
+    stack it by process.
+    """
+    m = snap.memory
+    values: Dict[str, Optional[float]] = {
+        "mem.total": m.total_bytes,
+        "mem.available": m.available_bytes,
+        "mem.used": m.used_bytes,
+        "swap.total": m.swap_total_bytes,
+        "swap.used": m.swap_used_bytes,
+        "psi.some": m.psi_some_avg10,
+        "psi.full": m.psi_full_avg10,
+    }
+    pid_to_job: Dict[int, str] = {}
+    for job in jobs:
+        for pid in job.get("pids") or ([job["pid"]] if job.get("pid") else []):
+            pid_to_job[pid] = job["id"]
+        if job.get("rss_bytes") is not None:
+            values[f"job.{job['id']}.rss"] = job["rss_bytes"]
+        if job.get("vram_bytes") is not None:
+            values[f"job.{job['id']}.vram"] = job["vram_bytes"]
+    for g in snap.gpus:
+        p = f"gpu{g.index}"
+        values[f"{p}.total"] = g.memory_total_bytes
+        values[f"{p}.used"] = g.memory_used_bytes
+        values[f"{p}.util"] = g.utilization_percent
+        values[f"{p}.temp"] = g.temperature_c
+        values[f"{p}.power"] = g.power_watts
+        by_job: Dict[str, float] = {}
+        for proc in g.processes:
+            jid = pid_to_job.get(proc.pid)
+            if jid is not None and proc.used_memory_bytes is not None:
+                by_job[jid] = by_job.get(jid, 0) + proc.used_memory_bytes
+        for jid, used in by_job.items():
+            values[f"{p}.job.{jid}"] = used
+        if g.memory_used_bytes is not None:
+            values[f"{p}.other"] = max(0, g.memory_used_bytes - sum(by_job.values()))
+    return values
+
+
+def memory_json(snap: Snapshot) -> Dict[str, Any]:
+    d = snap.memory.to_json()
+    d.pop("time", None)
+    return d
+
+
+class Engine:
+    """The guardian process. ``run()`` blocks until stopped; everything else is thread-safe."""
+
+    def __init__(self, paths: Paths, config: Config, *, demo: bool = False, stay: bool = False,
+                 memory_probe: Any = None, gpu_backend: Any = None,
+                 clock: Callable[[], float] = time.time):
+        self.paths = paths
+        self.config = config
+        self.demo = demo
+        self.stay = stay
+        self.clock = clock
+        self._memory_probe = memory_probe
+        self._gpu_backend = gpu_backend
+        self.started = clock()
+        self.latest: Optional[Snapshot] = None
+        self.recent = RecentHistory()
+        self.lock = EngineLock(paths.lock_file)
+        self.server: Optional[ChannelServer] = None
+        self.store: Any = None
+        self.jobs: Any = None
+        self.guard: Any = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._state_lock = threading.RLock()
+        self._gpus: Tuple[GpuReading, ...] = ()
+        self._gpu_read_at = 0.0
+        self._last_publish = 0.0
+        self._last_flush = 0.0
+        self._idle_since = time.monotonic()
+        self._exit_reason = "stopped"
+        self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
+            "ping": self._op_ping,
+            "status": lambda peer, a: self.status(),
+            "history": self._op_history,
+            "events": self._op_events,
+            "subscribe": self._op_subscribe,
+            "config_get": lambda peer, a: self._config_json(),
+            "config_set": self._op_config_set,
+            "guard_mode": self._op_guard_mode,
+            "shutdown": self._op_shutdown,
+        }
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _open_parts(self) -> None:
+        from trayapp.engine.store import Store
+        from trayapp.probes.gpu import make_backend
+        from trayapp.probes.memory import make_memory_probe
+
+        if self._memory_probe is None:
+            self._memory_probe = make_memory_probe()
+        if self._gpu_backend is None:
+            self._gpu_backend = make_backend(demo=self.demo)
+        self.store = Store(self.paths.db_file, raw_hours=self.config["history.raw_hours"],
+                           keep_days=self.config["history.keep_days"])
+        if self.store.recovered_from is not None:
+            log.warning("the history database was damaged; moved aside to %s and started anew",
+                        self.store.recovered_from)
+        try:  # TEMPORARY while the parts are written
+            self._attach_jobs()
+        except ImportError:
+            pass
+        try:
+            self._attach_guard()
+        except ImportError:
+            pass
+
+    def _attach_jobs(self) -> None:
+        from trayapp.jobs.launcher import JobManager
+
+        self.jobs = JobManager(self.paths, self.store, emit=self.emit_event,
+                               gpus=lambda: self._gpus, config=lambda: self.config)
+        self.handlers.update(self.jobs.handlers())
+        self.jobs.adopt()
+
+    def _attach_guard(self) -> None:
+        from trayapp.engine.guarding import GuardService
+
+        self.guard = GuardService(self)
+        self.handlers.update(self.guard.handlers())
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped. Returns 0; when another engine holds this state folder, says so
+        and returns 0 at once."""
+        self.paths.ensure()
+        if not self.lock.acquire():
+            pid = self.lock.holder_pid()
+            log.info("an engine is already running for %s%s", self.paths.home,
+                     f" (pid {pid})" if pid else "")
+            return 0
+        try:
+            for note in harden_process():
+                log.info("%s", note)
+            self._open_parts()
+            for problem in self.config.problems:
+                log.warning("%s", problem)
+            key = secrets.token_bytes(32)
+            self.server = ChannelServer(self.paths.control_address, key, self._handle,
+                                        name="control")
+            self.server.start()
+            # The key is written only after the socket exists, so a client that finds the key
+            # finds an engine behind it.
+            configmod.atomic_write_bytes(self.paths.key_file, key, mode=0o600)
+            self._install_signals()
+            self.emit_event("engine_started", f"engine started (pid {os.getpid()}, "
+                            f"GPU backend: {self._gpu_backend.status.backend})",
+                            data={"pid": os.getpid(), "version": __version__})
+            log.info("engine %s listening for %s", __version__, self.paths.home)
+            self._loop()
+            return 0
+        finally:
+            self._shutdown()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop("signal"))
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, lambda *_: self.stop("hang-up"))
+
+    def stop(self, reason: str = "stopped") -> None:
+        self._exit_reason = reason
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Sample again now (after a job starts, a setting changes, ...)."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # the guard must outlive any one bad reading
+                log.exception("sampling failed; trying again")
+            interval = self.next_interval()
+            self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._wake.clear()
+            if self._should_exit_idle():
+                self._exit_reason = "idle"
+                log.info("no clients and no jobs for %.0f s; exiting",
+                         self.config["engine.idle_exit_seconds"])
+                break
+
+    def next_interval(self) -> float:
+        base = float(self.config["engine.sample_interval"])
+        if self.guard is not None:
+            return float(self.guard.next_interval(base))
+        return base
+
+    def _should_exit_idle(self) -> bool:
+        if self.stay:
+            return False
+        busy = (self.server is not None and self.server.client_count > 0) or \
+            (self.jobs is not None and self.jobs.active_count() > 0)
+        now = time.monotonic()
+        if busy:
+            self._idle_since = now
+            return False
+        return now - self._idle_since >= float(self.config["engine.idle_exit_seconds"])
+
+    def read_snapshot(self, gpus_now: bool = False) -> Snapshot:
+        """A fresh reading: memory always, GPUs at most once a second unless ``gpus_now``."""
+        now = self.clock()
+        memory = self._memory_probe.read()
+        if gpus_now or now - self._gpu_read_at >= GPU_MIN_INTERVAL:
+            self._gpus = tuple(self._gpu_backend.read())
+            self._gpu_read_at = now
+        return Snapshot(now, memory, self._gpus, self._gpu_backend.status)
+
+    def tick(self) -> None:
+        snap = self.read_snapshot(gpus_now=self.guard is not None and self.guard.wants_gpus())
+        with self._state_lock:
+            self.latest = snap
+        if self.jobs is not None:
+            self.jobs.tick(snap)
+        if self.guard is not None:
+            self.guard.step(snap)
+        jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
+        values = sample_values(snap, jobs)
+        if self.recent.add(snap.time, values):
+            self.store.add_sample(snap.time, values)
+        mono = time.monotonic()
+        if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
+            self._last_flush = mono
+            self.store.flush()
+        if self.server is not None and \
+                mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
+            self._last_publish = mono
+            self.server.broadcast("snapshot", self.status())
+
+    def _shutdown(self) -> None:
+        try:
+            if self.server is not None:
+                self.server.close()
+            try:
+                self.paths.key_file.unlink()
+            except OSError:
+                pass
+            if self.jobs is not None:
+                self.jobs.close()
+            if self.store is not None:
+                self.store.add_event("engine_stopped", f"engine stopped ({self._exit_reason})")
+                self.store.close()
+            if self._gpu_backend is not None:
+                self._gpu_backend.close()
+        finally:
+            self.lock.release()
+
+    # -- events -------------------------------------------------------------------------------
+
+    def emit_event(self, kind: str, message: str, *, level: str = "info",
+                   job_id: Optional[str] = None, data: Optional[Dict[str, Any]] = None) -> \
+            Dict[str, Any]:
+        """Record an event in the store and push it to subscribers; returns the event."""
+        event = None
+        if self.store is not None:
+            event = self.store.add_event(kind, message, level=level, job_id=job_id, data=data)
+        if event is None:
+            event = {"id": None, "time": self.clock(), "kind": kind, "level": level,
+                     "message": message, "job_id": job_id, "data": data}
+        log.log(logging.WARNING if level in ("warn", "error") else logging.INFO, "%s", message)
+        if self.server is not None:
+            self.server.broadcast("event", event)
+        return event
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def status(self) -> Dict[str, Any]:
+        """The status object of DESIGN.md (``headroom status --json``), plus an ``engine``
+        part."""
+        with self._state_lock:
+            snap = self.latest
+        if snap is None:
+            snap = self.read_snapshot()
+        gpu_status = snap.gpu_status
+        return {
+            "time": snap.time,
+            "memory": memory_json(snap),
+            "gpus": [g.to_json() for g in snap.gpus],
+            "gpu_status": gpu_status.to_json(),
+            "guard": self.guard.state_json() if self.guard is not None else
+            {"state": "ok", "mode": self.config["guard.mode"], "reasons": [],
+             "seconds_to_exhaustion": None},
+            "jobs": self.jobs.list(include_finished=False) if self.jobs is not None else [],
+            "engine": {
+                "running": True,
+                "pid": os.getpid(),
+                "version": __version__,
+                "started": self.started,
+                "demo": self.demo,
+                "home": str(self.paths.home),
+                "sample_interval": self.next_interval(),
+                "clients": self.server.client_count if self.server is not None else 0,
+                "store_error": getattr(self.store, "write_error", None),
+            },
+        }
+
+    def _handle(self, peer: Peer, data: bytes) -> Optional[Dict[str, Any]]:
+        try:
+            req_id, op, args = protocol.parse_request(data)
+        except protocol.ProtocolError as e:
+            return protocol.error(None, str(e), "bad_request")
+        handler = self.handlers.get(op)
+        if handler is None:
+            return protocol.error(req_id, f"{op} is not available in this engine", "bad_request")
+        try:
+            return protocol.ok(req_id, handler(peer, args))
+        except (ConfigError, ValueError, KeyError, LookupError) as e:
+            message = e.args[0] if e.args else str(e)
+            return protocol.error(req_id, str(message), "refused")
+
+    def _op_ping(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        return {"version": __version__, "pid": os.getpid(), "home": str(self.paths.home),
+                "demo": self.demo}
+
+    def _op_history(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        end = args.get("end") or self.clock()
+        start = float(args["start"])
+        if start > end:
+            raise ValueError("history: start is after end")
+        series, prefix = args.get("series"), args.get("prefix")
+        for names in (series, prefix):
+            if names is not None and not all(isinstance(n, str) for n in names):
+                raise ValueError("history: series and prefix must be lists of names")
+        if self.recent.covers(start):
+            return self.recent.query(start, end, series, prefix)
+        return self.store.history(start, end, series=series, prefix=prefix)
+
+    def _op_events(self, peer: Peer, args: Dict[str, Any]) -> List[Dict[str, Any]]:
+        limit = args.get("limit") or 500
+        if not 1 <= limit <= 5000:
+            raise ValueError("events: limit must be between 1 and 5000")
+        return self.store.events(since=args.get("since"), after_id=args.get("after_id"),
+                                 job_id=args.get("job"), limit=limit)
+
+    def _op_subscribe(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        kinds = {k for k, default in (("snapshot", True), ("event", True), ("log", False))
+                 if args.get(k + "s", default)}
+        peer.subscribe(kinds)
+        return {"subscribed": sorted(kinds), "status": self.status()}
+
+    def _config_json(self) -> Dict[str, Any]:
+        return {"path": str(self.paths.config_file), "values": self.config.to_json(),
+                "problems": list(self.config.problems)}
+
+    def _op_config_set(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        name, value = args["name"], args["value"]
+        checked = configmod.save_value(self.paths.config_file, name, value)
+        self.reload_config()
+        self.emit_event("config_changed", f"setting {name} = {checked!r}",
+                        data={"name": name, "value": checked})
+        return self._config_json()
+
+    def _op_guard_mode(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        return self._op_config_set(peer, {"name": "guard.mode", "value": args["mode"]})
+
+    def reload_config(self) -> None:
+        with self._state_lock:
+            self.config = configmod.load(self.paths.config_file)
+        self.wake()
+
+    def _op_shutdown(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        active = self.jobs.active_count() if self.jobs is not None else 0
+        if active and not args.get("force"):
+            raise ValueError(f"{active} job(s) still running; stop them first or shut down with "
+                             "force to stop them")
+        if active and self.jobs is not None:
+            self.jobs.stop_all("the engine was shut down")
+        self.stop("shutdown requested")
+        return {"stopping": True}
+
+
+def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.INFO) -> None:
+    """Log to stderr and to a rotating file under the state folder."""
+    from logging.handlers import RotatingFileHandler
+
+    root = logging.getLogger("headroom")
+    root.setLevel(level)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        fh = RotatingFileHandler(log_file, maxBytes=1_000_000, backupCount=3, encoding="utf-8")
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+    except OSError as e:
+        print(f"headroom: cannot write the log file {log_file} ({e.strerror})", file=sys.stderr)
+    if to_stderr:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        root.addHandler(sh)
+    root.propagate = False
