@@ -66,14 +66,14 @@ def decode(data, allowed=None):
     try:
         message = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise ProtocolError("not JSON: %s" % (str(e).splitlines() or ["?"])[0]) from None
+        raise ProtocolError("not JSON: " + (str(e).splitlines() or ["?"])[0]) from None
     if not isinstance(message, dict):
         raise ProtocolError("not a JSON object")
     kind = message.get("type")
     if not isinstance(kind, str):
         raise ProtocolError("no message type")
     if allowed is not None and kind not in allowed:
-        raise ProtocolError("unknown message type %r" % kind)
+        raise ProtocolError(f"unknown message type {kind!r}")
     return message
 
 
