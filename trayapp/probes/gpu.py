@@ -73,11 +73,13 @@ class _Device:
 
 
 class NvmlBackend:
-    """GPUs read through NVML. ``nvml_module`` replaces ``pynvml`` (tests pass a fake).
+    """GPUs read through NVML. ``nvml_module`` replaces ``pynvml`` (tests pass a fake);
+    ``name_of`` names a pid (psutil; NVML's own name is the fallback).
 
     ``open()`` initialises NVML and lists the GPUs; ``read()`` calls it when needed. A GPU
-    that stops answering keeps its place with "not available" values; one that leaves the
-    device list disappears from the readings.
+    that stops answering keeps its place, with its last known name and "not available"
+    values, and is looked up again on every read; one that leaves NVML's device list
+    disappears from the readings.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class NvmlBackend:
         self._devices: List[_Device] = []
         self._known_names: Dict[int, str] = {}
         self._enumerated = False
+        self._incomplete = False
         self._driver: Optional[str] = None
         self._cuda: Optional[str] = None
         self._process_names: Dict[int, str] = {}
@@ -101,7 +104,7 @@ class NvmlBackend:
         if not self.nvml.init():
             return self.nvml.init_error or "no NVIDIA GPU found"
         self._enumerate()
-        if not self._devices:
+        if not any(d.handle is not None for d in self._devices):
             return "no NVIDIA GPU found"
         return None
 
@@ -112,16 +115,23 @@ class NvmlBackend:
         self._driver = _text(nv.call("nvmlSystemGetDriverVersion"))
         self._cuda = cuda_version_text(nv.first(_CUDA_VERSION))
         count = nv.call("nvmlDeviceGetCount") or 0
+        old = {d.index: d for d in self._devices}
         devices = []
         for i in range(int(count)):
             handle = nv.call("nvmlDeviceGetHandleByIndex", i)
             if handle is None:
+                # Listed but not answering (fallen off the bus, no permission): keep its place
+                # with what was known, and look again on the next read.
+                known = old.get(i)
+                devices.append(_Device(i, None, self._known_names.get(i, f"GPU {i}"),
+                                       known.uuid if known else None))
                 continue
             name = _text(nv.call("nvmlDeviceGetName", handle)) or self._known_names.get(i)
             self._known_names[i] = name or f"GPU {i}"
             uuid = _text(nv.call("nvmlDeviceGetUUID", handle))
             devices.append(_Device(i, handle, self._known_names[i], uuid))
         self._devices = devices
+        self._incomplete = any(d.handle is None for d in devices)
         # Enumeration calls may fail on a GPU that is gone; that is what enumeration is for.
         nv.lost = False
 
@@ -142,7 +152,7 @@ class NvmlBackend:
 
     def read(self) -> Tuple[GpuReading, ...]:
         """One reading per GPU. Never raises for driver errors: what cannot be read is None."""
-        if not self._enumerated or self.nvml.lost:
+        if not self._enumerated or self.nvml.lost or self._incomplete:
             if not self.nvml.init():
                 return ()
             self._enumerate()
@@ -167,6 +177,8 @@ class NvmlBackend:
     def _read_device(self, dev: _Device, seen: Dict[int, str]) -> GpuReading:
         nv = self.nvml
         h = dev.handle
+        if h is None:
+            return GpuReading(dev.index, dev.name, dev.uuid, None, None, None)
         total = used = free = reserved = None
         mem = self._memory(h)
         if mem is not None:
