@@ -270,7 +270,8 @@ class MemoryProbe:
         self.pid = str(pid)
         self.clock = clock
         self._meminfo = os.path.join(proc_root, "meminfo")
-        self._psi: Optional[str] = os.path.join(proc_root, "pressure", "memory")
+        psi = os.path.join(proc_root, "pressure", "memory")
+        self._psi: Optional[str] = psi if os.path.exists(psi) else None
         self.cgroup: Optional[CgroupPaths] = None
         self._resolve()
 
