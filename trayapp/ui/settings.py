@@ -1,0 +1,609 @@
+"""The settings dialog: the guard's thresholds (with where each sits on the RAM right now), its
+prediction horizons and mode, sampling, notifications, start at login, and history.
+
+Values come from the engine (``config_get``) and go back through it (``config_set`` per changed
+value), which writes ``config.toml``. A value that is not valid shows its reason under the field
+and is not sent; one the engine refuses shows the engine's reason the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from PySide6.QtCore import QRectF, QSize, QTimer, Signal
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSizePolicy,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from trayapp import config as configmod
+from trayapp.config import SETTINGS, ConfigError, Setting, Threshold, format_bytes
+from trayapp.engine.client import EngineClient, EngineError
+from trayapp.ui import autostart
+from trayapp.ui.forms import (
+    NOTE_STYLE,
+    WARNING_STYLE,
+    chain_tab_order,
+    message_label,
+    one_line,
+    set_message,
+    window_title,
+)
+from trayapp.ui.model import GUARD_MODE_LABELS, GUARD_MODES
+from trayapp.ui.worker import CallRunner
+
+log = logging.getLogger("headroom.ui")
+
+THRESHOLDS = ("guard.park_available", "guard.pause_available", "guard.warn_available",
+              "guard.resume_available")
+THRESHOLD_WORDS = {"guard.park_available": "park", "guard.pause_available": "pause",
+                   "guard.warn_available": "warn", "guard.resume_available": "resume"}
+THRESHOLD_COLOURS = {"guard.park_available": "#d7263d", "guard.pause_available": "#ee6a1c",
+                     "guard.warn_available": "#f2a900", "guard.resume_available": "#2e9d46"}
+
+# Tabs and the settings on each, in the order of the form; settings not named here land on
+# "Advanced", so a new entry in the table always has a field.
+TABS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("Guard", ("guard.mode", "guard.warn_available", "guard.pause_available",
+               "guard.park_available", "guard.resume_available", "guard.warn_horizon_seconds",
+               "guard.pause_horizon_seconds", "guard.auto_resume")),
+    ("General", ("engine.sample_interval", "ui.notifications", "ui.start_at_login",
+                 "ui.show_dashboard_at_start", "history.raw_hours", "history.keep_days")),
+)
+
+LABELS: Dict[str, str] = {
+    "guard.mode": "Guard mode",
+    "guard.warn_available": "Warn below",
+    "guard.pause_available": "Pause jobs below",
+    "guard.park_available": "Park a job below",
+    "guard.resume_available": "Resume above",
+    "guard.warn_horizon_seconds": "Warn when memory runs out within",
+    "guard.pause_horizon_seconds": "Pause when memory runs out within",
+    "guard.auto_resume": "Resume paused jobs when memory is back",
+    "engine.sample_interval": "Sampling interval",
+    "ui.notifications": "Show desktop notifications",
+    "ui.start_at_login": "Start Headroom when I log in",
+    "ui.show_dashboard_at_start": "Open the dashboard when Headroom starts",
+    "history.raw_hours": "Keep every sample for",
+    "history.keep_days": "Keep one-minute history for",
+    "guard.psi_full_threshold": "Memory pressure (PSI full) above",
+    "guard.psi_duration_seconds": "…for at least",
+    "guard.vram_warn_percent": "Warn when a GPU's memory is above",
+    "guard.budget_warn_percent": "Warn at this share of a job's budget",
+    "guard.pause_deadline_seconds": "Time a job gets to pause by itself",
+    "guard.resume_after_seconds": "Memory must stay above “resume” for",
+    "guard.cooldown_seconds": "No predicted-shortage pause after a resume for",
+    "engine.idle_exit_seconds": "Engine exits when idle for",
+    "engine.publish_hz": "Updates a second to the tray",
+}
+
+SUFFIXES: Dict[str, str] = {
+    "history.raw_hours": " h",
+    "history.keep_days": " days",
+    "engine.publish_hz": " per s",
+    "guard.psi_full_threshold": " %",
+}
+
+
+def _suffix(s: Setting) -> str:
+    if s.name in SUFFIXES:
+        return SUFFIXES[s.name]
+    if s.key.endswith("_seconds") or s.key.endswith("_interval"):
+        return " s"
+    if s.key.endswith("_percent"):
+        return " %"
+    return ""
+
+
+def _kind(s: Setting) -> str:
+    if isinstance(s.default, bool):
+        return "bool"
+    if s.name == "guard.mode":
+        return "choice"
+    if isinstance(s.default, str):
+        return "threshold"
+    return "number"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
+            not isinstance(a, bool) and not isinstance(b, bool):
+        return abs(float(a) - float(b)) < 1e-9
+    if isinstance(a, str) and isinstance(b, str):
+        return a.strip() == b.strip()
+    return bool(a == b)
+
+
+# -- where the thresholds sit ---------------------------------------------------------------------
+
+
+def threshold_preview(text: str, total_bytes: Optional[int],
+                      available_bytes: Optional[int], word: str) -> str:
+    """One line saying what a threshold means on this machine now, e.g.
+    ``"= 3.6 GiB of 24.0 GiB; 12.0 GiB available now, above it"``. Raises ConfigError for a
+    value that is not a threshold."""
+    t = Threshold.parse(text)
+    if not total_bytes:
+        return "(the total memory is not known yet)"
+    b = t.bytes_of(int(total_bytes))
+    line = f"= {format_bytes(b)} of {format_bytes(total_bytes)}"
+    if available_bytes is None:
+        return line
+    if word == "resume":
+        where = "above it" if available_bytes > b else "below it: paused jobs stay paused"
+    else:
+        where = "above it" if available_bytes > b else f"below it: the guard would {word} now"
+    return f"{line}; {format_bytes(available_bytes)} available now, {where}"
+
+
+def order_problem(values: Dict[str, str], total_bytes: int) -> Optional[str]:
+    """A line when the ladder does not nest (park <= pause <= warn <= resume), else None."""
+    try:
+        b = {name: Threshold.parse(values[name]).bytes_of(total_bytes) for name in THRESHOLDS}
+    except (ConfigError, KeyError):
+        return None
+    park, pause, warn, resume = (b[n] for n in THRESHOLDS)
+    if not park <= pause <= warn:
+        return "The steps should nest: park ≤ pause ≤ warn (they still apply as written)."
+    if resume < pause:
+        return "Resume sits below pause: jobs would resume into a shortage and pause again."
+    return None
+
+
+class ThresholdBar(QWidget):
+    """Available memory from 0 (left) to the total (right): the green part is what is
+    available now; a tick marks each threshold."""
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.total_bytes: Optional[int] = None
+        self.available_bytes: Optional[int] = None
+        self.marks: List[Tuple[str, int, str]] = []  # (word, bytes, colour)
+        self.setMinimumHeight(46)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setAccessibleName("Where the thresholds sit on the memory available now")
+
+    def sizeHint(self) -> QSize:
+        return QSize(360, 46)
+
+    def set_values(self, total_bytes: Optional[int], available_bytes: Optional[int],
+                   marks: List[Tuple[str, int, str]]) -> None:
+        self.total_bytes, self.available_bytes, self.marks = total_bytes, available_bytes, marks
+        parts = [f"{w} at {format_bytes(b)}" for w, b, _ in marks]
+        if available_bytes is not None:
+            parts.insert(0, f"{format_bytes(available_bytes)} available now")
+        self.setAccessibleDescription("; ".join(parts))
+        self.update()
+
+    def paintEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        p = QPainter(self)
+        try:
+            w, h = self.width(), self.height()
+            label_h = 14
+            top = 2 * label_h + 2
+            bar = QRectF(0.5, top + 0.5, w - 1.0, h - top - 2.0)
+            p.setPen(QPen(QColor("#555555"), 1))
+            p.setBrush(QColor("#e8e8e8"))
+            p.drawRect(bar)
+            total = self.total_bytes
+            if not total:
+                return
+            if self.available_bytes is not None:
+                frac = max(0.0, min(1.0, self.available_bytes / total))
+                fill = QRectF(bar.left() + 1, bar.top() + 1, (bar.width() - 2) * frac,
+                              bar.height() - 2)
+                p.fillRect(fill, QColor("#8fd19e"))
+            font = p.font()
+            font.setPointSizeF(max(6.0, font.pointSizeF() * 0.8))
+            p.setFont(font)
+            ordered = sorted(self.marks, key=lambda m: m[1])
+            for row, (word, b, colour) in enumerate(ordered):
+                x = bar.left() + (bar.width()) * max(0.0, min(1.0, b / total))
+                p.setPen(QPen(QColor(colour), 2))
+                p.drawLine(int(x), int(bar.top()), int(x), int(bar.bottom()))
+                # Neighbouring ticks alternate rows so close thresholds stay readable.
+                y = (row % 2) * label_h
+                p.setPen(QColor(colour).darker(140))
+                tw = p.fontMetrics().horizontalAdvance(word)
+                tx = max(0, min(w - tw, int(x - tw / 2)))
+                p.drawText(tx, y + label_h - 3, word)
+        finally:
+            p.end()
+
+
+# -- the dialog -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Field:
+    setting: Setting
+    widget: QWidget
+    error: QLabel
+    preview: Optional[QLabel] = None
+
+    def value(self) -> Any:
+        w = self.widget
+        if isinstance(w, QCheckBox):
+            return w.isChecked()
+        if isinstance(w, QComboBox):
+            return w.currentData()
+        if isinstance(w, QLineEdit):
+            return w.text().strip()
+        assert isinstance(w, QDoubleSpinBox)
+        v = w.value()
+        return int(round(v)) if isinstance(self.setting.default, int) else float(v)
+
+    def set_value(self, value: Any) -> None:
+        w = self.widget
+        if isinstance(w, QCheckBox):
+            w.setChecked(bool(value))
+        elif isinstance(w, QComboBox):
+            i = w.findData(value)
+            w.setCurrentIndex(max(0, i))
+        elif isinstance(w, QLineEdit):
+            w.setText(str(value))
+        elif isinstance(w, QDoubleSpinBox):
+            try:
+                w.setValue(float(value))
+            except (TypeError, ValueError):
+                w.setValue(float(self.setting.default))
+
+    def check(self) -> Optional[str]:
+        """The reason the value cannot be saved, or None."""
+        try:
+            self.setting.check(self.value())
+        except ConfigError as e:
+            return one_line(e)
+        return None
+
+
+class SettingsDialog(QDialog):
+    """``SettingsDialog(client_factory, parent=None)``; ``client_factory()`` returns a new
+    EngineClient. Every engine call runs off the GUI thread.
+
+    ``saved(dict)``: the engine's settings after a save (``config_get()``'s shape).
+    """
+
+    saved = Signal(object)
+
+    def __init__(self, client_factory: Callable[[], EngineClient],
+                 parent: Optional[QWidget] = None, *, refresh_ms: int = 2000):
+        super().__init__(parent)
+        self.setWindowTitle(window_title("Settings"))
+        self.setObjectName("settings")
+        self._runner = CallRunner(client_factory, workers=1, parent=self)
+        self.fields: Dict[str, Field] = {}
+        self.loaded: Dict[str, Any] = {}
+        self.loaded_ok = False
+        self.total_bytes: Optional[int] = None
+        self.available_bytes: Optional[int] = None
+        self._saving = False
+
+        outer = QVBoxLayout(self)
+        self.status_label = QLabel("Reading the settings from the engine…")
+        self.status_label.setWordWrap(True)
+        self.status_label.setAccessibleName("Settings status")
+        outer.addWidget(self.status_label)
+        self.problems_label = message_label(WARNING_STYLE, "Problems in the settings file")
+        outer.addWidget(self.problems_label)
+
+        self.tabs = QTabWidget()
+        self.tabs.setAccessibleName("Settings sections")
+        outer.addWidget(self.tabs)
+        placed: set = set()
+        for title, names in TABS:
+            self._add_tab(title, [configmod.SETTINGS_BY_NAME[n] for n in names])
+            placed.update(names)
+        self._add_tab("Advanced", [s for s in SETTINGS if s.name not in placed])
+
+        self.error_label = message_label(accessible_name="Save error")
+        outer.addWidget(self.error_label)
+        self.buttons = QDialogButtonBox()
+        self.save_button = QPushButton("Save")
+        self.save_button.setAccessibleName("Save settings")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setAccessibleName("Close without saving")
+        self.buttons.addButton(self.save_button, QDialogButtonBox.ButtonRole.AcceptRole)
+        self.buttons.addButton(self.cancel_button, QDialogButtonBox.ButtonRole.RejectRole)
+        self.save_button.clicked.connect(self.save)
+        self.cancel_button.clicked.connect(self.reject)
+        outer.addWidget(self.buttons)
+        self.cancel_button.setAutoDefault(False)
+        self.save_button.setDefault(True)  # Enter saves
+
+        order: List[QWidget] = [self.tabs]
+        order += [f.widget for f in self.fields.values()]
+        order += [self.save_button, self.cancel_button]
+        chain_tab_order(order)
+        self._set_enabled(False)
+        self._timer = QTimer(self)
+        self._timer.setInterval(refresh_ms)
+        self._timer.timeout.connect(self._refresh_memory)
+        self.resize(620, 560)
+        self._load()
+
+    # -- building -------------------------------------------------------------------------------
+
+    def _add_tab(self, title: str, settings: List[Setting]) -> None:
+        page = QWidget()
+        page.setAccessibleName(f"{title} settings")
+        layout = QVBoxLayout(page)
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        layout.addLayout(form)
+        for s in settings:
+            self._add_field(form, s)
+        if title == "Guard":
+            self.bar = ThresholdBar()
+            form.addRow("Available memory", self.bar)
+            self.order_label = message_label(WARNING_STYLE, "Threshold order")
+            form.addRow("", self.order_label)
+        layout.addStretch(1)
+        self.tabs.addTab(page, title)
+
+    def _add_field(self, form: QFormLayout, s: Setting) -> None:
+        label = LABELS.get(s.name, s.name)
+        kind = _kind(s)
+        widget: QWidget
+        if kind == "bool":
+            box = QCheckBox(label)
+            box.toggled.connect(self._changed)
+            widget = box
+        elif kind == "choice":
+            combo = QComboBox()
+            for m in GUARD_MODES:
+                combo.addItem(GUARD_MODE_LABELS[m], m)
+            combo.currentIndexChanged.connect(self._changed)
+            widget = combo
+        elif kind == "threshold":
+            edit = QLineEdit()
+            edit.setPlaceholderText('a share like "15%" or a size like "2 GiB"')
+            edit.textChanged.connect(self._changed)
+            widget = edit
+        else:
+            spin = QDoubleSpinBox()
+            integral = isinstance(s.default, int)
+            spin.setDecimals(0 if integral else 2)
+            spin.setRange(s.minimum if s.minimum is not None else 0.0,
+                          s.maximum if s.maximum is not None else 1e9)
+            spin.setSuffix(_suffix(s))
+            spin.setKeyboardTracking(True)
+            spin.valueChanged.connect(self._changed)
+            widget = spin
+        widget.setAccessibleName(label)
+        widget.setAccessibleDescription(s.comment)
+        widget.setToolTip(s.comment)
+        widget.setObjectName(s.name)
+        error = message_label(accessible_name=f"{label}: problem")
+        preview = None
+        column = QVBoxLayout()
+        column.setSpacing(2)
+        column.addWidget(widget)
+        if kind == "threshold":
+            preview = QLabel()
+            preview.setStyleSheet(NOTE_STYLE)
+            preview.setAccessibleName(f"{label}: on this machine")
+            column.addWidget(preview)
+        column.addWidget(error)
+        holder = QWidget()
+        holder.setLayout(column)
+        column.setContentsMargins(0, 0, 0, 0)
+        if kind == "bool":
+            form.addRow(holder)
+        else:
+            form.addRow(label, holder)
+        self.fields[s.name] = Field(s, widget, error, preview)
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def _set_enabled(self, on: bool) -> None:
+        self.tabs.setEnabled(on)
+        self.save_button.setEnabled(on and not self._saving)
+
+    def _load(self) -> None:
+        self._runner.submit(lambda c: (c.config_get(), c.status()), self._loaded,
+                            self._load_failed)
+
+    def _loaded(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
+        config, status = result
+        self.apply_config(config)
+        self.apply_status(status)
+        self.loaded_ok = True
+        self._set_enabled(True)
+        self._timer.start()
+        self._changed()
+
+    def _load_failed(self, message: str) -> None:
+        self.status_label.setText(f"The settings cannot be read: {one_line(message)}")
+        self.status_label.setStyleSheet("color: #c0392b;")
+
+    def apply_config(self, config: Dict[str, Any]) -> None:
+        """Show the engine's settings (``config_get()``'s answer) in the fields."""
+        values = config.get("values") or {}
+        self.loaded = {}
+        for name, f in self.fields.items():
+            s = f.setting
+            value = (values.get(s.section) or {}).get(s.key, s.default)
+            if name == "ui.start_at_login":
+                value = self._autostart_state(bool(value))
+            self.loaded[name] = value
+            f.widget.blockSignals(True)
+            f.set_value(value)
+            f.widget.blockSignals(False)
+            set_message(f.error, None)
+        path = config.get("path") or "config.toml"
+        self.status_label.setText(f"Saved by the engine to {path}")
+        self.status_label.setStyleSheet(NOTE_STYLE)
+        problems = [one_line(p) for p in config.get("problems") or []]
+        set_message(self.problems_label, "\n".join(problems))
+
+    def _autostart_state(self, configured: bool) -> bool:
+        # What happens at the next login is what the autostart entry says, not the setting.
+        try:
+            return autostart.is_enabled()
+        except autostart.AutostartError as e:
+            set_message(self.fields["ui.start_at_login"].error, str(e))
+            return configured
+
+    def apply_status(self, status: Dict[str, Any]) -> None:
+        """Take the current RAM from a status dict for the thresholds' preview."""
+        memory = status.get("memory") or {}
+        self.total_bytes = memory.get("total_bytes")
+        self.available_bytes = memory.get("available_bytes")
+        self._update_previews()
+
+    def _refresh_memory(self) -> None:
+        if self._runner.pending() == 0:
+            self._runner.submit(lambda c: c.status(), self.apply_status, lambda _m: None)
+
+    # -- editing ----------------------------------------------------------------------------------
+
+    def changes(self) -> Dict[str, Any]:
+        """The fields whose value differs from what the engine has."""
+        return {name: f.value() for name, f in self.fields.items()
+                if name in self.loaded and not _same(f.value(), self.loaded[name])}
+
+    def invalid(self) -> Dict[str, str]:
+        """Field name -> the reason its value cannot be saved."""
+        out = {}
+        for name, f in self.fields.items():
+            reason = f.check()
+            if reason:
+                out[name] = reason
+        return out
+
+    def _changed(self, *_: Any) -> None:
+        bad = self.invalid()
+        for name, f in self.fields.items():
+            set_message(f.error, bad.get(name))
+        self._update_previews()
+        if self.loaded_ok:
+            self.save_button.setEnabled(not bad and not self._saving)
+            n = len(self.changes())
+            if not self._saving:
+                set_message(self.error_label, None)
+            self.save_button.setText(f"Save ({n})" if n else "Save")
+
+    def _update_previews(self) -> None:
+        marks = []
+        texts: Dict[str, str] = {}
+        for name in THRESHOLDS:
+            f = self.fields[name]
+            texts[name] = str(f.value())
+            assert f.preview is not None
+            try:
+                f.preview.setText(threshold_preview(texts[name], self.total_bytes,
+                                                    self.available_bytes,
+                                                    THRESHOLD_WORDS[name]))
+                if self.total_bytes:
+                    b = Threshold.parse(texts[name]).bytes_of(int(self.total_bytes))
+                    marks.append((THRESHOLD_WORDS[name], b, THRESHOLD_COLOURS[name]))
+            except ConfigError:
+                f.preview.setText("")
+        self.bar.set_values(self.total_bytes, self.available_bytes, marks)
+        problem = order_problem(texts, int(self.total_bytes)) if self.total_bytes else None
+        set_message(self.order_label, problem)
+
+    # -- saving -----------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Send every changed, valid value to the engine; close when all were saved."""
+        if not self.loaded_ok or self._saving:
+            return
+        bad = self.invalid()
+        if bad:
+            self._changed()
+            return
+        changes = self.changes()
+        if not changes:
+            self.accept()
+            return
+        self.apply_changes(changes)
+
+    def apply_changes(self, changes: Dict[str, Any]) -> None:
+        """``config_set`` each of ``changes`` off the GUI thread; reasons for refused values
+        appear under their fields; the dialog closes when every value was saved."""
+        self._saving = True
+        self.save_button.setEnabled(False)
+        set_message(self.error_label, None)
+        self.status_label.setText("Saving…")
+
+        def send(client: EngineClient) -> Tuple[Dict[str, Optional[str]], Dict[str, Any]]:
+            refused: Dict[str, Optional[str]] = {}
+            config = None
+            for name, value in changes.items():
+                try:
+                    config = client.config_set(name, value)
+                    refused[name] = None
+                except EngineError as e:
+                    refused[name] = one_line(e)
+            return refused, config if config is not None else client.config_get()
+
+        self._runner.submit(send, lambda result: self._saved(changes, *result),
+                            self._save_failed)
+
+    def _saved(self, kept: Dict[str, Any], refused: Dict[str, Optional[str]],
+               config: Dict[str, Any]) -> None:
+        self._saving = False
+        self.apply_config(config)
+        # Values the engine refused stay in their fields, with its reason beside them.
+        for name, reason in refused.items():
+            if reason and name in self.fields:
+                self._set_quietly(name, kept[name])
+        failed = {n: r for n, r in refused.items() if r}
+        if refused.get("ui.start_at_login", "") is None:
+            problem = self._apply_autostart(bool(kept["ui.start_at_login"]))
+            if problem:
+                failed["ui.start_at_login"] = problem
+        self._changed()
+        for name, reason in failed.items():
+            set_message(self.fields[name].error if name in self.fields else self.error_label,
+                        reason if name in self.fields else f"{name}: {reason}")
+        self.saved.emit(config)
+        if failed:
+            set_message(self.error_label, f"{len(failed)} value(s) not saved; the reasons "
+                                          "are beside them.")
+            self.status_label.setText("The other values were saved.")
+            return
+        self.accept()
+
+    def _set_quietly(self, name: str, value: Any) -> None:
+        f = self.fields[name]
+        f.widget.blockSignals(True)
+        f.set_value(value)
+        f.widget.blockSignals(False)
+
+    def _apply_autostart(self, on: bool) -> Optional[str]:
+        """Write or remove the autostart entry; returns the problem, or None."""
+        try:
+            autostart.set_enabled(on)
+        except autostart.AutostartError as e:
+            return str(e)
+        self.loaded["ui.start_at_login"] = on
+        self._set_quietly("ui.start_at_login", on)
+        return None
+
+    def _save_failed(self, message: str) -> None:
+        self._saving = False
+        self.status_label.setText("Not saved.")
+        set_message(self.error_label, f"The engine did not take the settings: {one_line(message)}")
+        self._changed()
+
+    def done(self, result: int) -> None:
+        self._timer.stop()
+        self._runner.close()
+        super().done(result)
