@@ -1,0 +1,117 @@
+"""Fetching what the dashboard shows from the engine's history: plain Python, no Qt.
+
+The control channel caps one message at 1 MiB, so the history is asked for series by series and
+in time chunks small enough to stay well below it. Runs off the GUI thread (``CallRunner``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+# The store answers one-minute rows for ranges over six hours; below, raw samples (1 per s).
+RAW_LIMIT_SECONDS = 6 * 3600
+# Seconds per request: about 10,000 raw rows or 5,000 minute rows of one series (~400 KB).
+RAW_CHUNK_SECONDS = 10_000.0
+MINUTE_CHUNK_SECONDS = 5_000 * 60.0
+# A prefix (the jobs' VRAM on a GPU) may hold several series: smaller chunks.
+PREFIX_SHARE = 4
+EVENT_PAGE = 500
+EVENT_PAGES_MAX = 20
+
+BASE_SERIES = ("mem.total", "mem.used", "mem.available", "swap.total", "swap.used", "psi.some",
+               "psi.full")
+GPU_SERIES = ("total", "used", "util", "temp", "other")
+# Kinds the dashboard draws (markers and shaded spans); other events are not fetched for it.
+MARKER_KINDS = frozenset({"job_started", "job_paused", "job_resumed", "job_parked",
+                          "job_finished", "job_failed", "job_stopped"})
+SPAN_KINDS = frozenset({"guard_warn", "guard_pause", "guard_park", "guard_ok"})
+
+
+def series_for(gpu_indices: Iterable[int]) -> Tuple[List[str], List[str]]:
+    """(exact names, prefixes) of the series the dashboard draws."""
+    names = list(BASE_SERIES)
+    prefixes: List[str] = []
+    for i in sorted(set(gpu_indices)):
+        names += [f"gpu{i}.{s}" for s in GPU_SERIES]
+        prefixes.append(f"gpu{i}.job.")
+    return names, prefixes
+
+
+def _chunks(start: float, end: float, size: float) -> List[Tuple[float, float]]:
+    out = []
+    t = start
+    while t < end:
+        out.append((t, min(end, t + size)))
+        t += size
+    return out or [(start, end)]
+
+
+def _merge(into: Dict[str, Dict[str, List[float]]], part: Dict[str, Any]) -> None:
+    for name, cols in (part or {}).items():
+        t = list(cols.get("t") or [])
+        # Chunk edges are inclusive on both sides: drop a row the previous chunk already had.
+        skip = 0
+        have = into.get(name)
+        if have and have["t"]:
+            while skip < len(t) and t[skip] <= have["t"][-1]:
+                skip += 1
+        dest = into.setdefault(name, {k: [] for k in cols})
+        for k, vals in cols.items():
+            if k in dest and isinstance(vals, list):
+                dest[k].extend(vals[skip:])
+
+
+def fetch_history(client: Any, start: float, end: float,
+                  gpu_indices: Iterable[int]) -> Dict[str, Any]:
+    """``{"resolution": "raw"|"minute", "series": {name: {"t", ...}}}`` for the dashboard's
+    series between ``start`` and ``end``. Raises what the client raises (EngineUnavailable,
+    EngineError); a series without data in the range is absent."""
+    names, prefixes = series_for(gpu_indices)
+    span = end - start
+    raw = span <= RAW_LIMIT_SECONDS
+    chunk = RAW_CHUNK_SECONDS if raw else MINUTE_CHUNK_SECONDS
+    resolution: Optional[str] = None
+    series: Dict[str, Dict[str, List[float]]] = {}
+    jobs: List[Tuple[Dict[str, Any], Tuple[float, float]]] = []
+    for name in names:
+        jobs += [({"series": [name]}, c) for c in _chunks(start, end, chunk)]
+    for prefix in prefixes:
+        jobs += [({"prefix": [prefix]}, c) for c in _chunks(start, end, chunk / PREFIX_SHARE)]
+    for which, (a, b) in jobs:
+        answer = client.history(a, b, **which)
+        if resolution is None:
+            resolution = answer.get("resolution")
+        if answer.get("resolution") != resolution:
+            # A chunk crossed the raw tier's horizon: keep one resolution for the whole range.
+            continue
+        _merge(series, answer.get("series") or {})
+    return {"resolution": resolution or ("raw" if raw else "minute"), "start": start,
+            "end": end, "series": series}
+
+
+def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
+    """The events since ``since`` that the dashboard draws, oldest first (at most
+    ``EVENT_PAGE * EVENT_PAGES_MAX`` read)."""
+    out: List[Dict[str, Any]] = []
+    after: Optional[int] = None
+    for _ in range(EVENT_PAGES_MAX):
+        page = client.events(since=since, after_id=after, limit=EVENT_PAGE) if after is not None \
+            else client.events(since=since, limit=EVENT_PAGE)
+        if not page:
+            break
+        out += [e for e in page if e.get("kind") in MARKER_KINDS | SPAN_KINDS]
+        ids = [e.get("id") for e in page if isinstance(e.get("id"), int)]
+        if len(page) < EVENT_PAGE or not ids:
+            break
+        after = max(ids)
+    return out
+
+
+def load_range(client: Any, seconds: float, gpu_indices: Iterable[int],
+               now: float) -> Dict[str, Any]:
+    """History and events for the last ``seconds`` up to ``now``: ``{"range", "end",
+    "history", "events"}``."""
+    start = now - seconds
+    return {"range": seconds, "end": now,
+            "history": fetch_history(client, start, now, list(gpu_indices)),
+            "events": fetch_events(client, start)}

@@ -1,0 +1,364 @@
+"""What the tray shows, worked out from the engine's status dict: no Qt, no I/O.
+
+The icon's state, the tooltip, the menu's entries and the notifications are pure functions of
+the status (and of the events), so they are tested with recorded status dicts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from trayapp.config import format_bytes
+
+# Fill levels of the icon's bars: 20 steps of 5%, so a few MiB more or less does not redraw it.
+LEVELS = 20
+
+GUARD_STATES = ("ok", "warn", "pause", "park")
+UNREACHABLE = "unreachable"
+
+# Jobs in these states no longer run: nothing to guard, nothing to pause.
+ENDED_STATES = frozenset({"finished", "failed", "stopped", "parked", "exited", "lost"})
+# Actions the menu offers per job state (the engine has the last word).
+_ACTIONS_RUNNING = ("pause", "park", "stop")
+_ACTIONS_PAUSED = ("resume", "park", "stop")
+JOB_ACTIONS: Dict[str, Tuple[str, ...]] = {
+    "starting": ("stop",),
+    "running": _ACTIONS_RUNNING,
+    "resuming": _ACTIONS_RUNNING,
+    "pausing": ("resume", "stop"),
+    "paused": _ACTIONS_PAUSED,
+    "suspended": _ACTIONS_PAUSED,
+    "checkpointing": ("stop",),
+    "parking": ("stop",),
+    "parked": ("resume",),
+}
+GUARD_MODES = ("act", "dry-run", "off")
+GUARD_MODE_LABELS = {"act": "Act (warn, pause, park)", "dry-run": "Dry run (only record)",
+                     "off": "Off (watch only)"}
+
+
+def is_active_job(job: Dict[str, Any]) -> bool:
+    """Whether the job still runs (or is paused): quitting must ask what to do with it."""
+    return str(job.get("state") or "") not in ENDED_STATES
+
+
+def active_jobs(status: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [j for j in (status or {}).get("jobs") or [] if is_active_job(j)]
+
+
+def is_demo(status: Optional[Dict[str, Any]]) -> bool:
+    """True when the engine runs on simulated GPUs (``--demo``)."""
+    if not status:
+        return False
+    if (status.get("engine") or {}).get("demo"):
+        return True
+    if (status.get("gpu_status") or {}).get("backend") == "simulated":
+        return True
+    return any(g.get("simulated") for g in status.get("gpus") or [])
+
+
+# -- levels and the icon ------------------------------------------------------------------------
+
+
+def quantise(fraction: Optional[float], levels: int = LEVELS) -> Optional[int]:
+    """A fill fraction as one of ``levels + 1`` steps; None stays None (not known)."""
+    if fraction is None or fraction != fraction:  # NaN is "not known" as well
+        return None
+    return max(0, min(levels, int(round(float(fraction) * levels))))
+
+
+def ram_fraction(status: Dict[str, Any]) -> Optional[float]:
+    """Share of memory in use as the guard sees it: 1 - available / total (cgroup-aware)."""
+    m = status.get("memory") or {}
+    total, avail = m.get("total_bytes"), m.get("available_bytes")
+    if not total or avail is None:
+        return None
+    return max(0.0, min(1.0, 1.0 - float(avail) / float(total)))
+
+
+def fullest_gpu(status: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The GPU whose memory is the most full, or None when no GPU reports its memory."""
+    best, best_frac = None, -1.0
+    for g in status.get("gpus") or []:
+        total, used = g.get("memory_total_bytes"), g.get("memory_used_bytes")
+        if not total or used is None:
+            continue
+        frac = float(used) / float(total)
+        if frac > best_frac:
+            best, best_frac = g, frac
+    return best
+
+
+def vram_fraction(status: Dict[str, Any]) -> Optional[float]:
+    g = fullest_gpu(status)
+    if g is None:
+        return None
+    return max(0.0, min(1.0, float(g["memory_used_bytes"]) / float(g["memory_total_bytes"])))
+
+
+@dataclass(frozen=True)
+class IconState:
+    """Everything the tray icon shows; equal states draw the same pixels."""
+
+    state: str = UNREACHABLE  # one of GUARD_STATES or UNREACHABLE
+    ram_level: Optional[int] = None  # 0..LEVELS, None when not known
+    vram_level: Optional[int] = None  # None: no GPU (or its memory is not known)
+
+
+def guard_state(status: Optional[Dict[str, Any]]) -> str:
+    """The guard's state, or "unreachable" when there is no engine's answer."""
+    if not status or not (status.get("engine") or {}).get("running", True):
+        return UNREACHABLE
+    state = (status.get("guard") or {}).get("state")
+    return state if state in GUARD_STATES else "ok"
+
+
+def icon_state(status: Optional[Dict[str, Any]], reachable: bool = True) -> IconState:
+    """The icon for a status dict. Unreachable keeps the last levels, drawn grey."""
+    if status is None:
+        return IconState()
+    state = guard_state(status) if reachable else UNREACHABLE
+    return IconState(state, quantise(ram_fraction(status)), quantise(vram_fraction(status)))
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    """``3725`` -> ``"1 h 2 min"``; None -> "n/a"."""
+    if seconds is None or seconds != seconds:
+        return "n/a"
+    s = max(0, int(round(float(seconds))))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s" if s < 600 else f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {(s % 3600) // 60} min"
+    return f"{s // 86400} d {(s % 86400) // 3600} h"
+
+
+def percent(part: Optional[float], whole: Optional[float]) -> str:
+    if part is None or not whole:
+        return "n/a"
+    return f"{100.0 * float(part) / float(whole):.0f}%"
+
+
+def job_progress(job: Dict[str, Any]) -> str:
+    """``"epoch 2/10, step 120/500"`` or "" when the job reports no progress."""
+    parts = []
+    if job.get("epochs"):
+        parts.append(f"epoch {job.get('epoch') or 0}/{job['epochs']}")
+    if job.get("steps"):
+        parts.append(f"step {job.get('step') or 0}/{job['steps']}")
+    return ", ".join(parts)
+
+
+def job_label(job: Dict[str, Any]) -> str:
+    """One line for a job in the menu: name, state and progress."""
+    name = job.get("name") or job.get("id") or "job"
+    text = f"{name} — {job.get('state') or 'unknown'}"
+    progress = job_progress(job)
+    return f"{text}, {progress}" if progress else text
+
+
+def guard_line(status: Dict[str, Any]) -> str:
+    """The guard's state and first reason, and when memory runs out if it is predicted."""
+    guard = status.get("guard") or {}
+    state = guard.get("state") or "ok"
+    mode = guard.get("mode")
+    text = f"Guard: {state}"
+    if mode and mode != "act":
+        text += f" ({mode})"
+    reasons = [str(r) for r in guard.get("reasons") or [] if r]
+    if reasons:
+        text += f" — {reasons[0]}"
+    tte = guard.get("seconds_to_exhaustion")
+    if tte is not None:
+        text += f"; memory runs out in ~{format_duration(tte)}"
+    return text
+
+
+def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
+                 reason: Optional[str] = None, demo: bool = False) -> str:
+    """The tray icon's tooltip: RAM, VRAM, the guard (state, reason, time left), the jobs."""
+    title = "Headroom"
+    if demo or (status is not None and is_demo(status)):
+        title += " (simulated GPUs)"
+    lines = [title]
+    if not reachable or status is None:
+        lines.append("Engine not reachable" + (f": {reason}" if reason else ""))
+        if status is None:
+            return "\n".join(lines)
+        lines.append("Last known:")
+    m = status.get("memory") or {}
+    lines.append(f"RAM {format_bytes(m.get('used_bytes'))} used of "
+                 f"{format_bytes(m.get('total_bytes'))}, "
+                 f"{format_bytes(m.get('available_bytes'))} available")
+    gpus = status.get("gpus") or []
+    if not gpus:
+        lines.append("VRAM n/a (" + ((status.get("gpu_status") or {}).get("message")
+                                      or "no GPU") + ")")
+    for g in gpus:
+        lines.append(f"GPU{g.get('index')} VRAM {format_bytes(g.get('memory_used_bytes'))} of "
+                     f"{format_bytes(g.get('memory_total_bytes'))} "
+                     f"({percent(g.get('memory_used_bytes'), g.get('memory_total_bytes'))})")
+    if reachable:
+        lines.append(guard_line(status))
+    jobs = active_jobs(status)
+    if jobs:
+        lines.append("Jobs: " + "; ".join(job_label(j) for j in jobs[:4])
+                     + (f" and {len(jobs) - 4} more" if len(jobs) > 4 else ""))
+    else:
+        lines.append("No jobs running")
+    return "\n".join(lines)
+
+
+# -- the menu ------------------------------------------------------------------------------------
+
+
+@dataclass
+class MenuEntry:
+    """One menu line. ``key`` names what it does (``"job:<id>:pause"``, ``"guard:off"``...);
+    a separator has kind "separator"; a submenu has ``children``."""
+
+    text: str = ""
+    key: str = ""
+    kind: str = "action"  # action | separator | submenu | label
+    enabled: bool = True
+    checked: Optional[bool] = None  # None: not checkable
+    children: List[MenuEntry] = field(default_factory=list)
+
+
+def _sep() -> MenuEntry:
+    return MenuEntry(kind="separator")
+
+
+def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[MenuEntry]:
+    """The tray menu for this status. With no engine, the engine's entries are disabled."""
+    live = reachable and status is not None
+    jobs = active_jobs(status) if live else []
+    entries = [
+        MenuEntry("Dashboard", "open:dashboard"),
+        MenuEntry("Launch training...", "open:launch", enabled=live),
+    ]
+    job_menu = MenuEntry("Jobs", "jobs", kind="submenu", enabled=live)
+    if not live:
+        job_menu.children.append(MenuEntry("Engine not reachable", kind="label", enabled=False))
+    elif not jobs:
+        job_menu.children.append(MenuEntry("No jobs running", kind="label", enabled=False))
+    for job in jobs:
+        jid = str(job.get("id"))
+        sub = MenuEntry(job_label(job), f"job:{jid}", kind="submenu")
+        actions = JOB_ACTIONS.get(str(job.get("state")), ())
+        for action in ("pause", "resume", "park", "stop"):
+            sub.children.append(MenuEntry(action.capitalize(), f"job:{jid}:{action}",
+                                          enabled=action in actions))
+        job_menu.children.append(sub)
+    job_menu.children += [_sep(), MenuEntry("All jobs...", "open:jobs", enabled=live)]
+    entries.append(job_menu)
+    entries.append(MenuEntry("Pause all jobs", "pause_all",
+                             enabled=live and any(str(j.get("state")) in JOB_ACTIONS
+                                                  and "pause" in JOB_ACTIONS[str(j.get("state"))]
+                                                  for j in jobs)))
+    mode = ((status or {}).get("guard") or {}).get("mode") if live else None
+    guard = MenuEntry("Guard", "guard", kind="submenu", enabled=live)
+    for m in GUARD_MODES:
+        guard.children.append(MenuEntry(GUARD_MODE_LABELS[m], f"guard:{m}", checked=mode == m))
+    entries += [guard, _sep(), MenuEntry("Settings...", "open:settings", enabled=live), _sep(),
+                MenuEntry("Quit", "quit")]
+    return entries
+
+
+# -- notifications -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Notice:
+    title: str
+    message: str
+    level: str  # info | warn | error
+
+
+_NOTIFY_TITLES = {
+    "guard_warn": "Memory is running low",
+    "guard_pause": "Jobs paused: memory is running out",
+    "guard_park": "Job parked to free memory",
+    "job_finished": "Training finished",
+    "job_failed": "Training failed",
+}
+
+
+def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
+    """The desktop notification for an event, or None for kinds that do not notify."""
+    kind = str(event.get("kind") or "")
+    title = _NOTIFY_TITLES.get(kind)
+    if title is None:
+        return None
+    level = str(event.get("level") or ("error" if kind in ("job_failed", "guard_park")
+                                       else "warn" if kind.startswith("guard_") else "info"))
+    return Notice(title, str(event.get("message") or kind.replace("_", " ")), level)
+
+
+def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
+                reason: Optional[str] = None) -> Tuple[str, str]:
+    """The dashboard's banner: (level, text); level "" means no banner. An active warning is
+    always shown here, since desktop notifications can be suppressed."""
+    if not reachable:
+        return "unreachable", "The engine is not reachable" + (f": {reason}" if reason else "") \
+            + ". Nothing is guarding your jobs until it is back; Headroom keeps trying."
+    if status is None:
+        return "", ""
+    guard = status.get("guard") or {}
+    state = guard.get("state")
+    if state not in ("warn", "pause", "park"):
+        if guard.get("mode") == "off":
+            return "info", "The guard is off: Headroom only watches."
+        return "", ""
+    words = {"warn": "Warning", "pause": "Jobs paused", "park": "Jobs parked"}[state]
+    text = words + ": " + ("; ".join(str(r) for r in guard.get("reasons") or []) or
+                           "memory is running low")
+    tte = guard.get("seconds_to_exhaustion")
+    if tte is not None:
+        text += f". Memory runs out in ~{format_duration(tte)}"
+    if guard.get("mode") == "dry-run":
+        text += " (dry run: the guard records and does nothing)"
+    return state, text
+
+
+# -- VRAM per process ----------------------------------------------------------------------------
+
+
+def vram_split(status: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
+    """Per GPU index, VRAM by the guard's jobs (``"job.<id>"``) and the rest (``"other"``),
+    as the engine splits it for the history (``gpu{i}.job.<id>``, ``gpu{i}.other``)."""
+    pid_to_job: Dict[int, str] = {}
+    for job in status.get("jobs") or []:
+        pids: Sequence[Any] = job.get("pids") or ([job["pid"]] if job.get("pid") else [])
+        for pid in pids:
+            pid_to_job[int(pid)] = str(job["id"])
+    out: Dict[int, Dict[str, float]] = {}
+    for g in status.get("gpus") or []:
+        by_job: Dict[str, float] = {}
+        for proc in g.get("processes") or []:
+            jid = pid_to_job.get(int(proc.get("pid") or -1))
+            used = proc.get("used_memory_bytes")
+            if jid is not None and used is not None:
+                by_job[f"job.{jid}"] = by_job.get(f"job.{jid}", 0.0) + float(used)
+        used_total = g.get("memory_used_bytes")
+        if used_total is not None:
+            by_job["other"] = max(0.0, float(used_total) - sum(by_job.values()))
+        out[int(g.get("index") or 0)] = by_job
+    return out
+
+
+def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:
+    """Job id -> name, for the legend of the VRAM stack."""
+    return {str(j.get("id")): str(j.get("name") or j.get("id"))
+            for j in (status or {}).get("jobs") or []}
+
+
+def clock_text(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
