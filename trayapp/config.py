@@ -229,6 +229,20 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("guard", "cooldown_seconds", 30.0, _as_float,
             "After an automatic resume, wait this long before pausing the same job again "
             "for a predicted (not actual) shortage.", 0, 3600),
+    Setting("guard", "stop_available", "2%", _as_threshold,
+            "Last resort: stop a job (gracefully, then forced) when available memory falls "
+            "below this and no job is left to pause or park."),
+    Setting("guard", "hysteresis", "2%", _as_threshold,
+            "A low-memory warning clears only once available memory is this far back above "
+            "the warning threshold, so a reading that hovers at it does not flap."),
+    Setting("guard", "psi_pause_threshold", 60.0, _as_float,
+            "Memory pressure: pause the guard's jobs when PSI \"full avg10\" stays above this "
+            "(systemd-oomd acts at 60% for 30 s; 100 turns it off)...", 0, 100),
+    Setting("guard", "psi_pause_duration_seconds", 30.0, _as_float,
+            "...for this many seconds.", 0, 3600),
+    Setting("guard", "rate_window_seconds", 3.0, _as_float,
+            "Seconds of recent samples the fill rate is fitted to (least squares): longer is "
+            "steadier, shorter notices a change sooner.", 0.5, 60),
     # [ui]
     Setting("ui", "notifications", True, _as_bool, "Show desktop notifications."),
     Setting("ui", "show_dashboard_at_start", False, _as_bool,
