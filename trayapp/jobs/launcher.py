@@ -1,0 +1,1309 @@
+"""Start, watch, pause, resume, park and stop training jobs (whole process trees); their logs.
+
+Every job runs in its own session (process group), with stdout and stderr in
+``jobs/<id>/log``, and talks to the engine over its own channel (``paths.job_address(id)``,
+authenticated with a key kept in ``jobs/<id>/key``, 0600). The runner inside the job is the
+channel's client; it reconnects when the engine comes back, so an engine that restarts takes
+its jobs back (``adopt``). An engine that goes away never ends a job.
+
+Threads: the engine loop calls ``tick``; control-channel threads call the actions; each job's
+channel has threads of its own. One lock guards every job's state. No action blocks: stop
+escalation, pause deadlines and reaping all advance in ``tick``.
+
+A parked job that is resumed is relaunched under the same id (same folder, log and channel,
+``runs`` counts the launches) with its spec's ``resume`` set, so the runner continues from the
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import psutil
+
+from trayapp import config as configmod
+from trayapp.config import Paths
+from trayapp.engine.api import ChannelServer, Peer
+from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.runner import protocol as rp
+
+log = logging.getLogger("headroom.jobs")
+
+WINDOWS = sys.platform == "win32"
+
+# A job in one of these states has (or had, a moment ago) a process.
+LIVE_STATES = frozenset({"starting", "running", "pausing", "paused", "parking", "stopping"})
+# Transitional states: an action is under way.
+BUSY_STATES = frozenset({"starting", "pausing", "parking", "stopping"})
+END_STATES = frozenset({"finished", "failed", "stopped", "lost"})
+STATES = LIVE_STATES | END_STATES | {"parked"}
+
+ACTIONS = ("pause", "resume", "park", "stop", "kill")
+
+SAMPLE_INTERVAL = 0.25  # psutil reads a job's tree at most 4 times a second
+SAVE_INTERVAL = 5.0  # progress reaches the store at most this often (state changes at once)
+LOG_TAIL_BYTES = 64 * 1024
+# Logs go back as JSON with non-ASCII escaped (up to 6 bytes a byte): stay under the 1 MiB limit.
+LOG_MAX_BYTES = 128 * 1024
+MAX_NOTES = 50
+RECENT_ENDED = 50
+
+# Stop escalation, seconds spent at each step before the next one.
+# The runner's own stop ends fit() at a batch end; the script then ends as it would after
+# training (saving its model, say), so it gets a little time.
+STOP_ASK_SECONDS = 5.0
+STOP_INT_SECONDS = 3.0  # SIGINT (CTRL_BREAK_EVENT on Windows)
+STOP_TERM_SECONDS = 3.0  # SIGTERM; then SIGKILL
+KILL_WAIT_SECONDS = 5.0  # after SIGKILL, how long to wait for the tree to vanish
+
+Emit = Callable[..., Any]
+
+
+class _Job:
+    """One job's state: the public dict (``info``) and what only the manager holds."""
+
+    def __init__(self, info: Dict[str, Any], key: bytes):
+        self.info = info
+        self.key = key
+        self.popen: Optional[subprocess.Popen] = None  # our own child
+        self.process: Optional[psutil.Process] = None  # the root, ours or adopted
+        self.server: Optional[ChannelServer] = None
+        self.peer: Optional[Peer] = None
+        # Every process seen in the tree, so remnants reparented away are still found.
+        self.known: Dict[int, psutil.Process] = {}
+        self.next_sample = 0.0
+        self.last_saved = 0.0
+        self.dirty = False
+        self.pause_deadline: Optional[float] = None  # monotonic
+        self.stop_stage = 0  # 0 none, 1 asked the runner, 2 SIGINT, 3 SIGTERM, 4 SIGKILL
+        self.stop_next = 0.0  # monotonic time of the next stop step
+        self.stop_note: Tuple[str, str] = ("user", "")
+        self.park_note: Tuple[str, str] = ("user", "")
+        self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
+        self.exit_seen = False
+
+    @property
+    def id(self) -> str:
+        return str(self.info["id"])
+
+    @property
+    def state(self) -> str:
+        return str(self.info["state"])
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+class JobManager:
+    """The engine's jobs. See the module docstring for threads and life cycle.
+
+    ``emit(kind, message, *, level, job_id, data)`` records and pushes an event; ``gpus()``
+    returns the engine's latest GPU readings; ``config()`` its current settings.
+    """
+
+    def __init__(self, paths: Paths, store: Any, *, emit: Emit,
+                 gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
+                 config: Callable[[], Any] = lambda: configmod.Config(),
+                 runner_dir: Optional[Path] = None, subreaper: bool = True):
+        self.paths = paths
+        self.store = store
+        self._emit = emit
+        self._gpus = gpus
+        self._config = config
+        self.runner_dir = runner_dir  # None: the plan's default (also right in a frozen build)
+        self._lock = threading.RLock()
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._ended: OrderedDict[str, Dict[str, Any]] = OrderedDict()
+        self._closed = False
+        # Orphans of job trees left after their job ended, reaped as they exit.
+        self._orphans: Dict[int, psutil.Process] = {}
+        self._orphans_checked = 0.0
+        self.subreaper = become_subreaper() if subreaper else False
+
+    # -- the engine's calls -------------------------------------------------------------------
+
+    def handlers(self) -> Dict[str, Callable[[Peer, Dict[str, Any]], Any]]:
+        """The control-channel ops this manager answers: ``{op: fn(peer, args)}``."""
+        return {
+            "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
+            "job_get": lambda peer, a: self.get(a["job"]),
+            "job_start": lambda peer, a: self.start(a["spec"]),
+            "job_action": self._op_action,
+            "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
+            "jobs_pause_all": lambda peer, a: self.pause_all(by="user"),
+        }
+
+    def list(self, include_finished: bool = False) -> List[Dict[str, Any]]:
+        """Job dicts, newest first: live and parked jobs, and with ``include_finished`` the
+        ended ones the store keeps."""
+        with self._lock:
+            out = {j.id: self._public(j) for j in self._jobs.values()}
+            recent = {k: copy.deepcopy(v) for k, v in self._ended.items()}
+        if include_finished:
+            for job in self.store.list_jobs(include_finished=True, limit=200):
+                if isinstance(job, dict) and job.get("id") not in out:
+                    out[str(job["id"])] = job
+            for k, v in recent.items():
+                if k not in out or out[k].get("state") in LIVE_STATES:
+                    out[k] = v
+        return sorted(out.values(), key=lambda j: -(j.get("started") or 0))
+
+    def active_count(self) -> int:
+        """Jobs with a process (parked ones have none)."""
+        with self._lock:
+            return sum(1 for j in self._jobs.values() if j.state in LIVE_STATES)
+
+    def get(self, job_ref: str) -> Dict[str, Any]:
+        """The job dict for an id, a unique id prefix or a unique name.
+
+        Raises LookupError ("no job named x" / "x matches 2 jobs (...)")."""
+        with self._lock:
+            job = self._find(job_ref)
+            if isinstance(job, _Job):
+                return self._public(job)
+            return copy.deepcopy(job)
+
+    # -- starting -----------------------------------------------------------------------------
+
+    def start(self, spec_json: Dict[str, Any]) -> Dict[str, Any]:
+        """Validate the spec and launch it. Returns the new job's dict (state "starting").
+
+        Raises ValueError with one line for a bad spec or a launch that fails (no job is
+        recorded then)."""
+        from trayapp.jobs.options import JobSpec, SpecError, validate
+
+        if self._closed:
+            raise ValueError("the engine is shutting down")
+        try:
+            spec = JobSpec.from_json(spec_json)
+            warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
+        except SpecError as e:
+            raise ValueError(_one_line(e)) from None
+        with self._lock:
+            job_id = self._new_id()
+            folder = self.paths.jobs_dir / job_id
+            folder.mkdir(parents=True, exist_ok=False, mode=0o700)
+            key = secrets.token_bytes(32)
+            configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
+            spec_data = spec.to_json()
+            configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+            info = self._new_info(job_id, spec, spec_data, folder, warnings)
+            job = _Job(info, key)
+            try:
+                self._open_channel(job)
+                self._launch(job, spec, append=False)
+            except ValueError:
+                self._close_channel(job)
+                _remove_folder(folder)
+                raise
+            self._jobs[job_id] = job
+            self._save(job)
+            job_info = self._public(job)
+        where = f" in {info['cwd']}" if info.get("cwd") else ""
+        self._emit("job_started", f"job {job_id} ({info['name']}) started{where} "
+                   f"(pid {info['pid']})", job_id=job_id,
+                   data={"pid": info["pid"], "argv": info["argv"], "warnings": warnings})
+        return job_info
+
+    def _new_id(self) -> str:
+        for _ in range(100):
+            job_id = secrets.token_hex(4)
+            if job_id in self._jobs or job_id in self._ended:
+                continue
+            if (self.paths.jobs_dir / job_id).exists() or self.store.get_job(job_id) is not None:
+                continue
+            return job_id
+        raise ValueError("cannot find a free job id")  # pragma: no cover - 2**32 ids
+
+    def _new_info(self, job_id: str, spec: Any, spec_data: Dict[str, Any], folder: Path,
+                  warnings: List[str]) -> Dict[str, Any]:
+        name = getattr(spec, "name", None) or Path(str(getattr(spec, "script", "job"))).stem
+        ckpt = getattr(spec, "checkpoint_dir", None)
+        auto = getattr(spec, "auto_resume", None)
+        if auto is None:
+            auto = bool(self._setting("guard.auto_resume", True))
+        return {
+            "id": job_id, "name": name, "state": "starting",
+            "pid": None, "pids": [], "create_time": None,
+            "rss_bytes": None, "vram_bytes": None,
+            "epoch": None, "epochs": None, "step": None, "steps": None,
+            "metrics": {}, "eta_seconds": None, "tf_memory": None,
+            "started": _now(), "ended": None, "end_reason": None, "exit_code": None,
+            "hooked": False, "connected": False, "hello": None, "bye": None,
+            "spec": spec_data, "script": str(getattr(spec, "script", "")),
+            "cwd": None, "argv": [],
+            "checkpoint_dir": str(ckpt) if ckpt else None, "checkpoint": None,
+            "log_path": str(folder / "log"),
+            "paused_by": None, "pause_reason": None, "pause_mode": None, "paused_at": None,
+            "ram_budget_bytes": _budget(spec, "ram_budget"),
+            "vram_budget_bytes": _budget(spec, "vram_budget"),
+            "auto_resume": bool(auto), "notes": [], "warnings": list(warnings),
+            "runs": 0, "resumed_at": None,
+        }
+
+    def _open_channel(self, job: _Job) -> None:
+        address = self.paths.job_address(job.id)
+        job_id = job.id
+        server = ChannelServer(
+            address, job.key, lambda peer, data: self._on_message(job_id, peer, data),
+            name=f"job-{job_id}", max_peers=4,
+            on_close=lambda peer: self._on_disconnect(job_id, peer))
+        try:
+            server.start()
+        except OSError as e:
+            raise ValueError(f"cannot open the job's channel at {address}: "
+                             f"{e.strerror or e}") from None
+        job.server = server
+
+    def _close_channel(self, job: _Job) -> None:
+        if job.server is not None:
+            job.server.close()
+            job.server = None
+        job.peer = None
+        job.info["connected"] = False
+
+    def _launch(self, job: _Job, spec: Any, *, append: bool) -> None:
+        """Build the plan and start the process in its own session, output to the log."""
+        from trayapp.jobs.plan import build_launch
+
+        folder = self.paths.jobs_dir / job.id
+        try:
+            plan = build_launch(spec, job_id=job.id, address=self.paths.job_address(job.id),
+                                keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
+                                base_env=dict(os.environ), runner_dir=self.runner_dir)
+        except Exception as e:  # SpecError and friends: a plan that cannot be made
+            raise ValueError(_one_line(e)) from None
+        kwargs: Dict[str, Any] = {}
+        if WINDOWS:  # pragma: no cover - Windows only
+            kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
+                                       | subprocess.CREATE_NO_WINDOW)  # type: ignore
+        else:
+            kwargs["start_new_session"] = True
+        log_path = Path(job.info["log_path"])
+        with open(log_path, "ab") as out:
+            if append:
+                out.write(f"\n--- resumed from checkpoint {time.strftime('%Y-%m-%d %H:%M:%S')}"
+                          " ---\n".encode())
+                out.flush()
+            try:
+                popen = subprocess.Popen(list(plan.argv), env=dict(plan.env), cwd=plan.cwd,
+                                         stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, close_fds=True, **kwargs)
+            except OSError as e:
+                raise ValueError(f"cannot start {plan.argv[0]}: "
+                                 f"{e.strerror or _one_line(e)}") from None
+        job.popen = popen
+        try:
+            job.process = psutil.Process(popen.pid)
+            create_time: Optional[float] = job.process.create_time()
+        except psutil.Error:
+            job.process, create_time = None, None
+        info = job.info
+        info.update(state="starting", pid=popen.pid, pids=[popen.pid], create_time=create_time,
+                    argv=list(plan.argv), cwd=str(plan.cwd) if plan.cwd else None,
+                    exit_code=None, ended=None, end_reason=None, bye=None, hooked=False,
+                    runs=int(info.get("runs") or 0) + 1, eta_seconds=None,
+                    paused_by=None, pause_reason=None, pause_mode=None, paused_at=None)
+        for w in getattr(plan, "warnings", ()) or ():
+            if w not in info["warnings"]:
+                info["warnings"].append(w)
+        job.known = {popen.pid: job.process} if job.process is not None else {}
+        job.exit_seen = False
+        job.stop_stage = 0
+        job.pause_deadline = None
+        job.rate_ref = None
+        job.next_sample = 0.0
+
+    # -- adoption -----------------------------------------------------------------------------
+
+    def adopt(self) -> List[str]:
+        """Take back the jobs an earlier engine left: live ones get their channel back (same
+        address, same key) and are watched with psutil; parked ones wait for ``resume``; the
+        rest end as "lost", or as the runner's ``bye`` said. Returns the adopted ids."""
+        adopted: List[str] = []
+        for saved in self.store.list_jobs(include_finished=False, limit=1000):
+            if not isinstance(saved, dict) or not saved.get("id"):
+                continue
+            job_id = str(saved["id"])
+            with self._lock:
+                if job_id in self._jobs:
+                    continue
+                try:
+                    key = (self.paths.jobs_dir / job_id / "key").read_bytes()
+                except OSError:
+                    key = b""
+                job = _Job(saved, key)
+                state = job.state
+                if state == "parked":
+                    self._jobs[job_id] = job
+                    continue
+                if state not in LIVE_STATES:
+                    continue
+                proc = _same_process(saved.get("pid"), saved.get("create_time"))
+                if proc is None or not key:
+                    self._end(job, None, adopted_gone=True)
+                    continue
+                job.process = proc
+                job.known = {proc.pid: proc}
+                job.info["connected"] = False
+                try:
+                    self._open_channel(job)
+                except ValueError as e:
+                    log.warning("job %s: %s; it runs on without progress reports", job_id, e)
+                self._jobs[job_id] = job
+                if state == "pausing":
+                    job.pause_deadline = time.monotonic() + self._pause_deadline(None)
+                elif state == "stopping":
+                    job.stop_note = (job.info.get("stop_by") or "user",
+                                     job.info.get("stop_reason") or "")
+                    self._stop_step(job, 2)
+                adopted.append(job_id)
+            self._emit("job_adopted", f"job {job_id} ({saved.get('name')}) is watched again "
+                       f"(pid {saved.get('pid')}, {state})", job_id=job_id)
+        return adopted
+
+    # -- the channel --------------------------------------------------------------------------
+
+    def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
+        try:
+            msg = rp.decode(data, rp.JOB_MESSAGES)
+        except rp.ProtocolError as e:
+            log.info("job %s: ignored a message: %s", job_id, e)
+            return None
+        events: List[Tuple[str, str, str, Optional[Dict[str, Any]]]] = []
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            kind = msg["type"]
+            if kind == rp.HELLO:
+                self._on_hello(job, peer, msg, events)
+            elif kind == rp.PROGRESS:
+                self._on_progress(job, msg)
+            elif kind == rp.STATE:
+                self._on_state(job, msg, events)
+            elif kind == rp.CHECKPOINTED:
+                job.info["checkpoint"] = {"path": msg.get("path"), "epoch": msg.get("epoch"),
+                                          "time": _now()}
+                self._save(job)
+            elif kind == rp.NOTE:
+                self._on_note(job, msg, events)
+            elif kind == rp.BYE:
+                job.info["bye"] = {k: v for k, v in msg.items() if k != "type"}
+                self._save(job)
+        for ev_kind, level, message, ev_data in events:
+            self._emit(ev_kind, message, level=level, job_id=job_id, data=ev_data)
+        return None
+
+    def _on_hello(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[Any]) -> None:
+        if job.peer is not None and job.peer is not peer:
+            job.peer.close()
+        job.peer = peer
+        peer.context["job"] = job.id
+        info = job.info
+        info["hello"] = {k: v for k, v in msg.items() if k != "type"}
+        # "installed": keras.Model.fit is patched, so pause, park and stop land at a batch end.
+        info["hooked"] = msg.get("fit_hook") == "installed" or bool(msg.get("hooked"))
+        info["connected"] = True
+        if info["state"] == "starting":
+            info["state"] = "running"
+        runner_state = msg.get("state")
+        if runner_state == "paused" and info["state"] in ("running", "pausing"):
+            self._set_paused(job, info.get("paused_by") or "user", info.get("pause_reason") or "",
+                             "cooperative", events)
+        # A command given while the runner was away is given again now it is back.
+        elif info["state"] == "pausing":
+            self._send(job, rp.PAUSE)
+        elif info["state"] == "parking":
+            self._send(job, rp.PARK)
+        elif info["state"] == "paused" and info.get("pause_mode") == "cooperative" \
+                and runner_state == "running":
+            info.update(state="running", pause_mode=None, paused_by=None, pause_reason=None)
+        self._save(job)
+
+    def _on_progress(self, job: _Job, msg: Dict[str, Any]) -> None:
+        info = job.info
+        for field in ("epoch", "epochs", "step", "steps"):
+            value = msg.get(field)
+            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                if field in msg:
+                    info[field] = value
+        logs = msg.get("logs")
+        if isinstance(logs, dict):
+            info["metrics"] = {k: v for k, v in logs.items()
+                               if isinstance(v, (int, float, str)) or v is None}
+        if "tf_memory" in msg:
+            info["tf_memory"] = msg.get("tf_memory")
+        if info["state"] == "starting":
+            info["state"] = "running"
+        self._update_eta(job)
+        job.dirty = True
+
+    def _on_state(self, job: _Job, msg: Dict[str, Any], events: List[Any]) -> None:
+        info = job.info
+        state = msg.get("state")
+        if state == "paused":
+            if info["state"] in ("running", "pausing", "starting") or \
+                    (info["state"] == "paused" and info.get("pause_mode") != "suspended"):
+                self._set_paused(job, info.get("paused_by") or "user",
+                                 info.get("pause_reason") or "", "cooperative", events)
+        elif state == "running":
+            if info["state"] == "paused" and info.get("pause_mode") == "cooperative":
+                # The runner resumed on its own (or on our word): it is running again.
+                info.update(state="running", pause_mode=None, paused_at=None)
+                job.rate_ref = None
+                self._save(job)
+            elif info["state"] == "starting":
+                info["state"] = "running"
+                self._save(job)
+        elif state == "parking" and info["state"] in ("running", "pausing", "paused"):
+            info["state"] = "parking"
+            self._save(job)
+        info["runner_state"] = state
+
+    def _on_note(self, job: _Job, msg: Dict[str, Any], events: List[Any]) -> None:
+        level = msg.get("level") if msg.get("level") in ("info", "warn", "error") else "info"
+        text = str(msg.get("message") or "")[:500]
+        notes = job.info.setdefault("notes", [])
+        notes.append({"time": _now(), "level": level, "message": text})
+        del notes[:-MAX_NOTES]
+        job.dirty = True
+        events.append(("job_note", str(level), f"job {job.id}: {text}", None))
+
+    def _on_disconnect(self, job_id: str, peer: Peer) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and job.peer is peer:
+                job.peer = None
+                job.info["connected"] = False
+                job.dirty = True
+
+    def _send(self, job: _Job, kind: str, **fields: Any) -> bool:
+        peer = job.peer
+        if peer is None or peer.closed:
+            return False
+        return peer.send(rp.make(kind, **fields))
+
+    # -- progress and memory ------------------------------------------------------------------
+
+    def _update_eta(self, job: _Job) -> None:
+        info = job.info
+        done, total = _progress_units(info)
+        if done is None or total is None:
+            info["eta_seconds"] = None
+            return
+        now = time.monotonic()
+        if job.rate_ref is None or done < job.rate_ref[1]:
+            job.rate_ref = (now, done)
+            return
+        t0, d0 = job.rate_ref
+        if now - t0 < 1.0 or done <= d0:
+            return
+        rate = (done - d0) / (now - t0)
+        info["eta_seconds"] = max(0.0, (total - done) / rate)
+
+    def _sample(self, job: _Job, gpus: Tuple[GpuReading, ...]) -> None:
+        from trayapp.probes.processes import tree_memory
+
+        pid = job.info.get("pid")
+        if not pid:
+            return
+        mem = tree_memory(int(pid), gpus)
+        if mem is None:
+            return
+        job.info["rss_bytes"] = mem.tree_rss_bytes
+        job.info["vram_bytes"] = mem.vram_bytes
+        job.info["pids"] = list(mem.tree_pids)
+        for p in mem.tree_pids:
+            if p not in job.known:
+                try:
+                    job.known[p] = psutil.Process(p)
+                except psutil.Error:
+                    pass
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def tick(self, snapshot: Optional[Snapshot] = None) -> None:
+        """Reap ended jobs, sample each tree's memory (at most 4 Hz), move stops and pause
+        deadlines along, save progress. Cheap when nothing is due."""
+        gpus: Tuple[GpuReading, ...] = tuple(snapshot.gpus) if snapshot is not None else \
+            tuple(self._gpus())
+        events: List[Tuple[str, str, str, str, Optional[Dict[str, Any]]]] = []
+        with self._lock:
+            now = time.monotonic()
+            for job in list(self._jobs.values()):
+                if job.state not in LIVE_STATES:
+                    continue
+                try:
+                    self._tick_job(job, now, gpus, events)
+                except Exception:  # one job's trouble must not stop the others' watch
+                    log.exception("job %s: watching failed", job.id)
+            if self._orphans and now - self._orphans_checked >= 1.0:
+                self._orphans_checked = now
+                self._reap_orphans()
+        for kind, level, message, job_id, data in events:
+            self._emit(kind, message, level=level, job_id=job_id, data=data)
+
+    def _reap_orphans(self) -> None:
+        for pid, p in list(self._orphans.items()):
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                _reap(p)
+            except psutil.Error:
+                pass
+            self._orphans.pop(pid, None)
+
+    def _tick_job(self, job: _Job, now: float, gpus: Tuple[GpuReading, ...],
+                  events: List[Any]) -> None:
+        if not job.exit_seen:
+            code, gone = self._poll_exit(job)
+            if gone:
+                job.exit_seen = True
+                job.info["exit_code"] = code
+                job.info["pids"] = []
+        if job.exit_seen:
+            # A stop ends only when the whole tree is gone; anything else ends with its root.
+            if job.state == "stopping" and self._remnants(job):
+                self._advance_stop(job, now)
+                return
+            if job.state == "parking":
+                self._kill_remnants(job, signal.SIGTERM if not WINDOWS else None)
+            self._end(job, job.info.get("exit_code"), events=events)
+            return
+        if now >= job.next_sample:
+            job.next_sample = now + SAMPLE_INTERVAL
+            self._sample(job, gpus)
+        if job.state == "pausing" and job.pause_deadline is not None and now >= job.pause_deadline:
+            self._suspend(job, events, why="the pause deadline passed")
+        if job.state == "stopping":
+            self._advance_stop(job, now)
+        if job.dirty and now - job.last_saved >= SAVE_INTERVAL:
+            self._save(job)
+
+    def _poll_exit(self, job: _Job) -> Tuple[Optional[int], bool]:
+        """(exit code or None when unknown, whether the root process is gone)."""
+        if job.popen is not None:
+            rc = job.popen.poll()
+            return rc, rc is not None
+        proc = job.process
+        if proc is None:
+            return self._bye_code(job), True
+        try:
+            gone = not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            gone = True
+        return (self._bye_code(job) if gone else None), gone
+
+    @staticmethod
+    def _bye_code(job: _Job) -> Optional[int]:
+        bye = job.info.get("bye") or {}
+        code = bye.get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+    def _end(self, job: _Job, code: Optional[int], *, events: Optional[List[Any]] = None,
+             adopted_gone: bool = False) -> None:
+        """Record how the job ended, close its channel and move it out of the live set."""
+        info = job.info
+        bye = info.get("bye") or {}
+        was = info["state"]
+        parked = (was == "parking" or bye.get("reason") == "parked") and \
+            (code == rp.PARK_EXIT_CODE or (code is None and bye.get("reason") == "parked"))
+        if parked:
+            state = "parked"
+            by, reason = job.park_note
+            end_reason = f"parked by {by}" + (f": {reason}" if reason else "")
+            kind, level = "job_parked", "info"
+            message = f"job {job.id} ({info['name']}) parked; resume it with " \
+                      f"'headroom resume {job.id}'"
+        elif was == "stopping":
+            state = "stopped"
+            by, reason = job.stop_note
+            end_reason = f"stopped by {by}" + (f": {reason}" if reason else "")
+            kind, level = "job_stopped", "info"
+            message = f"job {job.id} ({info['name']}) {end_reason}"
+        elif code is None:
+            state = "lost"
+            end_reason = "the process ended while no engine watched it (exit status unknown)" \
+                if adopted_gone else "the process ended (exit status unknown)"
+            kind, level = "job_lost", "warn"
+            message = f"job {job.id} ({info['name']}): {end_reason}"
+        elif code == 0:
+            state, end_reason = "finished", "finished"
+            kind, level = "job_finished", "info"
+            message = f"job {job.id} ({info['name']}) finished"
+        else:
+            state = "failed"
+            end_reason = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
+            kind, level = "job_failed", "error"
+            message = f"job {job.id} ({info['name']}) failed ({end_reason})"
+        info.update(state=state, exit_code=code, ended=_now(), end_reason=end_reason,
+                    pids=[], rss_bytes=None, vram_bytes=None, eta_seconds=None,
+                    pause_mode=None, connected=False)
+        self._close_channel(job)
+        job.popen = None
+        for p in self._remnants(job):
+            self._orphans[p.pid] = p
+        job.process = None
+        job.known = {}
+        self._save(job)
+        if state != "parked":
+            self._jobs.pop(job.id, None)
+            self._ended[job.id] = copy.deepcopy(info)
+            while len(self._ended) > RECENT_ENDED:
+                self._ended.popitem(last=False)
+        data = {"state": state, "exit_code": code, "end_reason": end_reason}
+        if events is not None:
+            events.append((kind, level, message, job.id, data))
+        else:
+            self._emit(kind, message, level=level, job_id=job.id, data=data)
+
+    # -- pause and resume ---------------------------------------------------------------------
+
+    def pause(self, job_ref: str, *, by: str = "user", reason: str = "",
+              deadline: Optional[float] = None) -> Dict[str, Any]:
+        """Pause a job: a cooperative pause at the next batch end when its runner hooked
+        ``fit``, a suspend of the whole tree when ``deadline`` seconds pass first (default: the
+        setting ``guard.pause_deadline_seconds``) or at once without the hook.
+
+        Returns the job dict ("pausing" or "paused"). Raises LookupError for an unknown job,
+        ValueError for one that cannot be paused now."""
+        events: List[Any] = []
+        with self._lock:
+            job = self._live(job_ref, "pause")
+            if job.state in ("paused", "pausing"):
+                return self._public(job)
+            if job.state not in ("running", "starting"):
+                raise ValueError(f"job {job.id} is {job.state}; it cannot be paused now")
+            info = job.info
+            info.update(paused_by=by, pause_reason=reason or None, paused_at=_now())
+            wait = self._pause_deadline(deadline)
+            if info.get("hooked") and wait > 0 and self._send(job, rp.PAUSE):
+                info["state"] = "pausing"
+                info["pause_mode"] = None
+                job.pause_deadline = time.monotonic() + wait
+                self._save(job)
+            else:
+                self._suspend(job, events, why=None)
+            result = self._public(job)
+        self._flush_events(events)
+        return result
+
+    def _pause_deadline(self, deadline: Optional[float]) -> float:
+        if deadline is not None:
+            return max(0.0, float(deadline))
+        return float(self._setting("guard.pause_deadline_seconds", 2.0))
+
+    def _suspend(self, job: _Job, events: List[Any], why: Optional[str]) -> None:
+        """Suspend every process of the tree (SIGSTOP); state "paused", mode "suspended"."""
+        procs = self._tree(job)
+        for p in procs:
+            try:
+                p.suspend()
+            except psutil.Error:
+                pass
+        # A child forked while the root was being stopped is caught by a second look.
+        for p in self._tree(job):
+            if p.pid not in {q.pid for q in procs}:
+                try:
+                    p.suspend()
+                except psutil.Error:
+                    pass
+        job.pause_deadline = None
+        info = job.info
+        note = f" ({why})" if why else ""
+        self._set_paused(job, info.get("paused_by") or "user", info.get("pause_reason") or "",
+                         "suspended", events, note=note)
+
+    def _set_paused(self, job: _Job, by: str, reason: str, mode: str, events: List[Any],
+                    note: str = "") -> None:
+        info = job.info
+        already = info["state"] == "paused"
+        info.update(state="paused", pause_mode=mode, paused_by=by, pause_reason=reason or None)
+        if info.get("paused_at") is None:
+            info["paused_at"] = _now()
+        job.pause_deadline = None
+        self._save(job)
+        if not already or mode == "suspended":
+            how = "suspended" if mode == "suspended" else "paused at a batch end"
+            why = f": {reason}" if reason else ""
+            events.append(("job_paused",
+                           "info" if by == "user" else "warn",
+                           f"job {job.id} ({info['name']}) {how} by {by}{why}{note}",
+                           job.id, {"by": by, "reason": reason, "pause_mode": mode}))
+
+    def resume(self, job_ref: str, *, by: str = "user", reason: str = "") -> Dict[str, Any]:
+        """Resume a paused job (the tree continues and/or the runner is told to), or relaunch
+        a parked one from its checkpoint under the same id. Returns the job dict.
+
+        Raises LookupError for an unknown job, ValueError for one that is not paused or parked
+        or cannot be relaunched."""
+        events: List[Any] = []
+        with self._lock:
+            job = self._find(job_ref)
+            if not isinstance(job, _Job):
+                state = job.get("state")
+                raise ValueError(f"job {job.get('id')} is {state}; only a paused or parked job "
+                                 "can be resumed")
+            if job.state == "parked":
+                self._relaunch(job, by, reason)
+                result = self._public(job)
+            elif job.state in ("paused", "pausing"):
+                self._resume_tree(job)
+                self._send(job, rp.RESUME)
+                info = job.info
+                info.update(state="running", pause_mode=None, paused_by=None,
+                            pause_reason=None, paused_at=None)
+                job.pause_deadline = None
+                job.rate_ref = None
+                self._save(job)
+                why = f": {reason}" if reason else ""
+                events.append(("job_resumed", "info",
+                               f"job {job.id} ({info['name']}) resumed by {by}{why}", job.id,
+                               {"by": by, "reason": reason}))
+                result = self._public(job)
+            elif job.state == "running":
+                return self._public(job)
+            else:
+                raise ValueError(f"job {job.id} is {job.state}; only a paused or parked job "
+                                 "can be resumed")
+        self._flush_events(events)
+        return result
+
+    def _resume_tree(self, job: _Job) -> None:
+        if not WINDOWS and job.info.get("pid"):
+            try:
+                os.killpg(int(job.info["pid"]), signal.SIGCONT)
+            except OSError:
+                pass
+        for p in self._tree(job):
+            try:
+                p.resume()
+            except psutil.Error:
+                pass
+
+    def _relaunch(self, job: _Job, by: str, reason: str) -> None:
+        from trayapp.jobs.options import JobSpec, SpecError, validate
+
+        data = dict(job.info.get("spec") or {})
+        try:
+            spec = dataclasses.replace(JobSpec.from_json(data), resume=True)
+            validate(spec, tuple(self._gpus()), check_paths=True)
+        except SpecError as e:
+            raise ValueError(f"job {job.id} cannot be relaunched: {_one_line(e)}") from None
+        if not job.key:
+            job.key = secrets.token_bytes(32)
+            configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key,
+                                         mode=0o600)
+        self._open_channel(job)
+        try:
+            self._launch(job, spec, append=True)
+        except ValueError:
+            self._close_channel(job)
+            raise
+        job.info["spec"] = spec.to_json()
+        job.info["resumed_at"] = _now()
+        self._save(job)
+        why = f": {reason}" if reason else ""
+        self._emit("job_resumed", f"job {job.id} ({job.info['name']}) relaunched from its "
+                   f"checkpoint by {by}{why} (pid {job.info['pid']})", job_id=job.id,
+                   data={"by": by, "reason": reason, "relaunched": True})
+
+    # -- park ---------------------------------------------------------------------------------
+
+    def park(self, job_ref: str, *, by: str = "user", reason: str = "") -> Dict[str, Any]:
+        """Ask the runner to checkpoint, end training and exit (state "parking", then "parked"
+        when the process has ended with the park exit status). A suspended tree is resumed
+        first so it can checkpoint. Returns the job dict.
+
+        Raises ValueError for a job without a checkpoint folder or without the runner's hook
+        (parking would lose its progress), LookupError for an unknown job."""
+        with self._lock:
+            job = self._live(job_ref, "park")
+            info = job.info
+            if job.state in ("parking",):
+                return self._public(job)
+            if job.state not in ("running", "pausing", "paused", "starting"):
+                raise ValueError(f"job {job.id} is {job.state}; it cannot be parked now")
+            if not info.get("checkpoint_dir"):
+                raise ValueError(f"job {job.id} has no checkpoint folder: parking would lose its "
+                                 "progress (pause or stop it instead)")
+            if not info.get("hooked") or job.peer is None:
+                raise ValueError(f"job {job.id} does not report to Headroom (no Keras fit "
+                                 "hooked): parking would lose its progress (pause or stop it "
+                                 "instead)")
+            if info.get("pause_mode") == "suspended":
+                self._resume_tree(job)
+            if not self._send(job, rp.PARK):
+                raise ValueError(f"job {job.id} did not take the request (its channel closed)")
+            job.park_note = (by, reason)
+            info.update(state="parking", pause_mode=None, park_by=by,
+                        park_reason=reason or None)
+            job.pause_deadline = None
+            self._save(job)
+            return self._public(job)
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def stop(self, job_ref: str, *, by: str = "user", reason: str = "",
+             force: bool = False) -> Dict[str, Any]:
+        """Stop a job in steps: the runner's own stop (when hooked), SIGINT to the group,
+        SIGTERM to the tree, SIGKILL (Windows: CTRL_BREAK_EVENT, then terminate); ``force``
+        goes straight to SIGKILL. A suspended tree is continued first so it can handle the
+        signals. Returns the job dict ("stopping"); ``tick`` finishes the stop.
+
+        Raises LookupError for an unknown job, ValueError for one that has ended."""
+        with self._lock:
+            job = self._find(job_ref)
+            if not isinstance(job, _Job) or job.state not in LIVE_STATES:
+                info = job if isinstance(job, dict) else job.info
+                if info.get("state") == "parked" and isinstance(job, _Job):
+                    return self._stop_parked(job, by, reason)
+                raise ValueError(f"job {info.get('id')} is {info.get('state')}; nothing to stop")
+            self._begin_stop(job, by, reason, force)
+            return self._public(job)
+
+    def kill(self, job_ref: str, *, by: str = "user", reason: str = "") -> Dict[str, Any]:
+        """``stop`` straight to SIGKILL."""
+        return self.stop(job_ref, by=by, reason=reason, force=True)
+
+    def _stop_parked(self, job: _Job, by: str, reason: str) -> Dict[str, Any]:
+        """A parked job has no process: stopping it just closes it (the checkpoint stays)."""
+        info = job.info
+        info.update(state="stopped", end_reason=f"stopped by {by} while parked"
+                    + (f": {reason}" if reason else ""), ended=_now())
+        self._save(job)
+        self._jobs.pop(job.id, None)
+        self._ended[job.id] = copy.deepcopy(info)
+        self._emit("job_stopped", f"job {job.id} ({info['name']}) {info['end_reason']}",
+                   job_id=job.id, data={"state": "stopped", "exit_code": info.get("exit_code")})
+        return copy.deepcopy(info)
+
+    def _begin_stop(self, job: _Job, by: str, reason: str, force: bool) -> None:
+        info = job.info
+        if job.state != "stopping":
+            job.stop_note = (by, reason)
+            info.update(state="stopping", stop_by=by, stop_reason=reason or None)
+            job.pause_deadline = None
+            self._save(job)
+            if info.get("pause_mode") == "suspended":
+                # A stopped process cannot handle a signal; it must run again to end cleanly.
+                self._resume_tree(job)
+                info["pause_mode"] = None
+            if force:
+                self._stop_step(job, 4)
+            elif info.get("hooked") and self._send(job, rp.STOP):
+                self._stop_step(job, 1)
+            else:
+                self._stop_step(job, 2)
+        elif force and job.stop_stage < 4:
+            self._stop_step(job, 4)
+
+    def _advance_stop(self, job: _Job, now: float) -> None:
+        if now < job.stop_next:
+            return
+        if job.stop_stage < 4:
+            self._stop_step(job, job.stop_stage + 1)
+        elif self._remnants(job):
+            # SIGKILL did not end them all (a process stuck in the kernel): keep trying.
+            self._stop_step(job, 4)
+
+    def _stop_step(self, job: _Job, stage: int) -> None:
+        """Take stop step ``stage`` now and set when the next one is due."""
+        job.stop_stage = stage
+        now = time.monotonic()
+        pid = int(job.info.get("pid") or 0)
+        if stage == 1:
+            job.stop_next = now + STOP_ASK_SECONDS
+        elif stage == 2:
+            if WINDOWS:  # pragma: no cover - Windows only
+                try:
+                    os.kill(pid, signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined]
+                except OSError:
+                    pass
+            else:
+                self._killpg(pid, signal.SIGINT)
+            job.stop_next = now + STOP_INT_SECONDS
+        elif stage == 3:
+            if WINDOWS:  # pragma: no cover - Windows only
+                for p in self._tree(job, with_remnants=True):
+                    try:
+                        p.terminate()
+                    except psutil.Error:
+                        pass
+            else:
+                self._killpg(pid, signal.SIGTERM)
+                self._signal_tree(job, signal.SIGTERM)
+            job.stop_next = now + STOP_TERM_SECONDS
+        else:
+            if not WINDOWS:
+                self._killpg(pid, signal.SIGKILL)
+            for p in self._tree(job, with_remnants=True):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            job.stop_next = now + KILL_WAIT_SECONDS
+        log.info("job %s: stop step %d", job.id, stage)
+
+    def _killpg(self, pid: int, sig: int) -> None:
+        if pid <= 1:
+            return
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            pass
+
+    def _signal_tree(self, job: _Job, sig: int) -> None:
+        for p in self._tree(job, with_remnants=True):
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def _kill_remnants(self, job: _Job, sig: Optional[int]) -> None:
+        for p in self._remnants(job):
+            try:
+                if sig is None:
+                    p.terminate()
+                else:
+                    p.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def stop_all(self, reason: str, timeout: float = 15.0) -> None:
+        """Stop every live job and wait (up to ``timeout`` seconds) until they have ended."""
+        with self._lock:
+            for job in list(self._jobs.values()):
+                if job.state in LIVE_STATES:
+                    self._begin_stop(job, "engine", reason, force=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.active_count():
+            self.tick(None)
+            time.sleep(0.05)
+        with self._lock:
+            for job in list(self._jobs.values()):
+                if job.state in LIVE_STATES:
+                    self._stop_step(job, 4)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and self.active_count():
+            self.tick(None)
+            time.sleep(0.05)
+
+    def pause_all(self, *, by: str = "user", reason: str = "") -> List[Dict[str, Any]]:
+        """Pause every running job; returns their dicts."""
+        with self._lock:
+            ids = [j.id for j in self._jobs.values() if j.state in ("running", "starting")]
+        out = []
+        for job_id in ids:
+            try:
+                out.append(self.pause(job_id, by=by, reason=reason))
+            except (LookupError, ValueError):
+                continue
+        return out
+
+    def close(self) -> None:
+        """The engine exits: close every job's channel and save its state. The jobs keep
+        running; the next engine adopts them."""
+        with self._lock:
+            self._closed = True
+            for job in self._jobs.values():
+                if job.server is not None:
+                    job.server.close()
+                    job.server = None
+                job.peer = None
+                if job.state in LIVE_STATES:
+                    job.info["connected"] = False
+                    self._save(job)
+
+    # -- the tree -----------------------------------------------------------------------------
+
+    def _tree(self, job: _Job, with_remnants: bool = False) -> List[psutil.Process]:
+        """The root and its descendants now (a fresh look), plus with ``with_remnants`` every
+        process seen in the tree earlier that still runs (reparented children)."""
+        out: Dict[int, psutil.Process] = {}
+        root = job.process
+        if root is not None:
+            try:
+                if root.is_running():
+                    out[root.pid] = root
+                    for c in root.children(recursive=True):
+                        out[c.pid] = c
+                        job.known.setdefault(c.pid, c)
+            except psutil.Error:
+                pass
+        if with_remnants:
+            for p in self._remnants(job):
+                out.setdefault(p.pid, p)
+        return list(out.values())
+
+    def _remnants(self, job: _Job) -> List[psutil.Process]:
+        """Processes seen in the tree that still exist (not zombies); zombies that were handed
+        to the engine (the subreaper) are reaped."""
+        alive = []
+        root = job.popen.pid if job.popen is not None else None
+        for pid, p in list(job.known.items()):
+            try:
+                # is_running() compares the create time, so a reused pid does not count.
+                if p.is_running():
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(p)
+                        continue
+                    if pid != root:
+                        _reap(p)
+            except psutil.Error:
+                pass
+            job.known.pop(pid, None)
+        if job.popen is not None and job.popen.poll() is None and job.process is not None:
+            if job.process.pid not in {p.pid for p in alive}:
+                alive.append(job.process)
+        return alive
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def log(self, job_ref: str, offset: Optional[int] = None,
+            max_bytes: Optional[int] = None) -> Dict[str, Any]:
+        """The job's output from byte ``offset`` (default: the last 64 KiB).
+
+        Returns ``{"data": text, "offset": next offset, "size": file size, "start": offset
+        read from}``; a character cut at either end is left for the next read. Raises
+        LookupError for an unknown job, ValueError for a negative offset."""
+        info = self.get(job_ref)
+        path = Path(str(info.get("log_path") or self.paths.jobs_dir / info["id"] / "log"))
+        limit = LOG_MAX_BYTES if max_bytes is None else max(1, min(int(max_bytes),
+                                                                    LOG_MAX_BYTES))
+        if offset is not None and offset < 0:
+            raise ValueError("job_log: offset must be 0 or more")
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                tail = offset is None
+                start = max(0, size - LOG_TAIL_BYTES) if offset is None else offset
+                if start > size:  # the log was replaced: read it from the top
+                    start = 0
+                f.seek(start)
+                data = f.read(min(limit, size - start))
+        except FileNotFoundError:
+            return {"data": "", "offset": offset or 0, "size": 0, "start": offset or 0}
+        except OSError as e:
+            raise ValueError(f"cannot read the log of job {info['id']}: {e.strerror}") from None
+        skip = 0
+        if tail and start > 0:
+            while skip < len(data) and skip < 4 and (data[skip] & 0xC0) == 0x80:
+                skip += 1
+        keep = _complete_utf8(data)
+        text = data[skip:keep].decode("utf-8", errors="replace")
+        return {"data": text, "offset": start + keep, "size": size, "start": start + skip}
+
+    # -- the control channel's job_action -----------------------------------------------------
+
+    def _op_action(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        action = args["action"]
+        ref = args["job"]
+        reason = args.get("reason") or ""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
+        if action == "pause":
+            job = self.pause(ref, by="user", reason=reason)
+            wait = self._pause_deadline(None) + 1.0
+        elif action == "resume":
+            job = self.resume(ref, by="user", reason=reason)
+            wait = 0.0
+        elif action == "park":
+            job = self.park(ref, by="user", reason=reason)
+            wait = 45.0
+        elif action == "stop":
+            job = self.stop(ref, by="user", reason=reason)
+            wait = STOP_ASK_SECONDS + STOP_INT_SECONDS + STOP_TERM_SECONDS + 3.0
+        else:
+            job = self.stop(ref, by="user", reason=reason, force=True)
+            wait = KILL_WAIT_SECONDS
+        return self._settle(job, wait)
+
+    def _settle(self, job: Dict[str, Any], wait: float) -> Dict[str, Any]:
+        """Wait (at most ``wait`` seconds) for an action to finish; the job dict then."""
+        deadline = time.monotonic() + wait
+        while job.get("state") in BUSY_STATES - {"starting"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:
+                job = self.get(str(job["id"]))
+            except LookupError:
+                break
+        return job
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _find(self, job_ref: str) -> Any:
+        """The _Job (live or parked) or the saved dict of an ended job; LookupError else."""
+        ref = str(job_ref).strip()
+        if not ref:
+            raise LookupError("no job named ''")
+        if ref in self._jobs:
+            return self._jobs[ref]
+        if ref in self._ended:
+            return self._ended[ref]
+        saved = self.store.get_job(ref)
+        if isinstance(saved, dict):
+            return saved
+        current = list(self._jobs.values())
+        for matcher in (lambda i, n: i.startswith(ref) and len(ref) >= 4,
+                        lambda i, n: n == ref):
+            hits = [j for j in current if matcher(j.id, j.info.get("name"))]
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1:
+                raise LookupError(f"{ref} matches {len(hits)} jobs "
+                                  f"({', '.join(j.id for j in hits)}); use the id")
+        older: Dict[str, Dict[str, Any]] = {}
+        for job in self.store.list_jobs(include_finished=True, limit=500):
+            if isinstance(job, dict) and job.get("id"):
+                older[str(job["id"])] = job
+        for k, v in self._ended.items():
+            older[k] = v
+        for matcher in (lambda i, n: i.startswith(ref) and len(ref) >= 4,
+                        lambda i, n: n == ref):
+            found = [j for i, j in older.items() if matcher(i, j.get("name"))]
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                raise LookupError(f"{ref} matches {len(found)} jobs "
+                                  f"({', '.join(str(j['id']) for j in found[:5])}); use the id")
+        raise LookupError(f"no job named {ref}")
+
+    def _live(self, job_ref: str, what: str) -> _Job:
+        job = self._find(job_ref)
+        if not isinstance(job, _Job) or job.state not in LIVE_STATES:
+            info = job if isinstance(job, dict) else job.info
+            raise ValueError(f"job {info.get('id')} is {info.get('state')}; it cannot be "
+                             f"{'parked' if what == 'park' else what + 'd'}")
+        return job
+
+    def _public(self, job: _Job) -> Dict[str, Any]:
+        return copy.deepcopy(job.info)
+
+    def _save(self, job: _Job) -> None:
+        job.dirty = False
+        job.last_saved = time.monotonic()
+        self.store.save_job(copy.deepcopy(job.info))
+
+    def _setting(self, name: str, default: Any) -> Any:
+        try:
+            return self._config()[name]
+        except (KeyError, TypeError):
+            return default
+
+    def _flush_events(self, events: List[Any]) -> None:
+        for kind, level, message, job_id, data in events:
+            self._emit(kind, message, level=level, job_id=job_id, data=data)
+
+
+# -- module helpers ----------------------------------------------------------------------------
+
+
+def become_subreaper() -> bool:
+    """Linux: make this process the one that orphaned descendants are handed to, so what a
+    job's tree leaves behind stays visible (and is reaped here, leaving no zombie) instead of
+    going to init. True when it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap(proc: psutil.Process) -> None:
+    """Collect a zombie that is our child (an orphan of a job tree); nothing else."""
+    if WINDOWS:  # pragma: no cover - no zombies there
+        return
+    try:
+        if proc.ppid() != os.getpid():
+            return
+        os.waitpid(proc.pid, os.WNOHANG)
+    except (psutil.Error, ChildProcessError, OSError):
+        pass
+
+
+def _same_process(pid: Any, create_time: Any) -> Optional[psutil.Process]:
+    """The process ``pid`` if it is the one that was started (same create time) and lives."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if isinstance(create_time, (int, float)) and abs(proc.create_time() - create_time) > 0.05:
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def _progress_units(info: Dict[str, Any]) -> Tuple[Optional[float], Optional[float]]:
+    """(done, total) training steps over all epochs, from the runner's 1-based epoch and the
+    steps done in it; (None, None) when the runner does not know."""
+    epoch, epochs = info.get("epoch"), info.get("epochs")
+    step, steps = info.get("step"), info.get("steps")
+    if not isinstance(epochs, (int, float)) or not epochs or not isinstance(epoch, (int, float)):
+        return None, None
+    if isinstance(steps, (int, float)) and steps > 0:
+        done = max(0.0, (epoch - 1) * steps + float(step or 0))
+        return done, float(epochs * steps)
+    return max(0.0, float(epoch) - 1), float(epochs)
+
+
+def _complete_utf8(data: bytes) -> int:
+    """Length of ``data`` without a UTF-8 character cut off at its end."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b & 0x80 == 0:
+            return n
+        if b & 0xC0 == 0xC0:  # a lead byte: is its character complete?
+            need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4
+            return n if back >= need else n - back
+    return n
+
+
+def _budget(spec: Any, name: str) -> Optional[int]:
+    for attr in (f"{name}_bytes", name, f"{name}_mb"):
+        value = getattr(spec, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value * 1024 * 1024) if attr.endswith("_mb") else int(value)
+    return None
+
+
+def _remove_folder(folder: Path) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
