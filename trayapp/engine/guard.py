@@ -864,6 +864,8 @@ def _act(kind: str, t: _Target, reason: str, cause: str, a: Assessment, policy: 
         data["vram_bytes"] = t.job.vram_bytes
     if deadline is not None:
         data["deadline_seconds"] = deadline
+    if reason.startswith(t.label + " "):
+        reason = reason[len(t.label) + 1:]  # "paused job x: uses ...", not "job x: job x uses"
     return Action(kind, reason, cause, job_id=t.job.id if t.job else None,
                   pid=t.proc.pid if t.proc else None, label=t.label, deadline_seconds=deadline,
                   key=f"{kind}:{t.key}", target_state=t.state, data=data)
