@@ -22,15 +22,39 @@ ENV_OPTIONS = "HEADROOM_JOB_OPTIONS"  # JSON: the options the runner applies ins
 # 75 is EX_TEMPFAIL in sysexits.h: "try again later", which is what a parked job means.
 PARK_EXIT_CODE = 75
 
+# Exit status when an option needs TensorFlow (or Keras) and the job's Python does not have it.
+# 69 is EX_UNAVAILABLE in sysexits.h: a required service is not there.
+NO_TENSORFLOW_EXIT_CODE = 69
+
+# Exit status when the runner cannot apply an option inside TensorFlow (TensorFlow refused it), or
+# its options variable is unreadable. 78 is EX_CONFIG in sysexits.h.
+OPTIONS_EXIT_CODE = 78
+
 MAX_MESSAGE_BYTES = 1 << 20
 
 # job -> engine
 HELLO = "hello"  # applied options, versions, devices, whether fit() is hooked
 PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory
-STATE = "state"  # state: running | pausing | paused | checkpointing | parking
+STATE = "state"  # state: running | pausing | paused | checkpointing | parking | stopping
 CHECKPOINTED = "checkpointed"  # path, epoch
 NOTE = "note"  # level, message (e.g. "no fit() call: progress not available")
 BYE = "bye"  # reason: finished | parked | error, exit_code
+
+# Fields, as the runner sends them (fields may be added, never renamed):
+#   hello: job_id, pid, python (executable), python_version, script, options (as received),
+#          applied [{option, value, call, devices?}], tf_version, keras_version (null when not
+#          installed), tf_imported, build_info {is_cuda_build, cuda_version, cudnn_version} or
+#          null, tf_devices [{name, type}] or null (null until TensorFlow has been imported and
+#          has started), fit_hook ("waiting": Keras not imported yet | "installed" |
+#          "unavailable"). Sent on every (re)connection and again when any of it changes.
+#   progress: fit (1 for the script's first fit() call), epoch (1-based), epochs, step (batches
+#          done in this epoch), steps (null when unknown), logs {name: float or null},
+#          tf_memory [{device, current_bytes, peak_bytes}] or null. At most 4 a second.
+#   state: state, and for paused: epoch (1-based), step (batches done in it).
+#   checkpointed: path (folder), epoch (epochs done), step (batches done in the next epoch),
+#          fit, reason ("request" | "park" | "interval" | "epoch" | "end").
+#   note: level ("info" | "warn" | "error"), message (one line).
+#   bye: reason, exit_code (a negative number is the signal that ended the script).
 
 # engine -> job
 PAUSE = "pause"

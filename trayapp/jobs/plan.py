@@ -1,0 +1,345 @@
+"""A job spec as a launch plan: the command, the environment and the folder. Pure: it starts
+nothing, so ``headroom run --dry-run`` and the tests see exactly what a launch would do.
+
+The job runs ``<python> <runner>/bootstrap.py <script> <args...>``. The runner is a folder of
+plain ``.py`` files (``trayapp/runner``; in a frozen build ``<bundle>/trayapp/runner``, shipped as
+data) that the job's own Python loads without anything of Headroom on its path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from trayapp.jobs import interpreters
+from trayapp.jobs.interpreters import REMOVED
+from trayapp.jobs.options import (
+    JobSpec,
+    SpecError,
+    apply_preset,
+    env_warnings,
+    resolve_python,
+    script_path,
+    total_mb,
+    validate,
+)
+from trayapp.probes.snapshot import GpuReading
+from trayapp.runner import protocol
+
+__all__ = ["LaunchPlan", "REMOVED", "build_launch", "default_runner_dir", "format_plan"]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: Tuple[str, ...]
+    env: Dict[str, str]  # the full environment the job gets
+    cwd: str
+    # Each variable Headroom sets or removes: (name, value or REMOVED, reason in plain words).
+    settings: Tuple[Tuple[str, str, str], ...]
+    runner_options: Dict[str, Any]  # what the runner applies inside TensorFlow (JSON)
+    warnings: Tuple[str, ...] = field(default=())
+
+
+def default_runner_dir() -> Path:
+    """The folder holding ``bootstrap.py`` (inside the app bundle in a frozen build)."""
+    if getattr(sys, "frozen", False):
+        bundle = getattr(sys, "_MEIPASS", None) or os.path.dirname(sys.executable)
+        return Path(bundle) / "trayapp" / "runner"
+    import trayapp.runner
+
+    return Path(os.path.abspath(trayapp.runner.__file__)).parent
+
+
+def _visible_readings(
+    spec: JobSpec, gpus: Sequence[GpuReading], env: Mapping[str, str]
+) -> Optional[List[GpuReading]]:
+    """NVML's readings of the GPUs TensorFlow will number GPU:0, GPU:1, ... (None if unknown)."""
+    o = spec.options
+    if o.gpus is not None:
+        by_index = {g.index: g for g in gpus}
+        return [by_index[i] for i in o.gpus if i in by_index]
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(gpus)
+    out = []
+    for item in (x.strip() for x in visible.split(",")):
+        if not item:
+            continue
+        if item.isdigit():
+            match = [g for g in gpus if g.index == int(item)]
+        else:
+            match = [g for g in gpus if g.uuid and g.uuid.startswith(item)]
+        if len(match) != 1:
+            return None
+        out.append(match[0])
+    return out
+
+
+def _runner_options(
+    spec: JobSpec, gpus: Sequence[GpuReading], env: Mapping[str, str]
+) -> Dict[str, Any]:
+    o = spec.options
+    limit: Any = None
+    vram_option = None
+    if not o.cpu_only and o.vram_limit_mb is not None:
+        limit, vram_option = o.vram_limit_mb, "--vram-limit"
+    elif not o.cpu_only and o.vram_reserve_mb is not None:
+        vram_option = "--vram-reserve"
+        visible = _visible_readings(spec, gpus, env)
+        if visible is None or any(total_mb(g) is None for g in visible):
+            raise SpecError(
+                "--vram-reserve: cannot tell the total memory of each GPU the job sees; "
+                "use --gpu or --vram-limit MB"
+            )
+        if not visible:
+            raise SpecError(
+                "--vram-reserve: the GPUs' total memory is unknown (no NVML reading); "
+                "use --vram-limit MB"
+            )
+        limit = [int(total_mb(g) or 0) - o.vram_reserve_mb for g in visible]
+    return {
+        "memory_growth": None if o.cpu_only else o.memory_growth,
+        "vram_limit_mb": limit,
+        "vram_option": vram_option,
+        "precision": o.precision,
+        "xla": o.xla,
+        "intra_threads": o.intra_threads,
+        "inter_threads": o.inter_threads,
+        "checkpoint_dir": os.path.abspath(spec.checkpoint_dir) if spec.checkpoint_dir else None,
+        "checkpoint_every_steps": spec.checkpoint_every_steps,
+        "resume": spec.resume,
+    }
+
+
+def build_launch(
+    spec: JobSpec,
+    *,
+    job_id: str = "dry-run",
+    address: str = "",
+    keyfile: str = "",
+    gpus: Sequence[GpuReading] = (),
+    base_env: Optional[Mapping[str, str]] = None,
+    runner_dir: Optional[Path] = None,
+    frozen: Optional[bool] = None,
+    bundle_dir: Optional[str] = None,
+) -> LaunchPlan:
+    """The launch plan of ``spec``; starts nothing. Raises SpecError for a spec that cannot run.
+
+    ``gpus``: NVML's readings at launch (a reserve becomes "total - reserve" from them).
+    ``base_env``: the environment to start from (default ``os.environ``). ``address``/``keyfile``:
+    the job channel; without an address the job runs without one. The preset, if any, is applied
+    (it is idempotent; the launcher may have applied it already with the RAM total).
+    ``frozen``/``bundle_dir`` default to what this process is (tests pass them).
+    """
+    if spec.preset:
+        spec = apply_preset(spec, spec.preset, gpus)
+    warnings = list(validate(spec, gpus, check_paths=False))
+    o = spec.options
+    script = script_path(spec)
+    python = resolve_python(spec.python) if spec.python else interpreters.default_python(script)
+    cwd = os.path.abspath(spec.cwd) if spec.cwd else os.path.dirname(script)
+    runner = Path(runner_dir) if runner_dir is not None else default_runner_dir()
+    argv = (python, str(runner / "bootstrap.py"), script) + tuple(spec.args)
+
+    base = dict(os.environ if base_env is None else base_env)
+    for name in list(base):
+        if name.startswith("HEADROOM_JOB_"):
+            del base[name]  # a job started from inside another job gets its own channel
+    # Only the ignored variables: a conflicting TF_FORCE_GPU_ALLOW_GROWTH is replaced below.
+    for warning in env_warnings(base, spec, source="the environment", growth=False):
+        if warning not in warnings:
+            warnings.append(warning)
+    env, settings_list = interpreters.job_environment(
+        python, base, frozen=frozen, bundle_dir=bundle_dir
+    )
+    settings: Dict[str, Tuple[str, str]] = {
+        name: (value, why) for name, value, why in settings_list
+    }
+
+    def set_(name: str, value: str, why: str) -> None:
+        env[name] = value
+        settings.pop(name, None)
+        settings[name] = (value, why)
+
+    def remove(name: str, why: str) -> None:
+        if name in env:
+            del env[name]
+            settings.pop(name, None)
+            settings[name] = (REMOVED, why)
+
+    # GPUs.
+    if o.cpu_only:
+        set_("CUDA_VISIBLE_DEVICES", "-1", "--cpu-only: TensorFlow sees no GPU")
+    elif o.gpus is not None:
+        numbers = ",".join(str(i) for i in o.gpus)
+        set_(
+            "CUDA_DEVICE_ORDER",
+            "PCI_BUS_ID",
+            "number GPUs as nvidia-smi and Headroom do (CUDA's default order differs)",
+        )
+        set_(
+            "CUDA_VISIBLE_DEVICES",
+            numbers,
+            f"--gpu {numbers}: TensorFlow sees only these, as GPU:0"
+            + (", GPU:1, ..." if len(o.gpus) > 1 else ""),
+        )
+    elif o.vram_reserve_mb is not None and len(gpus) > 1 and "CUDA_DEVICE_ORDER" not in env:
+        set_(
+            "CUDA_DEVICE_ORDER",
+            "PCI_BUS_ID",
+            "number GPUs as NVML does, so each gets the reserve of its own total",
+        )
+
+    # Memory growth (the variable; the runner also calls set_memory_growth).
+    has_limit = o.vram_limit_mb is not None or o.vram_reserve_mb is not None
+    if not o.cpu_only:
+        if o.memory_growth is True:
+            set_(
+                "TF_FORCE_GPU_ALLOW_GROWTH",
+                "true",
+                "memory growth: TensorFlow takes GPU memory as it needs it, not all at start",
+            )
+        elif o.memory_growth is False:
+            set_(
+                "TF_FORCE_GPU_ALLOW_GROWTH",
+                "false",
+                "--no-memory-growth: TensorFlow reserves the GPU's memory at start",
+            )
+        elif has_limit and "TF_FORCE_GPU_ALLOW_GROWTH" in env:
+            remove(
+                "TF_FORCE_GPU_ALLOW_GROWTH",
+                "memory growth cannot be combined with a VRAM limit on one GPU",
+            )
+        if o.allocator == "cuda_malloc_async":
+            set_(
+                "TF_GPU_ALLOCATOR",
+                "cuda_malloc_async",
+                "CUDA's stream-ordered allocator: less fragmentation, memory returned to CUDA",
+            )
+        elif o.allocator == "bfc":
+            remove("TF_GPU_ALLOCATOR", "--allocator bfc: TensorFlow's default allocator")
+
+    set_("PYTHONUNBUFFERED", "1", "the log shows the script's output as it happens")
+
+    runner_options = _runner_options(spec, gpus, env)
+    set_(protocol.ENV_JOB_ID, job_id, "the job's id, for the runner's messages")
+    if address:
+        set_(protocol.ENV_ADDRESS, address, "where the runner reports progress and takes commands")
+    if keyfile:
+        set_(
+            protocol.ENV_KEYFILE,
+            keyfile,
+            "the job channel's key (the runner removes this variable before the script runs)",
+        )
+    set_(
+        protocol.ENV_OPTIONS,
+        json.dumps(runner_options, sort_keys=True, separators=(",", ":")),
+        "what the runner applies inside TensorFlow before the script's code",
+    )
+    environment_changes = {name for name, _, _ in settings_list}
+    for name, value in spec.env:
+        if name in settings and settings[name][0] != value and name not in environment_changes:
+            warnings.append(f"--env {name}={value} replaces Headroom's {name}={settings[name][0]}")
+        set_(name, value, "--env")
+
+    return LaunchPlan(
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        settings=tuple((name, value, why) for name, (value, why) in settings.items()),
+        runner_options=runner_options,
+        warnings=tuple(warnings),
+    )
+
+
+def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
+    """(what, TensorFlow/Keras call) for each thing the runner does inside the job."""
+    out: List[Tuple[str, str]] = []
+    growth = options.get("memory_growth")
+    if growth is not None:
+        out.append(
+            (
+                f"memory growth {'on' if growth else 'off'} for every visible GPU",
+                f"tf.config.experimental.set_memory_growth(gpu, {growth})",
+            )
+        )
+    limit = options.get("vram_limit_mb")
+    if isinstance(limit, list):
+        for i, mb in enumerate(limit):
+            out.append(
+                (
+                    f"GPU:{i} capped at {mb} MB ({options.get('vram_option')})",
+                    f"tf.config.set_logical_device_configuration(gpu, "
+                    f"[LogicalDeviceConfiguration(memory_limit={mb})])",
+                )
+            )
+    elif limit is not None:
+        out.append(
+            (
+                f"every visible GPU capped at {limit} MB",
+                f"tf.config.set_logical_device_configuration(gpu, "
+                f"[LogicalDeviceConfiguration(memory_limit={limit})])",
+            )
+        )
+    precision = options.get("precision")
+    if precision is not None:
+        out.append(
+            (f"Keras dtype policy {precision}", f"keras.config.set_dtype_policy({precision!r})")
+        )
+    xla = options.get("xla")
+    if xla is not None:
+        out.append(
+            (
+                f"XLA auto-clustering {'on' if xla else 'off'}",
+                "tf.config.optimizer.set_jit(%s)" % ("'autoclustering'" if xla else "False"),
+            )
+        )
+    for key, setter in (
+        ("intra_threads", "set_intra_op_parallelism_threads"),
+        ("inter_threads", "set_inter_op_parallelism_threads"),
+    ):
+        if options.get(key) is not None:
+            out.append(
+                (
+                    f"{key.replace('_', '-op ')} {options[key]}",
+                    f"tf.config.threading.{setter}({options[key]})",
+                )
+            )
+    if options.get("checkpoint_dir"):
+        every = options.get("checkpoint_every_steps")
+        out.append(
+            (
+                "checkpoints " + (f"every {every} steps" if every else "every epoch"),
+                f"BackupAndRestore files in {options['checkpoint_dir']}/fit-N"
+                + (" (resumed)" if options.get("resume") else " (started fresh)"),
+            )
+        )
+    return out
+
+
+def format_plan(plan: LaunchPlan) -> str:
+    """The plan for ``headroom run --dry-run``: command, folder, variables, runner steps,
+    warnings."""
+    lines = ["Command:", "  " + " ".join(shlex.quote(a) for a in plan.argv), "", "Folder:"]
+    lines.append("  " + plan.cwd)
+    lines += ["", "Environment set by Headroom:"]
+    for name, value, why in plan.settings:
+        lines.append(f"  unset {name}" if value == REMOVED else f"  {name}={shlex.quote(value)}")
+        lines.append(f"      # {why}")
+    lines += ["", "Inside TensorFlow, before the script's code:"]
+    steps = runner_steps(plan.runner_options)
+    if steps:
+        for what, call in steps:
+            lines.append(f"  {what}")
+            lines.append(f"    {call}")
+    else:
+        lines.append("  nothing (TensorFlow's defaults)")
+    if plan.warnings:
+        lines += ["", "Warnings:"]
+        lines += [f"  ! {w}" for w in plan.warnings]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,606 @@
+"""The ``keras.Model.fit`` hook: progress, cooperative pause, checkpoints and park.
+
+The hook adds callbacks around the user's own (theirs still run, in their order) and acts only at
+batch boundaries, on the training thread, where the weights are consistent.
+
+Checkpoints (Keras 3) use the files ``keras.callbacks.BackupAndRestore`` restores:
+``<checkpoint_dir>/fit-<n>/latest.weights.h5`` (weights and optimizer state, so the optimizer's
+step count and learning-rate schedule continue) and ``training_metadata.json`` (``epoch``: the epoch
+to start from). Each ``fit()`` call of the script gets its own ``fit-<n>`` folder, numbered in call
+order, so a script with several fits resumes each one (a finished fit restores its weights and
+trains no more epochs).
+
+Keras can only start an epoch from its first batch. So that a park or a checkpoint in the middle of
+an epoch loses nothing and repeats nothing, the metadata also records how many batches of that
+epoch were done (``headroom.batches_done``); on resume (TensorFlow backend) the runner fetches and
+drops that many batches of the restarted epoch instead of training on them, so at most the batches
+since the last checkpoint are trained twice. On other backends the restarted epoch is trained
+from its first batch.
+"""
+
+import functools
+import inspect
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+
+from . import protocol
+
+WEIGHTS_FILE = "latest.weights.h5"
+METADATA_FILE = "training_metadata.json"
+_PROGRESS_SECONDS = 0.25
+
+
+class Parked(BaseException):
+    """Ends a Keras 2 fit() at once on park (its BackupAndRestore would count the epoch done)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests from the engine
+
+
+class Control:
+    """Engine requests, set by the channel thread and served by the training thread."""
+
+    def __init__(self, send_state):
+        self._cond = threading.Condition()
+        self._send_state = send_state
+        # Read on every batch without the lock: the one cost of the hook on a quiet job.
+        self.pending = False
+        self.pause = False
+        self.checkpoint = False
+        self.park = False
+        self.stop = False
+        self.paused = False
+        self.parked = False
+
+    def request(self, kind):
+        """Record a command; returns the state to report now (or None)."""
+        with self._cond:
+            reply = None
+            if kind == protocol.PAUSE:
+                if self.park or self.stop:
+                    return None
+                if not self.pause and not self.paused:
+                    reply = "pausing"
+                self.pause = True
+            elif kind == protocol.RESUME:
+                if self.pause and not self.paused:
+                    reply = "running"  # the pause had not taken hold yet
+                self.pause = False
+            elif kind == protocol.CHECKPOINT:
+                self.checkpoint = True
+            elif kind == protocol.PARK:
+                if not self.park:
+                    reply = "parking"
+                self.park = True
+                self.pause = False
+            elif kind == protocol.STOP:
+                if not self.stop:
+                    reply = "stopping"
+                self.stop = True
+                self.pause = False
+            self.pending = True
+            self._cond.notify_all()
+            return reply
+
+    def serve(self, run):
+        """Act on the requests at a batch boundary; blocks while paused."""
+        with self._cond:
+            while True:
+                if self.stop and not run.stopping:
+                    run.request_stop()
+                if self.park and not self.parked:
+                    self.parked = True
+                    self._cond.release()
+                    try:
+                        run.park()
+                    finally:
+                        self._cond.acquire()
+                if self.checkpoint:
+                    self.checkpoint = False
+                    self._cond.release()
+                    try:
+                        run.checkpoint_on_request(self.paused)
+                    finally:
+                        self._cond.acquire()
+                    continue
+                if self.pause and not (self.parked or self.stop):
+                    if not self.paused:
+                        self.paused = True
+                        epoch, step = run.position
+                        self._send_state("paused", epoch=epoch + 1, step=step)
+                    self._cond.wait()
+                    continue
+                break
+            if self.paused:
+                self.paused = False
+                self._send_state("running")
+            self.pending = self.checkpoint or (self.park and not self.parked)
+
+
+# ---------------------------------------------------------------------------------------------
+# One fit() call
+
+
+def _clean_logs(logs):
+    out = {}
+    bad = []
+    for key, value in (logs or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            out[str(key)] = number
+        else:
+            out[str(key)] = None
+            bad.append(str(key))
+    return out, bad
+
+
+def _int(value, default):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+class FitRun:
+    """The state of one hooked ``fit()`` call, driven by its callbacks."""
+
+    def __init__(self, session, model, index, epochs, keras3, tf_backend, initial_epoch=0):
+        self.session = session
+        self.model = model
+        self.index = index
+        self.epochs = epochs
+        self.initial_epoch = _int(initial_epoch, 0)
+        self.keras3 = keras3
+        self.tf_backend = tf_backend
+        options = session.options
+        base = options["checkpoint_dir"]
+        self.dir = os.path.join(base, f"fit-{index}") if base else None
+        self.every = options["checkpoint_every_steps"]
+        self.steps = None
+        self.k = 1
+        self.epoch = 0
+        self.position = (0, 0)  # (epoch to start from, batches of it done) if saved now
+        self.stopping = False
+        self.stop_seen = False
+        self.trained = 0
+        self.since_save = 0
+        self.skip = 0
+        self.skip_epoch = None
+        self.skipping = False
+        self.restored_finished = False
+        self.last_saved = None
+        self.gpu_names = []
+        self._last_progress = 0.0
+        self._bad_logs_noted = False
+
+    # -- checkpoint files -------------------------------------------------------------------
+
+    def prepare_folder(self):
+        """Without --resume a job starts fresh: drop this fit's old checkpoint folder."""
+        if self.dir and not self.session.options["resume"] and os.path.isdir(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def read_metadata(self):
+        try:
+            with open(os.path.join(self.dir, METADATA_FILE)) as f:
+                data = json.load(f)
+        except (OSError, ValueError, TypeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def save(self, epoch, done, reason, finished=False):
+        """Write the files BackupAndRestore restores; returns True when saved."""
+        if not self.dir:
+            return False
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            saving = os.path.join(self.dir, "saving.weights.h5")
+            self.model.save_weights(saving)
+            os.replace(saving, os.path.join(self.dir, WEIGHTS_FILE))
+            metadata = {
+                "epoch": epoch,
+                "batch": max(done - 1, 0),
+                "headroom": {
+                    "batches_done": done,
+                    "finished": finished,
+                    "fit": self.index,
+                    "time": time.time(),
+                },
+            }
+            partial = os.path.join(self.dir, METADATA_FILE + ".saving")
+            with open(partial, "w") as f:
+                json.dump(metadata, f)
+            os.replace(partial, os.path.join(self.dir, METADATA_FILE))
+        except Exception as e:
+            self.session.note("error", f"checkpoint failed: {_first_line(e)}")
+            return False
+        self.since_save = 0
+        self.last_saved = (epoch, done)
+        self.session.send(
+            protocol.make(
+                protocol.CHECKPOINTED,
+                path=self.dir,
+                epoch=epoch,
+                step=done,
+                fit=self.index,
+                reason=reason,
+            )
+        )
+        return True
+
+    # -- what the engine asked for ----------------------------------------------------------
+
+    def request_stop(self):
+        self.stopping = True
+        self.model.stop_training = True
+
+    def park(self):
+        if not self.keras3:
+            # Keras 2's BackupAndRestore would record a stopped epoch as done: end fit() now and
+            # keep its last own checkpoint.
+            raise Parked()
+        epoch, done = self.position
+        if self.dir is None:
+            self.session.note("warn", "no checkpoint folder: parked without a checkpoint")
+        else:
+            self.save(epoch, done, "park")
+        self.stopping = True
+        self.model.stop_training = True
+
+    def checkpoint_on_request(self, paused):
+        if not self.keras3:
+            self.session.note("warn", "checkpoint on request needs Keras 3")
+            return
+        if self.dir is None:
+            self.session.note("warn", "no checkpoint folder: nothing saved")
+            return
+        self.session.send_state("checkpointing")
+        epoch, done = self.position
+        self.save(epoch, done, "request")
+        self.session.send_state("paused" if paused else "running")
+
+    # -- callbacks --------------------------------------------------------------------------
+
+    def train_begin(self, params):
+        self.steps = params.get("steps")
+        self.epochs = params.get("epochs", self.epochs)
+        self.k = max(1, _int(getattr(self.model, "steps_per_execution", 1), 1))
+        # Keras starts from the restored epoch, else from fit(initial_epoch=...).
+        start = _int(getattr(self.model, "_initial_epoch", None), 0) or self.initial_epoch
+        self.epoch = start
+        self.position = (start, 0)
+        if self.dir and self.keras3:
+            metadata = self.read_metadata()
+            extra = metadata.get("headroom") if metadata else None
+            if isinstance(extra, dict) and metadata.get("epoch") == start:
+                self.restored_finished = bool(extra.get("finished"))
+                done = _int(extra.get("batches_done"), 0)
+                if done > 0 and not self.restored_finished:
+                    if self.tf_backend and done % self.k == 0:
+                        self.skip, self.skip_epoch = done, start
+                    else:
+                        self.session.note(
+                            "info",
+                            f"epoch {start + 1} restarts from its first batch ({done} were done)",
+                        )
+        tf = sys.modules.get("tensorflow")
+        if tf is not None:
+            try:
+                self.gpu_names = [d.name for d in tf.config.list_logical_devices("GPU")]
+            except Exception:
+                self.gpu_names = []
+        if self.session.control.stop:
+            self.request_stop()
+
+    def epoch_begin(self, epoch):
+        self.epoch = epoch
+        self.position = (epoch, 0)
+        if self.skip and epoch == self.skip_epoch:
+            self._start_skip()
+        if self.session.control.pending and not self.skipping:
+            self.session.control.serve(self)
+
+    def batch_begin(self, batch):
+        if self.skipping:
+            return
+        self.position = (self.epoch, batch)
+        if self.every and self.since_save >= self.every and self.keras3:
+            self.save(self.epoch, batch, "interval")
+        if self.session.control.pending:
+            self.session.control.serve(self)
+        done = batch + self.k
+        if self.steps is not None and done >= self.steps:
+            self.position = (self.epoch + 1, 0)
+        else:
+            self.position = (self.epoch, done)
+        self.since_save += self.k
+        self.trained += self.k
+
+    def batch_end(self, batch, logs):
+        # May run on Keras's callback thread: only read state and queue a message here.
+        now = time.monotonic()
+        if self.skipping or now - self._last_progress < _PROGRESS_SECONDS:
+            return
+        self._last_progress = now
+        self._progress(self.epoch, batch + 1, logs)
+
+    def test_batch_begin(self):
+        if self.session.control.pending and not self.skipping:
+            self.session.control.serve(self)
+
+    def epoch_end(self, epoch, logs):
+        epoch_done, done = self.position
+        complete = epoch_done == epoch + 1 or (self.steps is None and not self.stop_seen)
+        if complete:
+            self.position = (epoch + 1, 0)
+            if self.steps is None and done:
+                self.steps = done
+            if self.dir and self.keras3 and not self.every and not self.session.control.parked:
+                self.save(epoch + 1, 0, "epoch")
+        self._last_progress = time.monotonic()
+        self._progress(epoch, self.steps if complete else done, logs)
+        if self.session.control.pending:
+            self.session.control.serve(self)
+
+    def train_end(self, logs):
+        if self.session.control.parked or not self.keras3 or not self.dir:
+            return
+        if self.last_saved == (self.epochs, 0) or (self.restored_finished and not self.trained):
+            return
+        # A finished fit (also one stopped early): a resumed script restores these weights and
+        # trains no more epochs of it.
+        self.save(self.epochs, 0, "end", finished=True)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _progress(self, epoch, step, logs):
+        values, bad = _clean_logs(logs)
+        if bad and not self._bad_logs_noted:
+            self._bad_logs_noted = True
+            self.session.note("warn", "{} is not a number (NaN or inf)".format(", ".join(bad)))
+        memory = None
+        if self.gpu_names:
+            tf = sys.modules.get("tensorflow")
+            memory = tf_memory(tf, self.gpu_names) if tf is not None else None
+        self.session.send_progress(
+            protocol.make(
+                protocol.PROGRESS,
+                fit=self.index,
+                epoch=epoch + 1,
+                epochs=self.epochs,
+                step=step,
+                steps=self.steps,
+                logs=values,
+                tf_memory=memory,
+            )
+        )
+
+    def _start_skip(self):
+        """Drop the batches of the restarted epoch that were trained before the checkpoint."""
+        model = self.model
+        original = getattr(model, "train_function", None)
+        if original is None:
+            return
+        remaining = [self.skip]
+        k = self.k
+        run = self
+
+        def skip_batches(iterator):
+            n = min(k, remaining[0])
+            for _ in range(n):
+                next(iterator)
+            remaining[0] -= n
+            if remaining[0] <= 0:
+                model.train_function = original
+                run.skipping = False
+            return {}
+
+        self.skip = 0
+        self.skipping = True
+        model.train_function = skip_batches
+
+
+def tf_memory(tf, names):
+    out = []
+    for name in names:
+        try:
+            info = tf.config.experimental.get_memory_info(name)
+        except Exception:
+            return None
+        out.append(
+            {"device": name, "current_bytes": info.get("current"), "peak_bytes": info.get("peak")}
+        )
+    return out
+
+
+def _first_line(error):
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Callback classes (built from the Keras the script imported) and the fit() patch
+
+
+def _callback_classes(callbacks_module, keras3):
+    base = callbacks_module.Callback
+
+    class HeadroomCallback(base):
+        # Keras 3 runs batch-end callbacks on a thread when all are "async safe"; ours only
+        # queues progress there, so it keeps the user's fit as fast as without it.
+        async_safe = True
+
+        def __init__(self, run):
+            super().__init__()
+            self._run = run
+
+        def on_train_begin(self, logs=None):
+            self._run.train_begin(self.params or {})
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._run.epoch_begin(epoch)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._run.batch_begin(batch)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._run.batch_end(batch, logs)
+
+        def on_test_batch_begin(self, batch, logs=None):
+            self._run.test_batch_begin()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._run.epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            self._run.train_end(logs)
+
+    class FirstCallback(base):
+        """Runs before the user's callbacks: sees whether fit() stopped inside the epoch."""
+
+        async_safe = True
+
+        def __init__(self, run):
+            super().__init__()
+            self._run = run
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._run.stop_seen = False
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._run.stop_seen = bool(getattr(self.model, "stop_training", False))
+
+    restore = None
+    backup_base = getattr(callbacks_module, "BackupAndRestore", None)
+    if keras3 and backup_base is not None:
+
+        class Restore(backup_base):
+            """BackupAndRestore for restoring only; the HeadroomCallback does the saving."""
+
+            async_safe = True
+
+            def __init__(self, run):
+                super().__init__(backup_dir=run.dir, save_freq="epoch", delete_checkpoint=False)
+                self._run = run
+
+            def on_train_begin(self, logs=None):
+                folder = self._run.dir
+                if not os.path.exists(os.path.join(folder, WEIGHTS_FILE)):
+                    return
+                if not self.model.built:
+                    self._run.session.note(
+                        "warn",
+                        "cannot restore the checkpoint: the model is not built before fit() "
+                        "(give it an Input layer or call model.build())",
+                    )
+                    return
+                try:
+                    super().on_train_begin(logs)
+                except Exception as e:
+                    raise RuntimeError(
+                        f"cannot restore the checkpoint in {folder}: {_first_line(e)}"
+                    ) from e
+
+            def on_epoch_end(self, epoch, logs=None):
+                pass
+
+            def on_train_batch_end(self, batch, logs=None):
+                pass
+
+            def on_train_end(self, logs=None):
+                pass
+
+        restore = Restore
+    elif backup_base is not None:
+        restore = backup_base
+    return HeadroomCallback, FirstCallback, restore
+
+
+def install(keras, session):
+    """Patch ``keras.Model.fit`` of the given Keras package; returns True when hooked."""
+    model_class = getattr(keras, "Model", None)
+    callbacks_module = getattr(keras, "callbacks", None)
+    if model_class is None or callbacks_module is None:
+        return False
+    original = model_class.fit
+    if getattr(original, "__headroom_fit__", False):
+        return True
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        return False
+    if "callbacks" not in signature.parameters:
+        return False
+    version = str(getattr(keras, "__version__", "0"))
+    keras3 = _int(version.split(".")[0], 0) >= 3
+    tf_backend = True
+    if keras3:
+        try:
+            tf_backend = keras.backend.backend() == "tensorflow"
+        except Exception:
+            tf_backend = False
+    epochs_default = signature.parameters.get("epochs")
+    epochs_default = epochs_default.default if epochs_default is not None else 1
+    headroom_cls, first_cls, restore_cls = _callback_classes(callbacks_module, keras3)
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        if session.active_run is not None:
+            return original(self, *args, **kwargs)  # a fit() inside a fit(): leave it alone
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return original(self, *args, **kwargs)  # let Keras say what is wrong
+        user = bound.arguments.get("callbacks")
+        if user is not None and not isinstance(user, (list, tuple)):
+            session.note("warn", "fit(callbacks=...) is not a list: progress is not available")
+            return original(self, *args, **kwargs)
+        epochs = bound.arguments.get("epochs", epochs_default)
+        run = FitRun(
+            session,
+            self,
+            session.next_fit_index(),
+            epochs,
+            keras3,
+            tf_backend,
+            bound.arguments.get("initial_epoch", 0),
+        )
+        run.prepare_folder()
+        first = [first_cls(run)]
+        if run.dir and restore_cls is not None:
+            if keras3:
+                first.insert(0, restore_cls(run))
+            else:
+                save_freq = run.every or "epoch"
+                first.insert(
+                    0,
+                    restore_cls(backup_dir=run.dir, save_freq=save_freq, delete_checkpoint=False),
+                )
+        bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+        if hasattr(self, "_initial_epoch"):
+            # Set by a BackupAndRestore of an earlier fit() of this model; only this fit's own
+            # checkpoint may choose where it starts.
+            self._initial_epoch = None
+        session.fit_started(run)
+        try:
+            history = original(*bound.args, **bound.kwargs)
+        except Parked:
+            history = None
+        finally:
+            session.fit_ended(run)
+        if session.control.parked:
+            session.exit_parked()
+        return history
+
+    fit.__headroom_fit__ = True  # type: ignore[attr-defined]
+    model_class.fit = fit
+    return True
