@@ -345,7 +345,7 @@ class FitRun:
             if self.steps is None and done:
                 self.steps = done
             if self.dir and self.keras3 and not self.every and not self.session.control.parked:
-                self.save(epoch + 1, 0, "epoch")
+                self.save(epoch + 1, 0, "epoch", finished=epoch + 1 >= (self.epochs or 0))
         self._last_progress = time.monotonic()
         self._progress(epoch, self.steps if complete else done, logs)
         if self.session.control.pending:

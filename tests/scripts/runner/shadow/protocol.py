@@ -1,0 +1,1 @@
+MARK = "the script's own protocol module"
