@@ -7,6 +7,7 @@ It never asks the engine itself: the app feeds it status dicts (``apply_snapshot
 
 from __future__ import annotations
 
+import html
 import math
 import time
 from collections import deque
@@ -226,7 +227,8 @@ class Dashboard(QWidget):
         self._totals: Dict[str, float] = {}
         self._layers: Dict[int, List[str]] = {}
         self._stack_items: Dict[int, Dict[str, Any]] = {}
-        self.updates = 0
+        self.updates = 0  # status dicts applied
+        self.history_loads = 0  # history answers applied
         self.range_seconds = self._remembered_range()
         self.table = self._new_table(0)
         self.setWindowTitle(self._title())
@@ -302,6 +304,7 @@ class Dashboard(QWidget):
         outer.addWidget(self.jobs_strip)
 
         self._curves: List[_Curve] = []
+        self._titles: Dict[int, Tuple[str, List[Tuple[str, str]]]] = {}
         self.ram_plot = self._plot("RAM", "GiB")
         self.swap_plot = self._plot("Swap and memory pressure", "%")
         self.gpu_plot = self._plot("GPU utilisation and temperature", "% · °C")
@@ -346,7 +349,8 @@ class Dashboard(QWidget):
     def _plot(self, title: str, unit: str) -> Any:
         axis = pg.DateAxisItem(orientation="bottom")
         plot = pg.PlotItem(axisItems={"bottom": axis})
-        plot.setTitle(title, size="9pt", color="#222222")
+        self._titles[id(plot)] = (title, [])
+        self._show_title(plot)
         plot.setLabel("left", unit, color="#333333")
         plot.showGrid(x=True, y=True, alpha=0.15)
         plot.setDownsampling(auto=True, mode="peak")
@@ -360,10 +364,23 @@ class Dashboard(QWidget):
             ax.setPen(pg.mkPen("#888888"))
             ax.setTextPen(pg.mkPen("#333333"))
         plot.getAxis("left").setWidth(48)
-        plot.addLegend(offset=(8, 4), labelTextSize="8pt", labelTextColor="#333333",
-                       brush=pg.mkBrush(255, 255, 255, 190), colCount=4)
         plot.vb.sigRangeChangedManually.connect(self._manual_range)
         return plot
+
+    def _show_title(self, plot: Any) -> None:
+        # The legend rides in the title line: no box over the data, nothing anchored to the
+        # plot that could outlive it.
+        title, keys = self._titles[id(plot)]
+        parts = [f"<b>{html.escape(title)}</b>"] + [
+            f"<span style='color:{colour}'>&#9632;</span>&nbsp;{html.escape(label)}"
+            for label, colour in keys]
+        plot.setTitle("&nbsp;&nbsp;&nbsp;".join(parts), size="9pt", color="#222222")
+
+    def _set_keys(self, plot: Any, keys: List[Tuple[str, str]]) -> None:
+        title, old = self._titles[id(plot)]
+        if keys != old:
+            self._titles[id(plot)] = (title, list(keys))
+            self._show_title(plot)
 
     def _layout_plots(self) -> None:
         order = [self.ram_plot, self.swap_plot] + \
@@ -384,12 +401,12 @@ class Dashboard(QWidget):
 
     def _curve(self, plot: Any, label: str, colour: str, unit: str,
                compute: Callable[[Table], np.ndarray], fill: Optional[str] = None) -> _Curve:
-        item = pg.PlotDataItem(name=label, pen=pg.mkPen(colour, width=1), antialias=False,
-                               connect="finite")
+        item = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), antialias=False, connect="finite")
         if fill is not None:
             item.setFillLevel(0)
             item.setBrush(pg.mkBrush(fill))
         plot.addItem(item)
+        self._set_keys(plot, self._titles[id(plot)][1] + [(label, colour)])
         curve = _Curve(item, compute, label, unit)
         self._curves.append(curve)
         return curve
@@ -445,14 +462,15 @@ class Dashboard(QWidget):
                     jid = key[len("job."):]
                     label = names.get(jid, jid)
                     colour = LAYER_COLOURS[len(items) % len(LAYER_COLOURS)]
-                item = pg.PlotDataItem(name=label, pen=pg.mkPen(QColor(colour).darker(130),
-                                                                width=1),
+                item = pg.PlotDataItem(pen=pg.mkPen(QColor(colour).darker(130), width=1),
                                        antialias=False, connect="finite", fillLevel=0,
                                        brush=pg.mkBrush(colour))
+                item.legend_key = (label, colour)
                 plot.addItem(item)
                 items[key] = item
             item.setZValue(len(layers) - depth)
         self._layers[index] = layers
+        self._set_keys(plot, [items[k].legend_key for k in layers])
 
     # -- data in ---------------------------------------------------------------------------
 
@@ -619,6 +637,7 @@ class Dashboard(QWidget):
         self._clear_annotations()
         for event in answer.get("events") or []:
             self.add_event(event, redraw=False)
+        self.history_loads += 1
         self.redraw(follow_to=self._now())
         return True
 

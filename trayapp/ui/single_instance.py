@@ -47,7 +47,7 @@ class SingleInstance(QObject):
         self.paths.ensure()
         if not self._lock.tryLock(0):
             return False
-        server = QLocalServer(self)
+        server = QLocalServer()
         server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
         # We hold the lock, so a socket left at this name belongs to a tray that died.
         QLocalServer.removeServer(self.name)
@@ -89,7 +89,6 @@ class SingleInstance(QObject):
         assert self._server is not None
         while self._server.hasPendingConnections():
             sock = self._server.nextPendingConnection()
-            sock.setParent(self)
             sock.readyRead.connect(lambda s=sock: self._read(s))
             sock.disconnected.connect(sock.deleteLater)
             if sock.bytesAvailable():
@@ -113,7 +112,13 @@ class SingleInstance(QObject):
         self.activated.emit(window)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        """Stop listening and release the lock. Open connections are cut, and the server goes
+        through the event loop (deleting it here would delete sockets still in use)."""
+        server, self._server = self._server, None
+        if server is not None:
+            for sock in server.findChildren(QLocalSocket):
+                sock.abort()
+            server.close()
+            server.setParent(None)
+            server.deleteLater()
         self._lock.unlock()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 
 from PySide6.QtCore import QObject, QThread, Signal
@@ -21,11 +22,12 @@ from trayapp.engine.client import (
     EngineError,
     EngineUnavailable,
     Subscription,
-    connect,
+    start_engine,
 )
 
 log = logging.getLogger("headroom.ui")
 
+ENGINE_START_SECONDS = 20.0
 # Most pushes handed on at once; older snapshots in a burst are dropped (only the last counts).
 _DRAIN_MAX = 64
 
@@ -107,11 +109,7 @@ class EngineWorker(QThread):
                 if not self.start_engine:
                     raise
                 self.unreachable.emit("starting the engine")
-                client.close()
-                client = connect(self.paths, start=True, demo=self.demo,
-                                 config_file=self.config_file)
-                self.started_engine = True
-                log.info("started an engine for %s", self.paths.home)
+                self._start_engine(client)
             config = self._config(client)
             sub = Subscription(self.paths, timeout=5.0)
             self._sub = sub
@@ -129,6 +127,31 @@ class EngineWorker(QThread):
                 self._sub = None
         finally:
             client.close()
+
+    def _start_engine(self, client: EngineClient) -> None:
+        """Start an engine and wait until it answers (or another one that won the race)."""
+        proc = start_engine(self.paths, demo=self.demo, config_file=self.config_file)
+        # The engine outlives the tray; meanwhile a thread reaps it if it ends first.
+        threading.Thread(target=proc.wait, name="headroom-engine-reaper", daemon=True).start()
+        deadline = time.monotonic() + ENGINE_START_SECONDS
+        while not self._halt.wait(0.05):
+            try:
+                client.ping()
+                break
+            except EngineUnavailable:
+                rc = proc.poll()
+                # 0: another engine won the race for the lock; that one answers soon.
+                if rc not in (None, 0):
+                    raise EngineUnavailable(f"the engine could not start (exit status {rc}); "
+                                            f"see {self.paths.log_file}") from None
+                if time.monotonic() > deadline:
+                    raise EngineUnavailable(f"the engine did not start in "
+                                            f"{ENGINE_START_SECONDS:.0f} s; see "
+                                            f"{self.paths.log_file}") from None
+        if self._halt.is_set():
+            raise EngineUnavailable("stopped")
+        self.started_engine = True
+        log.info("started an engine for %s (pid %d)", self.paths.home, proc.pid)
 
     def _config(self, client: EngineClient) -> Optional[Dict[str, Any]]:
         try:
@@ -228,10 +251,10 @@ class CallRunner(QObject):
             except Exception as e:  # one line for the user; the details go to the log
                 log.exception("an engine request failed")
                 error = f"{type(e).__name__}: {e}"
-            if not self._closed.is_set():
-                self._finished.emit((on_done, on_error, result, error))
             with self._lock:
                 self._pending -= 1
+            if not self._closed.is_set():
+                self._finished.emit((on_done, on_error, result, error))
         if client is not None:
             client.close()
 

@@ -1,0 +1,218 @@
+"""The dashboard: fed by a real engine in --demo mode, events as markers and spans, the banner,
+remembered window state, and the window that stands in for a missing system tray."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+
+from tests.ui.statuses import job, make_status
+from trayapp.config import Paths
+from trayapp.ui.app import HeadroomApp
+from trayapp.ui.dashboard import GIB, Dashboard
+from trayapp.ui.icon import COLOURS
+
+# The offscreen platform has no window manager: it cannot pass size hints or raise a window, and
+# says so when asked.
+pytestmark = pytest.mark.qt_log_ignore(
+    r"This plugin does not support (propagateSizeHints|raise)\(\)")
+
+
+def settings_at(tmp_path: Path) -> QSettings:
+    return QSettings(str(tmp_path / "ui.ini"), QSettings.Format.IniFormat)
+
+
+def event(eid: int, kind: str, t: float, message: str = "", level: str = "info",
+          job_id: str = "j1") -> Dict[str, Any]:
+    return {"id": eid, "time": t, "kind": kind, "level": level,
+            "message": message or kind.replace("_", " "), "job_id": job_id, "data": None}
+
+
+@pytest.fixture
+def app_on(qtbot, paths: Paths):  # type: ignore[no-untyped-def]
+    """A HeadroomApp without a tray on the test's state folder; closed at the end."""
+    made: List[HeadroomApp] = []
+
+    def make(**kw: Any) -> HeadroomApp:
+        kw.setdefault("tray_available", False)
+        kw.setdefault("start_engine", False)
+        app = HeadroomApp(paths, **kw)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()
+
+
+def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None:
+    app = app_on(demo=True)
+    app.start()
+    d = app.dashboard()
+    assert d.isVisible()
+    qtbot.waitUntil(lambda: d.updates >= 3 and d.history_loads >= 1, timeout=20000)
+    status = app.status
+    assert status is not None and status["engine"]["demo"] is True
+    assert "simulated GPUs" in d.windowTitle() and d.sim_label.isVisible()
+    # Two simulated GPUs: one VRAM plot each, stacked with "other processes" at least.
+    gpus = sorted(g["index"] for g in status["gpus"])
+    assert sorted(d.vram_plots) == gpus
+    for i in gpus:
+        other = d._stack_items[i]["other"]
+        x, y = other.getData()
+        assert len(x) >= 1 and np.nanmax(y) > 0
+    # RAM curves carry the engine's numbers (GiB), on the clock-time axis.
+    used = d._curves[0].item
+    x, y = used.getData()
+    assert len(x) >= 3 and abs(x[-1] - time.time()) < 60
+    total = status["memory"]["total_bytes"]
+    assert 0 < y[-1] <= total / GIB
+    # The limit and the guard's thresholds (from the engine's settings) as lines.
+    qtbot.waitUntil(lambda: d.threshold_lines["warn"].isVisible(), timeout=10000)
+    assert d.limit_line.value() == pytest.approx(total / GIB)
+    assert d.threshold_lines["warn"].value() == pytest.approx(0.15 * total / GIB, rel=1e-6)
+    assert d.threshold_lines["park"].value() == pytest.approx(0.05 * total / GIB, rel=1e-6)
+    # Downsampling and clipping are on for every plot.
+    for plot in d._plot_order:
+        assert plot.ctrl.downsampleCheck.isChecked() and plot.ctrl.clipToViewCheck.isChecked()
+        assert plot.ctrl.peakRadio.isChecked()
+    # Hovering reads the values at that time.
+    text = d.show_values_at(float(x[-1]))
+    assert "RAM used" in text and "GPU0 other" in text
+    # A longer range is filled from the history again, then follows live data.
+    loads = d.history_loads
+    d.set_range(3600)
+    qtbot.waitUntil(lambda: d.history_loads > loads, timeout=20000)
+    start, end = d.ram_plot.vb.viewRange()[0]
+    assert end - start == pytest.approx(3600, rel=0.01)
+    n = d.updates
+    qtbot.waitUntil(lambda: d.updates > n, timeout=10000)
+    assert len(d.table) >= 3
+
+
+def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
+    d = Dashboard(settings_at(tmp_path))
+    qtbot.addWidget(d)
+    t0 = 1796050000.0
+    for k in range(10):
+        d.apply_snapshot(make_status(t=t0 + k, jobs=[job()]))
+    d.show()
+    events = [event(1, "job_started", t0 + 1, "job mnist started"),
+              event(2, "guard_warn", t0 + 2, "RAM 86% used", "warn"),
+              event(3, "guard_pause", t0 + 4, "RAM 93% used", "warn"),
+              event(4, "job_paused", t0 + 4, "job mnist paused"),
+              event(5, "guard_ok", t0 + 7, "memory is back"),
+              event(6, "config_changed", t0 + 8)]
+    for e in events:
+        d.add_event(e)
+    d.add_event(events[0])  # the same event twice draws one marker
+    assert d.marker_count == 2
+    assert d.spans == [(t0 + 2, t0 + 4, "warn"), (t0 + 4, t0 + 7, "pause")]
+    # One marker line per plot, labelled on the top plot only.
+    lines = d._markers[1]
+    assert len(lines) == len(d._plot_order)
+    assert lines[0][1].label.format == "job mnist started"
+    assert not any(hasattr(line, "label") for _plot, line in lines[1:])
+    # An open warning span follows the live data until the guard says ok.
+    d.add_event(event(7, "guard_warn", t0 + 8, "again", "warn"))
+    d.apply_snapshot(make_status("warn", t=t0 + 12, jobs=[job()]))
+    assert d.spans[-1] == (t0 + 8, t0 + 12, "warn")
+    d.apply_snapshot(make_status("ok", t=t0 + 13, jobs=[job()]))
+    assert d.spans[-1] == (t0 + 8, t0 + 13, "warn")
+    text = d.show_values_at(t0 + 5.2)
+    assert text.startswith(time.strftime("%H:%M:%S", time.localtime(t0 + 5)))
+    assert "RAM used 4.0 GiB" in text and "GPU0 mnist 4.00 GiB" in text
+    # A message with braces cannot break a marker label (they are format strings).
+    d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}"))
+    assert d._markers[8][0][1].label.toPlainText() == "KeyError: {'x'}"
+
+
+def test_the_jobs_strip_shows_progress_loss_and_eta(qtbot, tmp_path: Path) -> None:
+    d = Dashboard(settings_at(tmp_path))
+    qtbot.addWidget(d)
+    d.show()
+    d.apply_snapshot(make_status(jobs=[job("a1", "mnist"), job("b2", "gan", "paused",
+                                                                 steps=None, metrics={})]))
+    rows = d.jobs_strip.rows
+    assert list(rows) == ["a1", "b2"] and not d.jobs_strip.empty.isVisible()
+    a = rows["a1"]
+    assert (a["epoch"].value(), a["epoch"].maximum()) == (2, 10)
+    assert a["epoch"].text() == "epoch 2/10" and a["step"].text() == "step 120/500"
+    assert a["loss"].text() == "loss 0.4321" and a["eta"].text() == "ETA 12 min"
+    assert rows["b2"]["step"].text() == "step n/a" and rows["b2"]["loss"].text() == "loss n/a"
+    d.apply_snapshot(make_status(jobs=[job("a1", "mnist", epoch=3)]))
+    assert d.jobs_strip.rows["a1"]["epoch"].value() == 3 and list(d.jobs_strip.rows) == ["a1"]
+    d.apply_snapshot(make_status(jobs=[]))
+    assert d.jobs_strip.rows == {} and d.jobs_strip.empty.isVisible()
+
+
+def test_the_banner_shows_an_active_warning(qtbot, tmp_path: Path) -> None:
+    d = Dashboard(settings_at(tmp_path))
+    qtbot.addWidget(d)
+    d.show()
+    d.apply_snapshot(make_status())
+    assert not d.banner.isVisible()
+    d.apply_snapshot(make_status("warn", reasons=["available memory below 15%"], tte=40))
+    assert d.banner.isVisible() and d.banner_level == "warn"
+    assert d.banner.text() == \
+        "Warning: available memory below 15%. Memory runs out in ~40 s"
+    assert COLOURS["warn"].name() in d.banner.styleSheet()
+    d.apply_snapshot(make_status("park", reasons=["RAM 96% used"]))
+    assert d.banner_level == "park" and COLOURS["park"].name() in d.banner.styleSheet()
+    d.set_reachable(False, "the engine went away")
+    assert d.banner_level == "unreachable" and "the engine went away" in d.banner.text()
+    d.apply_snapshot(make_status())
+    assert not d.banner.isVisible()
+
+
+def test_window_state_and_range_are_remembered(qtbot, tmp_path: Path) -> None:
+    s = settings_at(tmp_path)
+    d = Dashboard(s)
+    qtbot.addWidget(d)
+    d.show()
+    d.set_range(86400)
+    d.resize(740, 570)  # within the offscreen screen (800 x 600)
+    d.move(20, 10)
+    d.close()
+    assert (tmp_path / "ui.ini").exists()
+    again = Dashboard(settings_at(tmp_path))
+    qtbot.addWidget(again)
+    assert again.range_seconds == 86400 and again.range_buttons[86400].isChecked()
+    again.show()
+    assert (again.width(), again.height()) == (740, 570)
+    # Without a window manager the frame is a guess: the place is kept within its height.
+    assert abs(again.x() - 20) <= 16 and abs(again.y() - 10) <= 16
+
+
+def test_no_tray_opens_the_dashboard_as_a_window(qtbot, app_on, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CURRENT_DESKTOP", "ubuntu:GNOME")
+    app = app_on(tray_available=None)  # the offscreen platform has no system tray
+    assert app.tray is None
+    app.start()
+    d = app.dashboard()
+    assert d.isVisible() and d.no_tray_label.isVisible()
+    assert "No system tray is available here (GNOME shows tray icons only with the " \
+           "AppIndicator extension)" in d.no_tray_label.text()
+    # Without an engine the banner says so (and the title is not "simulated").
+    qtbot.waitUntil(lambda: d.banner_level == "unreachable", timeout=5000)
+    # Closing the window quits Headroom (nothing to ask: no jobs, no engine of ours).
+    d.close()
+    assert app._finished
+
+
+def test_a_clicked_notification_opens_the_dashboard_at_its_event(qtbot, app_on) -> None:
+    app = app_on(tray_available=True)
+    t0 = time.time()
+    app._on_snapshot(make_status(t=t0))
+    app.show_event(event(11, "guard_warn", t0 - 1200, "RAM 86% used", "warn"))
+    d = app.dashboard()
+    assert d.isVisible() and not d.following
+    assert d.range_seconds == 3600  # the shortest range that holds the event
+    start, end = d.ram_plot.vb.viewRange()[0]
+    assert start < t0 - 1200 < end
+    assert "RAM 86% used" in d.readout.text()
