@@ -88,7 +88,8 @@ class Guard:
         elif a.kind == "resume":
             self.jobs[j.id] = replace(j, state="running", paused_by=None)
         elif a.kind == "park":
-            self.jobs[j.id] = replace(j, state="parked", rss_bytes=None)
+            self.jobs[j.id] = replace(j, state="parked", rss_bytes=None, paused_by=None,
+                                      parked_by="guard", pids=())
         elif a.kind == "stop":
             self.jobs[j.id] = replace(j, state="stopped", rss_bytes=None)
 
@@ -325,6 +326,28 @@ def test_user_paused_job_may_be_parked_but_guard_ones_first() -> None:
     theirs = job("guards", state="paused", paused_by="guard", rss=1 * GiB, checkpoint=True)
     assert acts(g.tick(0.0, pct(4), [mine, theirs])) == [("park", "guards")]
     assert acts(g.tick(0.1, pct(4))) == [("park", "mine")]
+
+
+@pytest.mark.parametrize("auto,after_park,relaunched", [
+    (True, pct(25) + 2 * GiB, True),  # room for the 2 GiB it held, above the resume threshold
+    (True, pct(25), False),  # calm, but relaunching it would bring the shortage back
+    (False, pct(60), False),  # --manual-resume: waits for `headroom resume`
+])
+def test_a_parked_job_is_relaunched_when_there_is_room(auto: bool, after_park: int,
+                                                       relaunched: bool) -> None:
+    g = Guard()
+    j = job(state="paused", paused_by="guard", rss=2 * GiB, checkpoint=True, hooked=True,
+            auto_resume=auto)
+    assert acts(g.tick(0.0, pct(4), [j])) == [("park", "j1")]
+    ds = [g.tick(float(t), after_park) for t in range(1, 15)]
+    assert ds[0].state == "park"
+    got = [a for d in ds for a in d.actions if a.acts]
+    if relaunched:
+        assert [(a.kind, a.job_id) for a in got] == [("resume", "j1")]
+        assert "relaunched from its checkpoint" in got[0].message
+    else:
+        assert got == []
+        assert ds[-1].state == "park" and any("parked by the guard" in r for r in ds[-1].reasons)
 
 
 def test_park_when_memory_keeps_falling_with_the_jobs_paused() -> None:

@@ -64,7 +64,8 @@ VRAM_BUDGET_NEAR_SHARE = 0.8
 
 RUNNING_STATES = frozenset({"running", "starting"})
 PAUSED_STATES = frozenset({"paused", "suspended"})
-ENDED_STATES = frozenset({"finished", "failed", "stopped", "parked", "exited", "lost"})
+PARKED_STATES = frozenset({"parked"})
+ENDED_STATES = frozenset({"finished", "failed", "stopped", "exited", "lost"})
 
 MEM = "mem"  # history series: minus available memory, so a positive slope means filling
 
@@ -155,6 +156,7 @@ class JobView:
     vram_budget_bytes: Optional[int] = None
     paused_by: Optional[str] = None  # "guard" | "user" | None
     auto_resume: Optional[bool] = None  # None: the policy's auto_resume
+    parked_by: Optional[str] = None  # who parked it, while it is parked
 
     @property
     def label(self) -> str:
@@ -382,6 +384,7 @@ class GuardState:
     relapses: Dict[str, int] = field(default_factory=dict)
     paused_for: Dict[str, str] = field(default_factory=dict)  # target -> cause of its pause
     grace: Dict[str, float] = field(default_factory=dict)  # "ram:<job>" -> raised budget
+    parked_size: Dict[str, int] = field(default_factory=dict)  # target -> RSS when parked
     job_states: Dict[str, Tuple[str, Optional[str]]] = field(default_factory=dict)
     would: FrozenSet[str] = frozenset()  # dry-run: actions already reported
     keys: FrozenSet[str] = frozenset()  # the condition keys of the last decision
@@ -678,9 +681,10 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
     reasons = [c.reason for c in conds]
     targets = _targets(inp, a, st)
     for t in targets:
-        if t.paused and t.by_guard:
-            level = level if _RANK[level] >= _RANK["pause"] else "pause"
-            reasons.append(_paused_line(t, inp, a, policy, st))
+        if (t.paused or t.parked) and t.by_guard:
+            held = "park" if t.parked else "pause"
+            level = level if _RANK[level] >= _RANK[held] else held
+            reasons.append(_held_line(t, a, policy, st))
     memory_short = any(c.key in (MEM, "trend", "psi") for c in conds)
     top = top_text(inp.processes, inp.jobs) if memory_short else ""
     if top:
@@ -734,13 +738,17 @@ def acted(state: GuardState, action: Action, now: float, policy: Policy,
         return replace(st, resumed_at=resumed, paused_for=paused_for, calm_since=now,
                        rate_since=now)
     st = replace(st, rate_since=now, calm_since=None)
-    if action.kind == "pause":
+    if action.kind in ("pause", "park"):
         paused_for = dict(st.paused_for)
         paused_for[target] = action.cause
         relapses = dict(st.relapses)
         if now - st.resumed_at.get(target, -math.inf) < policy.cooldown_seconds:
             relapses[target] = relapses.get(target, 0) + 1
         st = replace(st, paused_for=paused_for, relapses=relapses)
+    if action.kind == "park":
+        sizes = dict(st.parked_size)
+        sizes[target] = int(action.data.get("rss_bytes") or 0)
+        st = replace(st, parked_size=sizes)
     return st
 
 
@@ -757,7 +765,9 @@ def still_holds(action: Action, inp: GuardInput, history: FillHistory, policy: P
             return False, f"job {action.job_id} is gone"
         if action.kind == "pause" and job.state not in RUNNING_STATES:
             return False, f"{job.label} is {job.state}"
-        if action.kind in ("resume", "park") and job.state not in PAUSED_STATES:
+        if action.kind == "park" and job.state not in PAUSED_STATES:
+            return False, f"{job.label} is {job.state}"
+        if action.kind == "resume" and job.state not in PAUSED_STATES | PARKED_STATES:
             return False, f"{job.label} is {job.state}"
     a = assess(inp, history, policy, state)
     if action.kind == "resume":
@@ -802,6 +812,7 @@ class _Target:
     paused: bool
     by_guard: bool
     state: str
+    parked: bool = False
 
     @property
     def size(self) -> int:
@@ -818,9 +829,11 @@ def _targets(inp: GuardInput, a: Assessment, st: GuardState) -> List[_Target]:
     for j in inp.jobs:
         if j.state in ENDED_STATES:
             continue
+        parked = j.state in PARKED_STATES
+        by = j.parked_by if parked else j.paused_by
         out.append(_Target(f"job:{j.id}", j.label, j, None, j.rss_bytes or 0,
                            a.job_rates.get(j.id, 0.0), j.state in RUNNING_STATES,
-                           j.state in PAUSED_STATES, j.paused_by == "guard", j.state))
+                           j.state in PAUSED_STATES, by == "guard", j.state, parked))
     for p in inp.processes:
         if p.job_id is not None or p.rule is None or p.rule.action not in ("pause", "stop"):
             if not p.paused_by_guard:
@@ -946,15 +959,25 @@ def _choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
                             f"({trend.reason})", "mem_falling", a, policy)
 
     if st.calm_since is not None and now - st.calm_since >= policy.resume_after_seconds:
-        cands = [t for t in targets if t.paused and t.by_guard and _free(st, t, "resume", now)
-                 and _may_resume(t, policy, st)]
+        cands = [t for t in targets if (t.paused or t.parked) and t.by_guard
+                 and _free(st, t, "resume", now) and _may_resume(t, policy, st)
+                 and (not t.parked or _room_to_relaunch(t, a, st))]
         if cands:
-            best = sorted(cands, key=lambda t: (t.size, t.key))[0]
+            # A paused job holds its memory already; a parked one needs it back.
+            best = sorted(cands, key=lambda t: (t.parked, t.size, t.key))[0]
             reason = (f"available memory has stayed above {format_bytes(a.thresholds.resume)} "
                       f"for {now - st.calm_since:.0f} s ({format_bytes(a.available_bytes)} "
                       "now)")
+            if best.parked:
+                reason += "; relaunched from its checkpoint"
             return _act("resume", best, reason, "calm", a, policy)
     return None
+
+
+def _room_to_relaunch(t: _Target, a: Assessment, st: GuardState) -> bool:
+    """A parked job comes back only when what it held when parked still leaves the resume
+    threshold free."""
+    return a.available_bytes - st.parked_size.get(t.key, 0) >= a.thresholds.resume
 
 
 def _may_resume(t: _Target, policy: Policy, st: GuardState) -> bool:
@@ -974,17 +997,19 @@ def _may_resume(t: _Target, policy: Policy, st: GuardState) -> bool:
     return True
 
 
-def _paused_line(t: _Target, inp: GuardInput, a: Assessment, policy: Policy,
-                 st: GuardState) -> str:
+def _held_line(t: _Target, a: Assessment, policy: Policy, st: GuardState) -> str:
     how = f"'headroom resume {t.job.id}'" if t.job else f"kill -CONT {t.proc.pid}" \
         if t.proc else "hand"
+    what = "parked" if t.parked else "paused"
     if not _may_resume(t, policy, st):
         if st.relapses.get(t.key, 0) >= MAX_RELAPSES:
-            return f"{t.label} is paused by the guard; it was paused again soon after " \
+            return f"{t.label} is {what} by the guard; it was stopped again soon after " \
                    f"{MAX_RELAPSES} automatic resumes, so resume it by hand ({how})"
-        return f"{t.label} is paused by the guard; resume it by hand ({how})"
-    return f"{t.label} is paused by the guard; it resumes when available memory stays above " \
-           f"{format_bytes(a.thresholds.resume)} for {policy.resume_after_seconds:g} s"
+        return f"{t.label} is {what} by the guard; resume it by hand ({how})"
+    need = a.thresholds.resume + (st.parked_size.get(t.key, 0) if t.parked else 0)
+    verb = "is relaunched from its checkpoint" if t.parked else "resumes"
+    return f"{t.label} is {what} by the guard; it {verb} when available memory stays above " \
+           f"{format_bytes(need)} for {policy.resume_after_seconds:g} s"
 
 
 # -- notifications and bookkeeping ------------------------------------------------------------
@@ -1058,7 +1083,8 @@ def _track_jobs(st: GuardState, inp: GuardInput, policy: Policy) -> GuardState:
     return replace(st, grace=grace,
                    job_states={i: (j.state, j.paused_by) for i, j in live.items()},
                    pending=keep(st.pending), resumed_at=keep(st.resumed_at),
-                   relapses=keep(st.relapses), paused_for=keep(paused_for))
+                   relapses=keep(st.relapses), paused_for=keep(paused_for),
+                   parked_size=keep(st.parked_size))
 
 
 # -- sampling ---------------------------------------------------------------------------------

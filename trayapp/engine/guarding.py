@@ -69,6 +69,7 @@ def job_view(d: Dict[str, Any]) -> JobView:
         vram_budget_bytes=d.get("vram_budget_bytes"),
         paused_by=d.get("paused_by"),
         auto_resume=None if auto is None else bool(auto),
+        parked_by=d.get("park_by") if d.get("state") == "parked" else None,
     )
 
 
@@ -238,8 +239,13 @@ class GuardService:
     def _carry_out(self, action: Action, inp: GuardInput, policy: Policy) -> None:
         emit = self.engine.emit_event
         if not action.acts:
+            data = action.data
+            if action.job_id is None:
+                # A machine-wide warning concerns every job: `headroom run` shows it too.
+                data = {**data, "job_ids": [j.id for j in inp.jobs
+                                            if j.state not in guard.ENDED_STATES]}
             emit(action.event_kind, action.message, level=action.event_level,
-                 job_id=action.job_id, data=action.data)
+                 job_id=action.job_id, data=data)
             return
         if action.dry_run:
             emit(action.event_kind, action.message, level="info", job_id=action.job_id,
