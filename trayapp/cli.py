@@ -62,12 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="launch a training script under the guard")
     _common(r, top=False)
-    try:  # TEMPORARY while options.py is written
-        from trayapp.jobs.options import add_run_arguments
+    from trayapp.jobs.options import add_run_arguments
 
-        add_run_arguments(r)
-    except ImportError:
-        pass
+    add_run_arguments(r)
 
     j = sub.add_parser("jobs", help="list the jobs")
     _common(j, top=False)

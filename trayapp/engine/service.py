@@ -224,14 +224,8 @@ class Engine:
         if self.store.recovered_from is not None:
             log.warning("the history database was damaged; moved aside to %s and started anew",
                         self.store.recovered_from)
-        try:  # TEMPORARY while the parts are written
-            self._attach_jobs()
-        except ImportError:
-            pass
-        try:
-            self._attach_guard()
-        except ImportError:
-            pass
+        self._attach_jobs()
+        self._attach_guard()
 
     def _attach_jobs(self) -> None:
         from trayapp.jobs.launcher import JobManager
