@@ -31,11 +31,4 @@ def _load():
 
 
 if __name__ == "__main__":
-    # The runner's folder may be read-only (an installed app); leave no __pycache__ there.
-    _saved = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
-    try:
-        _job = _load()
-    finally:
-        sys.dont_write_bytecode = _saved
-    _job.main(sys.argv[1:], bootstrap_file=os.path.realpath(__file__))
+    _load().main(sys.argv[1:], bootstrap_file=os.path.realpath(__file__))

@@ -9,7 +9,6 @@ import collections
 import re
 import threading
 import time
-from multiprocessing.connection import Client
 
 from . import protocol
 
@@ -133,6 +132,9 @@ class Channel:
     # -- reader: connect, receive commands --------------------------------------------------
 
     def _read(self):
+        # Imported here: a job without an engine does not pay for multiprocessing's imports.
+        from multiprocessing.connection import Client
+
         delay = 0.1
         while True:
             with self._cond:
@@ -217,7 +219,8 @@ class Channel:
                         return conn, self._generation, self._queue.popleft(), "queued"
                     if self._progress is not None:
                         wait = PROGRESS_INTERVAL_SECONDS - (time.monotonic() - self._last_progress)
-                        if wait <= 0:
+                        # Closing: the last progress goes at once rather than hold up the exit.
+                        if wait <= 0 or self._closing:
                             message, self._progress = self._progress, None
                             self._last_progress = time.monotonic()
                             return conn, self._generation, message, "progress"

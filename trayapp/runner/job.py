@@ -11,12 +11,10 @@ exception, and KeyboardInterrupt ending the process the way Python does.
 """
 
 import os
-import platform
 import runpy
 import signal
 import sys
 import threading
-import traceback
 
 from . import hooks, protocol, tfoptions, training
 from .channel import Channel, NullChannel
@@ -26,27 +24,38 @@ NO_FIT_NOTE = "no Keras fit() seen: progress is not available"
 _PACKAGE = __name__.rpartition(".")[0]
 _TF_DISTRIBUTIONS = (
     "tensorflow",
-    "tensorflow-cpu",
-    "tensorflow-gpu",
-    "tensorflow-intel",
-    "tensorflow-macos",
-    "tf-nightly",
-    "tf-nightly-cpu",
+    "tensorflow_cpu",
+    "tensorflow_gpu",
+    "tensorflow_intel",
+    "tensorflow_macos",
+    "tf_nightly",
+    "tf_nightly_cpu",
 )
-_KERAS_DISTRIBUTIONS = ("keras", "tf-keras", "keras-nightly")
+_KERAS_DISTRIBUTIONS = ("keras", "tf_keras", "keras_nightly")
 
 
-def _installed_version(names):
-    """The version of the first installed distribution among ``names``, without importing it."""
+def _installed_version(module, distributions):
+    """The version of the package that provides ``module``, from its ``*.dist-info`` folder name,
+    without importing it (nor importlib.metadata, which costs more than the rest of the runner)."""
+    import importlib.util
+
     try:
-        from importlib import metadata
-    except ImportError:  # pragma: no cover - Python < 3.8
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
         return None
-    for name in names:
-        try:
-            return metadata.version(name)
-        except Exception:
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    try:
+        names = os.listdir(site)
+    except OSError:
+        return None
+    for name in sorted(names):
+        if not name.endswith(".dist-info"):
             continue
+        dist, _, version = name[: -len(".dist-info")].partition("-")
+        if dist.lower().replace("-", "_").replace(".", "_") in distributions and version:
+            return version
     return None
 
 
@@ -100,8 +109,12 @@ class Session:
         """The hello message as things stand now (built again on every reconnection)."""
         if not self._versions_read:
             self._versions_read = True
-            self.tf_version = self.tf_version or _installed_version(_TF_DISTRIBUTIONS)
-            self.keras_version = self.keras_version or _installed_version(_KERAS_DISTRIBUTIONS)
+            self.tf_version = self.tf_version or _installed_version("tensorflow", _TF_DISTRIBUTIONS)
+            self.keras_version = self.keras_version or _installed_version(
+                "keras", _KERAS_DISTRIBUTIONS
+            )
+        import platform
+
         return protocol.make(
             protocol.HELLO,
             job_id=self.job_id,
@@ -291,6 +304,8 @@ def _print_exception(error, bootstrap_file):
     try:
         sys.excepthook(type(error), error, tb)
     except Exception:
+        import traceback
+
         traceback.print_exception(type(error), error, tb)
     try:
         sys.stderr.flush()

@@ -49,7 +49,8 @@ BYE = "bye"  # reason: finished | parked | error, exit_code
 #          "unavailable"). Sent on every (re)connection and again when any of it changes.
 #   progress: fit (1 for the script's first fit() call), epoch (1-based), epochs, step (batches
 #          done in this epoch), steps (null when unknown), logs {name: float or null},
-#          tf_memory [{device, current_bytes, peak_bytes}] or null. At most 4 a second.
+#          tf_memory [{device, current_bytes, peak_bytes}] or null. At most 4 a second (and
+#          the last one as the job ends).
 #   state: state, and for paused: epoch (1-based), step (batches done in it).
 #   checkpointed: path (folder), epoch (epochs done), step (batches done in the next epoch),
 #          fit, reason ("request" | "park" | "interval" | "epoch" | "end").

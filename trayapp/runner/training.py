@@ -18,12 +18,9 @@ since the last checkpoint are trained twice. On other backends the restarted epo
 from its first batch.
 """
 
-import functools
-import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import threading
 import time
@@ -187,6 +184,8 @@ class FitRun:
     def prepare_folder(self):
         """Without --resume a job starts fresh: drop this fit's old checkpoint folder."""
         if self.dir and not self.session.options["resume"] and os.path.isdir(self.dir):
+            import shutil
+
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def read_metadata(self):
@@ -527,6 +526,9 @@ def _callback_classes(callbacks_module, keras3):
 
 def install(keras, session):
     """Patch ``keras.Model.fit`` of the given Keras package; returns True when hooked."""
+    import functools
+    import inspect
+
     model_class = getattr(keras, "Model", None)
     callbacks_module = getattr(keras, "callbacks", None)
     if model_class is None or callbacks_module is None:
