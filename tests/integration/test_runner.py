@@ -474,3 +474,23 @@ def test_env_only_options_apply_without_tensorflow(tmp_path, jobs, bare_python):
     job = start(jobs, spec, tmp_path)
     assert job.wait() == 0, job.output
     assert json.loads(out.read_text())["cuda_visible_devices"] == "1"
+
+
+@pytest.mark.tensorflow
+def test_an_option_tensorflow_refuses_is_one_line(tmp_path):
+    """TensorFlow refuses thread counts once it has started; the runner says so in one line."""
+    code = (
+        "import tensorflow as tf\n"
+        "from trayapp.runner import tfoptions\n"
+        "tf.constant(1.0) + 1\n"  # TensorFlow has started
+        "options = dict(tfoptions.DEFAULTS, intra_threads=2)\n"
+        "try:\n"
+        "    tfoptions.apply_tensorflow(tf, options)\n"
+        "except tfoptions.OptionError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=JOB_TIMEOUT
+    )
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("REFUSED")]
+    assert line.startswith("REFUSED --threads: TensorFlow refused it: ")

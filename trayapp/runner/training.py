@@ -599,7 +599,10 @@ def install(keras, session):
             history = None
         finally:
             session.fit_ended(run)
-        if session.control.parked:
+        if session.control.park:
+            # A park that came as fit() was ending: the fit is done and saved, so the job can
+            # end here as well as at a batch.
+            session.control.parked = True
             session.exit_parked()
         return history
 
