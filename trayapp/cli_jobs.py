@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from trayapp.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from trayapp.config import Paths, format_bytes
@@ -538,8 +538,44 @@ def cmd_action(args: argparse.Namespace, paths: Paths) -> int:
 # -- doctor -------------------------------------------------------------------------------------
 
 
-def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
+def _gpu_readings(status: Dict[str, Any]) -> Tuple[Any, tuple]:
+    """(GpuStatus, GpuReadings) from a status object's JSON."""
+    from dataclasses import fields
+
+    from trayapp.probes.snapshot import GpuProcess, GpuReading, GpuStatus
+
+    def build(cls: Any, data: Dict[str, Any]) -> Any:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    gpu_status = build(GpuStatus, status.get("gpu_status") or {"backend": "none"})
+    gpus = []
+    for g in status.get("gpus") or []:
+        g = dict(g)
+        g["processes"] = tuple(build(GpuProcess, p) for p in g.get("processes") or [])
+        gpus.append(build(GpuReading, g))
+    return gpu_status, tuple(gpus)
+
+
+def _machine_gpus(paths: Paths, demo: bool) -> Tuple[Any, tuple]:
+    """The GPU status from the engine when one runs, else read from the probes now."""
     from trayapp.engine.client import EngineClient, EngineUnavailable
+
+    try:
+        with EngineClient(paths, timeout=5.0) as client:
+            return _gpu_readings(client.status())
+    except EngineUnavailable:
+        pass
+    from trayapp.probes.gpu import make_backend
+
+    backend = make_backend(demo=demo)
+    try:
+        return backend.status, tuple(backend.read())
+    finally:
+        backend.close()
+
+
+def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
     from trayapp.jobs import doctor, interpreters
 
     python = args.python
@@ -553,27 +589,17 @@ def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
         if not os.path.exists(python):
             raise UsageError(f"--python: not found: {python}")
     else:
-        python = interpreters.default_python(os.getcwd())
-    status: Optional[Dict[str, Any]] = None
-    try:
-        with EngineClient(paths, timeout=5.0) as client:
-            status = client.status()
-    except EngineUnavailable:
-        from trayapp.cli import local_status
-
-        status = local_status(bool(getattr(args, "demo", False)))
-    checks = doctor.diagnose(python, status)
+        # As for a script in this folder: a venv here (or just above), else this Python.
+        python = interpreters.default_python(os.path.join(os.getcwd(), "script.py"))
+    gpu_status, gpus = _machine_gpus(paths, bool(getattr(args, "demo", False)))
+    interp = interpreters.probe(python, cache_dir=paths.data_dir / "cache")
+    checks = doctor.diagnose(interp, gpu_status, gpus)
     if args.json:
-        print(json.dumps([c.to_json() for c in checks]))
+        print(json.dumps({"python": interp.to_json(), "verdict": doctor.verdict(checks),
+                          "checks": [c.to_json() for c in checks]}))
     else:
-        print(doctor.format_report(checks))
-    failed = any(_check_failed(c) for c in checks)
-    return EXIT_FAILED if failed else EXIT_OK
-
-
-def _check_failed(check: Any) -> bool:
-    data = check.to_json() if hasattr(check, "to_json") else dict(check)
-    return data.get("status") in ("fail", "failed", "error")
+        print(doctor.format_report(checks), end="")
+    return EXIT_FAILED if doctor.verdict(checks) == "fail" else EXIT_OK
 
 
 __all__ = ["dispatch", "Follower", "format_jobs", "progress_text", "describe", "EXIT_USAGE"]

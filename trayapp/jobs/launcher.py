@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -494,7 +495,9 @@ class JobManager:
         notes.append({"time": _now(), "level": level, "message": text})
         del notes[:-MAX_NOTES]
         job.dirty = True
-        events.append(("job_note", str(level), f"job {job.id}: {text}", None))
+        # Info notes ("no fit() seen") stay with the job; warnings and errors are events too.
+        if level != "info":
+            events.append(("job_note", str(level), f"job {job.id}: {text}", None))
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         with self._lock:
@@ -571,11 +574,14 @@ class JobManager:
             self._emit(kind, message, level=level, job_id=job_id, data=data)
 
     def _reap_orphans(self) -> None:
+        """Reap what ended jobs left behind once it exits (and is ours to reap)."""
         for pid, p in list(self._orphans.items()):
             try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    continue
-                _reap(p)
+                if p.is_running():
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        continue
+                    if not _reap(p) and psutil.pid_exists(p.ppid()) and p.ppid() != 1:
+                        continue  # its parent still runs: it comes to us when that ends
             except psutil.Error:
                 pass
             self._orphans.pop(pid, None)
@@ -668,8 +674,8 @@ class JobManager:
                     pause_mode=None, connected=False)
         self._close_channel(job)
         job.popen = None
-        for p in self._remnants(job):
-            self._orphans[p.pid] = p
+        self._remnants(job)
+        self._orphans.update(job.known)  # what still runs, or waits to be reaped
         job.process = None
         job.known = {}
         self._save(job)
@@ -1038,6 +1044,11 @@ class JobManager:
                     job.server.close()
                     job.server = None
                 job.peer = None
+                if job.popen is not None:
+                    # Let go of the child: it runs on, and a later engine adopts it.
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", ResourceWarning)
+                        job.popen = None
                 if job.state in LIVE_STATES:
                     job.info["connected"] = False
                     self._save(job)
@@ -1064,8 +1075,9 @@ class JobManager:
         return list(out.values())
 
     def _remnants(self, job: _Job) -> List[psutil.Process]:
-        """Processes seen in the tree that still exist (not zombies); zombies that were handed
-        to the engine (the subreaper) are reaped."""
+        """Processes seen in the tree that still run. Zombies handed to the engine (the
+        subreaper) are reaped; one whose parent is still in the tree is kept in view, as it
+        comes to the engine when that parent is gone."""
         alive = []
         root = job.popen.pid if job.popen is not None else None
         for pid, p in list(job.known.items()):
@@ -1075,8 +1087,10 @@ class JobManager:
                     if p.status() != psutil.STATUS_ZOMBIE:
                         alive.append(p)
                         continue
-                    if pid != root:
-                        _reap(p)
+                    if pid == root:
+                        continue  # Popen collects it
+                    if not _reap(p) and p.ppid() in job.known:
+                        continue
             except psutil.Error:
                 pass
             job.known.pop(pid, None)
@@ -1242,16 +1256,18 @@ def become_subreaper() -> bool:
         return False
 
 
-def _reap(proc: psutil.Process) -> None:
-    """Collect a zombie that is our child (an orphan of a job tree); nothing else."""
+def _reap(proc: psutil.Process) -> bool:
+    """Collect a zombie that is our child (an orphan of a job tree), nothing else; True when
+    it was ours."""
     if WINDOWS:  # pragma: no cover - no zombies there
-        return
+        return False
     try:
         if proc.ppid() != os.getpid():
-            return
+            return False
         os.waitpid(proc.pid, os.WNOHANG)
+        return True
     except (psutil.Error, ChildProcessError, OSError):
-        pass
+        return False
 
 
 def _same_process(pid: Any, create_time: Any) -> Optional[psutil.Process]:

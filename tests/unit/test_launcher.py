@@ -1,0 +1,221 @@
+"""JobManager in this process: a real store, real job processes, ticks driven by the test."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import psutil
+import pytest
+
+from trayapp.config import Paths, get_paths
+from trayapp.engine.store import Store
+from trayapp.jobs import launcher
+from trayapp.jobs.launcher import JobManager
+from trayapp.jobs.options import JobSpec
+
+REPO = Path(__file__).resolve().parent.parent.parent
+TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX sessions")
+
+
+@pytest.fixture
+def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Paths:
+    monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
+    p = get_paths()
+    p.ensure()
+    return p
+
+
+@pytest.fixture
+def store(paths: Paths) -> Iterator[Store]:
+    s = Store(paths.db_file)
+    yield s
+    s.close()
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: List[Dict[str, Any]] = []
+
+    def __call__(self, kind: str, message: str, *, level: str = "info", job_id: Any = None,
+                 data: Any = None) -> None:
+        self.seen.append({"kind": kind, "message": message, "level": level, "job_id": job_id})
+
+    def kinds(self) -> List[str]:
+        return [e["kind"] for e in self.seen]
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+def manager(paths: Paths, store: Store, events: Events) -> Iterator[JobManager]:
+    m = JobManager(paths, store, emit=events)
+    yield m
+    m.stop_all("test over", timeout=5)
+    m.close()
+
+
+def ticker(*args: Any, **fields: Any) -> Dict[str, Any]:
+    return JobSpec(script=TICKER, args=tuple(str(a) for a in args), cwd=str(REPO),
+                   **fields).to_json()
+
+
+def until(m: JobManager, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Tick the manager until ``check()`` is true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m.tick(None)
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+# -- pure helpers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data, keep", [
+    (b"", 0),
+    (b"abc", 3),
+    ("é".encode(), 2),
+    ("é".encode()[:1], 0),
+    (b"ab" + "€".encode()[:2], 2),
+    (b"ab" + "😀".encode()[:3], 2),
+    (b"ab" + "😀".encode(), 6),
+])
+def test_complete_utf8_keeps_whole_characters(data: bytes, keep: int) -> None:
+    assert launcher._complete_utf8(data) == keep
+
+
+def test_progress_units() -> None:
+    assert launcher._progress_units({"epoch": 2, "epochs": 5, "step": 10, "steps": 40}) == \
+        (50.0, 200.0)
+    assert launcher._progress_units({"epoch": 3, "epochs": 4, "step": None, "steps": None}) == \
+        (2.0, 4.0)
+    assert launcher._progress_units({"epoch": None, "epochs": None}) == (None, None)
+
+
+# -- logs and names -----------------------------------------------------------------------------
+
+
+def _saved_job(store: Store, paths: Paths, job_id: str, name: str, text: str = "",
+               state: str = "finished") -> Path:
+    log = paths.jobs_dir / job_id / "log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(text.encode())
+    store.save_job({"id": job_id, "name": name, "state": state, "started": time.time(),
+                    "ended": time.time(), "log_path": str(log)})
+    return log
+
+
+def test_log_pages_never_split_a_character(manager: JobManager, store: Store,
+                                           paths: Paths) -> None:
+    text = "".join(f"line {i}: é € 😀\n" for i in range(300))
+    _saved_job(store, paths, "aaaa1111", "multi", text)
+    out, offset = [], 0
+    while True:
+        chunk = manager.log("aaaa1111", offset=offset, max_bytes=7)
+        if not chunk["data"] and chunk["offset"] >= chunk["size"]:
+            break
+        assert chunk["offset"] > offset or chunk["data"] == ""
+        out.append(chunk["data"])
+        offset = chunk["offset"]
+    assert "".join(out) == text
+
+    big = "€" * 40_000  # 120 000 bytes: the tail starts inside a character
+    _saved_job(store, paths, "bbbb2222", "big", big)
+    tail = manager.log("bbbb2222")
+    assert tail["offset"] == tail["size"] == len(big.encode())
+    assert set(tail["data"]) == {"€"} and len(tail["data"].encode()) <= launcher.LOG_TAIL_BYTES
+    with pytest.raises(ValueError):
+        manager.log("bbbb2222", offset=-1)
+
+
+def test_jobs_are_found_by_id_prefix_or_unique_name(manager: JobManager, store: Store,
+                                                    paths: Paths) -> None:
+    _saved_job(store, paths, "cafe0001", "train")
+    _saved_job(store, paths, "cafe0002", "train")
+    _saved_job(store, paths, "beef0003", "eval")
+    assert manager.get("eval")["id"] == "beef0003"
+    assert manager.get("beef")["id"] == "beef0003"
+    assert manager.get("cafe0002")["id"] == "cafe0002"
+    with pytest.raises(LookupError, match=r"^train matches 2 jobs \(cafe000\d, cafe000\d\)"):
+        manager.get("train")
+    with pytest.raises(LookupError, match="^cafe matches 2 jobs"):
+        manager.get("cafe")
+    with pytest.raises(LookupError, match="^no job named nothing$"):
+        manager.get("nothing")
+    with pytest.raises(ValueError, match="only a paused or parked job can be resumed"):
+        manager.resume("eval")
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+def test_bad_specs_leave_nothing_behind(manager: JobManager, paths: Paths) -> None:
+    with pytest.raises(ValueError, match="^script not found"):
+        manager.start(JobSpec(script=str(REPO / "nope.py"), cwd=str(REPO)).to_json())
+    with pytest.raises(ValueError, match="unknown field"):
+        manager.start({"script": TICKER, "colour": "blue"})
+    assert list(paths.jobs_dir.iterdir()) == []
+    assert manager.list(include_finished=True) == []
+
+
+def test_a_job_runs_to_its_exit_status(manager: JobManager, store: Store,
+                                       events: Events) -> None:
+    job = manager.start(ticker(5, 0.01, 3))
+    assert manager.active_count() == 1
+    done = until(manager, lambda: manager.get(job["id"])["state"] == "failed" and
+                 manager.get(job["id"]))
+    assert done["exit_code"] == 3 and done["pids"] == []
+    assert manager.active_count() == 0
+    assert store.get_job(job["id"])["state"] == "failed"
+    assert events.kinds() == ["job_started", "job_failed"]
+    assert events.seen[1]["level"] == "error"
+
+
+def test_memory_of_the_tree_is_sampled(manager: JobManager) -> None:
+    job = manager.start(ticker(0, 0.05))
+    until(manager, lambda: manager.get(job["id"])["connected"])  # the runner has started
+    rss = psutil.Process(job["pid"]).memory_info().rss
+    time.sleep(0.3)
+    sampled = until(manager, lambda: (manager.get(job["id"])["rss_bytes"] or 0) >= rss // 2 and
+                    manager.get(job["id"]))
+    assert sampled["pids"][0] == job["pid"]
+    assert sampled["vram_bytes"] is None  # no GPU readings: unknown, not 0
+
+
+def test_a_closed_manager_leaves_jobs_running_for_the_next(paths: Paths, store: Store,
+                                                           events: Events) -> None:
+    first = JobManager(paths, store, emit=events)
+    job = first.start(ticker(0, 0.05))
+    until(first, lambda: (first.get(job["id"])["rss_bytes"] or 0) > 0)
+    first.close()
+    assert psutil.Process(job["pid"]).is_running()
+    assert not os.path.exists(paths.job_address(job["id"]))  # the listener is gone
+
+    second = JobManager(paths, store, emit=events)
+    try:
+        assert second.adopt() == [job["id"]]
+        assert os.path.exists(paths.job_address(job["id"]))  # same address, same key
+        assert second.get(job["id"])["state"] in ("starting", "running")
+        until(second, lambda: second.get(job["id"])["connected"], timeout=15)
+        second.stop(job["id"])
+        stopped = until(second, lambda: second.get(job["id"])["state"] == "stopped" and
+                        second.get(job["id"]))
+        # Not this manager's child: the runner's bye says how it ended (KeyboardInterrupt).
+        assert stopped["exit_code"] == -2
+        assert not psutil.pid_exists(job["pid"])  # reaped, although another's child
+        assert "job_adopted" in events.kinds()
+    finally:
+        second.stop_all("test over", timeout=5)
+        second.close()
