@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ def settings_at(tmp_path: Path) -> QSettings:
 
 
 def event(eid: int, kind: str, t: float, message: str = "", level: str = "info",
-          job_id: str = "j1") -> Dict[str, Any]:
+          job_id: Optional[str] = "j1") -> Dict[str, Any]:
     return {"id": eid, "time": t, "kind": kind, "level": level,
             "message": message or kind.replace("_", " "), "job_id": job_id, "data": None}
 
@@ -116,7 +116,7 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     # One marker line per plot, labelled on the top plot only.
     lines = d._markers[1]
     assert len(lines) == len(d._plot_order)
-    assert lines[0][1].label.format == "job mnist started"
+    assert lines[0][1].label.format == "mnist started"  # the job's name from the status
     assert not any(hasattr(line, "label") for _plot, line in lines[1:])
     # An open warning span follows the live data until the guard says ok.
     d.add_event(event(7, "guard_warn", t0 + 8, "again", "warn"))
@@ -128,8 +128,11 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     assert text.startswith(time.strftime("%H:%M:%S", time.localtime(t0 + 5)))
     assert "RAM used 4.0 GiB" in text and "GPU0 mnist 4.00 GiB" in text
     # A message with braces cannot break a marker label (they are format strings).
-    d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}"))
+    d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}", job_id=None))
     assert d._markers[8][0][1].label.toPlainText() == "KeyError: {'x'}"
+    # A job the status no longer lists is named from the engine's message.
+    d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (resnet) finished", job_id="3fa2"))
+    assert d._markers[9][0][1].label.format == "resnet finished"
 
 
 def test_the_jobs_strip_shows_progress_loss_and_eta(qtbot, tmp_path: Path) -> None:

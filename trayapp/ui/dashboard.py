@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ THRESHOLD_COLOURS = {"warn": "#f2a900", "pause": "#ee6a1c", "park": "#d7263d",
 LAYER_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d")
 OTHER_COLOUR = "#bab0ac"
 
+_JOB_NAME = re.compile(r"^job \S+ \((.+?)\)")
 HOVER_HINT = "Point at the timelines to read the values at that time."
 NO_TRAY_TEXT = ("No system tray is available here ({why}), so Headroom runs in this window; "
                 "closing it quits Headroom.")
@@ -118,6 +120,19 @@ class _Curve:
     compute: Callable[[Table], np.ndarray]
     label: str
     unit: str  # "GiB" | "%" | "°C"
+
+
+def marker_label(event: Dict[str, Any], names: Dict[str, str]) -> str:
+    """A short marker text: the job's name and what happened ("mnist paused")."""
+    kind = str(event.get("kind") or "")
+    message = str(event.get("message") or kind.replace("_", " "))
+    job_id = event.get("job_id")
+    name = names.get(str(job_id)) if job_id is not None else None
+    if name is None:
+        m = _JOB_NAME.match(message)
+        name = m.group(1) if m else (str(job_id) if job_id is not None else None)
+    text = f"{name} {MARKER_WORDS[kind]}" if name and kind in MARKER_WORDS else message
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def _column(name: str) -> Callable[[Table], np.ndarray]:
@@ -324,7 +339,7 @@ class Dashboard(QWidget):
         self.limit_line = pg.InfiniteLine(angle=0, movable=False,
                                           pen=pg.mkPen("#333333", width=1,
                                                        style=Qt.PenStyle.DashLine),
-                                          label="limit", labelOpts={"position": 0.3,
+                                          label="limit", labelOpts={"position": 0.45,
                                                                     "color": "#333333",
                                                                     "anchors": [(0, 0), (0, 0)]})
         self.limit_line.hide()
@@ -334,10 +349,10 @@ class Dashboard(QWidget):
             # Labels side by side along the line: the thresholds lie close together.
             line = pg.InfiniteLine(angle=0, movable=False,
                                    pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
-                                   label=name, labelOpts={"position": 0.97 - 0.17 * n,
+                                   label=name, labelOpts={"position": 0.02 + 0.1 * n,
                                                           "color": colour,
                                                           "fill": pg.mkBrush(255, 255, 255, 170),
-                                                          "anchors": [(1, 1), (1, 1)]})
+                                                          "anchors": [(0, 1), (0, 1)]})
             line.hide()
             self.ram_plot.addItem(line, ignoreBounds=True)
             self.threshold_lines[name] = line
@@ -670,8 +685,7 @@ class Dashboard(QWidget):
     def _add_marker(self, key: Any, event: Dict[str, Any]) -> None:
         kind = str(event.get("kind"))
         colour = MARKER_COLOURS.get(kind, "#555555")
-        message = str(event.get("message") or MARKER_WORDS.get(kind, kind))
-        label = message if len(message) <= 40 else message[:39] + "…"
+        label = marker_label(event, job_names(self.status))
         items = []
         for n, plot in enumerate(self._plot_order):
             line = pg.InfiniteLine(
