@@ -443,10 +443,10 @@ class Follower:
 
 
 def _terminal_width() -> int:
-    try:
-        return os.get_terminal_size().columns
-    except OSError:
-        return 100
+    import shutil
+
+    columns = shutil.get_terminal_size((100, 24)).columns
+    return columns if columns >= 20 else 100  # a pseudo-terminal may say 0
 
 
 # -- jobs -----------------------------------------------------------------------------------------

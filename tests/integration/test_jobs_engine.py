@@ -117,7 +117,9 @@ def test_plain_script_is_suspended_and_resumed(client: EngineClient) -> None:
         # No Keras fit() to pause at a batch end: the whole tree is suspended at once.
         assert paused["state"] == "paused" and paused["pause_mode"] == "suspended"
         assert paused["paused_by"] == "user"
-        assert psutil.Process(job["pid"]).status() == psutil.STATUS_STOPPED
+        # SIGSTOP takes hold when the process next runs: a moment later.
+        wait_for(lambda: psutil.Process(job["pid"]).status() == psutil.STATUS_STOPPED, 5,
+                 "the process to stop")
         size = client.job_log(job["id"])["size"]
         time.sleep(0.6)
         assert client.job_log(job["id"])["size"] == size, "a suspended job wrote output"
@@ -278,6 +280,8 @@ def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient
         again = client.job_get(jid)
         assert (again["epoch"], again["step"]) == (held["epoch"], held["step"])
         assert psutil.Process(job["pid"]).status() != psutil.STATUS_STOPPED
+        pauses = [e for e in client.events(job=jid) if e["kind"] == "job_paused"]
+        assert [e["data"]["pause_mode"] for e in pauses] == ["cooperative"]
 
         client.job_action(jid, "resume")
         wait_for(lambda: (client.job_get(jid)["epoch"], client.job_get(jid)["step"])

@@ -219,3 +219,102 @@ def test_a_closed_manager_leaves_jobs_running_for_the_next(paths: Paths, store: 
     finally:
         second.stop_all("test over", timeout=5)
         second.close()
+
+
+def _fake_python(tmp_path: Path) -> str:
+    """An "interpreter" that runs no runner: the test speaks the job channel itself."""
+    fake = tmp_path / "fakepython"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, events: Events,
+                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing.connection import Client
+
+    from trayapp.runner import protocol as rp
+
+    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
+    job = manager.start(ticker(python=_fake_python(tmp_path)))
+    jid = job["id"]
+    key = (paths.jobs_dir / jid / "key").read_bytes()
+    conn = Client(paths.job_address(jid), family="AF_UNIX", authkey=key)
+    try:
+        def send(kind: str, **fields: Any) -> None:
+            conn.send_bytes(rp.encode(rp.make(kind, **fields)))
+
+        def command() -> str:
+            assert conn.poll(5), "no command came"
+            return rp.decode(conn.recv_bytes(), rp.ENGINE_COMMANDS)["type"]
+
+        conn.send_bytes(b"not json")  # ignored; the channel stays open
+        send(rp.HELLO, job_id=jid, fit_hook="installed")
+        hello = until(manager, lambda: manager.get(jid)["connected"] and manager.get(jid))
+        assert hello["hooked"] and hello["state"] == "running"
+
+        send(rp.PROGRESS, epoch=1, epochs=2, step=2, steps=10, logs={"loss": 0.5})
+        time.sleep(1.1)
+        send(rp.PROGRESS, epoch=1, epochs=2, step=6, steps=10, logs={"loss": 0.4})
+        moving = until(manager, lambda: manager.get(jid)["step"] == 6 and manager.get(jid))
+        assert moving["metrics"] == {"loss": 0.4}
+        # 4 steps in about 1.1 s, 14 to go: about 4 s.
+        assert 2.0 < moving["eta_seconds"] < 5.0
+
+        manager.pause(jid, reason="testing")
+        assert command() == rp.PAUSE
+        assert manager.get(jid)["state"] == "pausing"
+        send(rp.STATE, state="paused", epoch=0, step=6)
+        paused = until(manager, lambda: manager.get(jid)["state"] == "paused" and manager.get(jid))
+        assert paused["pause_mode"] == "cooperative" and paused["pause_reason"] == "testing"
+
+        manager.resume(jid)
+        assert command() == rp.RESUME
+        assert manager.get(jid)["state"] == "running"
+
+        send(rp.NOTE, level="warn", message="loss is not a number (NaN or inf)")
+        send(rp.CHECKPOINTED, path="/x/fit-1", epoch=1, step=6)
+        until(manager, lambda: manager.get(jid)["checkpoint"])
+        assert manager.get(jid)["notes"][-1]["message"] == "loss is not a number (NaN or inf)"
+
+        manager.stop(jid)
+        assert command() == rp.STOP  # the runner is asked first; "sleep" ignores it
+        stopped = until(manager, lambda: manager.get(jid)["state"] == "stopped" and
+                        manager.get(jid))
+        assert stopped["exit_code"] == -2  # then SIGINT ended it
+    finally:
+        conn.close()
+    assert events.kinds() == ["job_started", "job_paused", "job_resumed", "job_note",
+                              "job_stopped"]
+    assert events.seen[3]["level"] == "warn"
+
+
+def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths: Paths,
+                                                     tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from multiprocessing.connection import Client
+
+    from trayapp.runner import protocol as rp
+
+    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
+    job = manager.start(ticker(python=_fake_python(tmp_path)))
+    jid = job["id"]
+    conn = Client(paths.job_address(jid), family="AF_UNIX",
+                  authkey=(paths.jobs_dir / jid / "key").read_bytes())
+    try:
+        conn.send_bytes(rp.encode(rp.make(rp.HELLO, fit_hook="installed")))
+        until(manager, lambda: manager.get(jid)["hooked"])
+        manager.pause(jid, by="guard", reason="memory", deadline=0.3)
+        assert manager.get(jid)["state"] == "pausing"
+        paused = until(manager, lambda: manager.get(jid)["state"] == "paused" and
+                       manager.get(jid))
+        assert paused["pause_mode"] == "suspended" and paused["paused_by"] == "guard"
+        # SIGSTOP takes hold when the process next runs: a moment later.
+        until(manager, lambda: psutil.Process(job["pid"]).status() == psutil.STATUS_STOPPED,
+              timeout=5)
+        resumed = manager.resume(jid, by="guard")
+        assert resumed["state"] == "running"
+        until(manager, lambda: psutil.Process(job["pid"]).status() != psutil.STATUS_STOPPED,
+              timeout=5)
+    finally:
+        conn.close()

@@ -71,6 +71,8 @@ STOP_TERM_SECONDS = 3.0  # SIGTERM; then SIGKILL
 KILL_WAIT_SECONDS = 5.0  # after SIGKILL, how long to wait for the tree to vanish
 
 Emit = Callable[..., Any]
+# An event to emit once the lock is released: (kind, level, message, job id, data).
+_Event = Tuple[str, str, str, Optional[str], Optional[Dict[str, Any]]]
 
 
 class _Job:
@@ -397,32 +399,37 @@ class JobManager:
         except rp.ProtocolError as e:
             log.info("job %s: ignored a message: %s", job_id, e)
             return None
-        events: List[Tuple[str, str, str, Optional[Dict[str, Any]]]] = []
+        events: List[_Event] = []
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            kind = msg["type"]
-            if kind == rp.HELLO:
-                self._on_hello(job, peer, msg, events)
-            elif kind == rp.PROGRESS:
-                self._on_progress(job, msg)
-            elif kind == rp.STATE:
-                self._on_state(job, msg, events)
-            elif kind == rp.CHECKPOINTED:
-                job.info["checkpoint"] = {"path": msg.get("path"), "epoch": msg.get("epoch"),
-                                          "time": _now()}
-                self._save(job)
-            elif kind == rp.NOTE:
-                self._on_note(job, msg, events)
-            elif kind == rp.BYE:
-                job.info["bye"] = {k: v for k, v in msg.items() if k != "type"}
-                self._save(job)
-        for ev_kind, level, message, ev_data in events:
-            self._emit(ev_kind, message, level=level, job_id=job_id, data=ev_data)
+            try:
+                self._dispatch(job, peer, msg, events)
+            except Exception:  # a bad message must never cost the job its channel
+                log.exception("job %s: handling %s failed", job_id, msg.get("type"))
+        self._flush_events(events)
         return None
 
-    def _on_hello(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[Any]) -> None:
+    def _dispatch(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[_Event]) -> None:
+        kind = msg["type"]
+        if kind == rp.HELLO:
+            self._on_hello(job, peer, msg, events)
+        elif kind == rp.PROGRESS:
+            self._on_progress(job, msg)
+        elif kind == rp.STATE:
+            self._on_state(job, msg, events)
+        elif kind == rp.CHECKPOINTED:
+            job.info["checkpoint"] = {"path": msg.get("path"), "epoch": msg.get("epoch"),
+                                      "time": _now()}
+            self._save(job)
+        elif kind == rp.NOTE:
+            self._on_note(job, msg, events)
+        elif kind == rp.BYE:
+            job.info["bye"] = {k: v for k, v in msg.items() if k != "type"}
+            self._save(job)
+
+    def _on_hello(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[_Event]) -> None:
         if job.peer is not None and job.peer is not peer:
             job.peer.close()
         job.peer = peer
@@ -466,12 +473,13 @@ class JobManager:
         self._update_eta(job)
         job.dirty = True
 
-    def _on_state(self, job: _Job, msg: Dict[str, Any], events: List[Any]) -> None:
+    def _on_state(self, job: _Job, msg: Dict[str, Any], events: List[_Event]) -> None:
         info = job.info
         state = msg.get("state")
         if state == "paused":
-            if info["state"] in ("running", "pausing", "starting") or \
-                    (info["state"] == "paused" and info.get("pause_mode") != "suspended"):
+            # The runner pauses only when asked; after a resume a late "paused" is followed by
+            # "running" as soon as the resume arrives, so only a pause under way counts.
+            if info["state"] == "pausing":
                 self._set_paused(job, info.get("paused_by") or "user",
                                  info.get("pause_reason") or "", "cooperative", events)
         elif state == "running":
@@ -488,7 +496,7 @@ class JobManager:
             self._save(job)
         info["runner_state"] = state
 
-    def _on_note(self, job: _Job, msg: Dict[str, Any], events: List[Any]) -> None:
+    def _on_note(self, job: _Job, msg: Dict[str, Any], events: List[_Event]) -> None:
         level = msg.get("level") if msg.get("level") in ("info", "warn", "error") else "info"
         text = str(msg.get("message") or "")[:500]
         notes = job.info.setdefault("notes", [])
@@ -497,7 +505,7 @@ class JobManager:
         job.dirty = True
         # Info notes ("no fit() seen") stay with the job; warnings and errors are events too.
         if level != "info":
-            events.append(("job_note", str(level), f"job {job.id}: {text}", None))
+            events.append(("job_note", str(level), f"job {job.id}: {text}", job.id, None))
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         with self._lock:
@@ -557,7 +565,7 @@ class JobManager:
         deadlines along, save progress. Cheap when nothing is due."""
         gpus: Tuple[GpuReading, ...] = tuple(snapshot.gpus) if snapshot is not None else \
             tuple(self._gpus())
-        events: List[Tuple[str, str, str, str, Optional[Dict[str, Any]]]] = []
+        events: List[_Event] = []
         with self._lock:
             now = time.monotonic()
             for job in list(self._jobs.values()):
@@ -587,7 +595,7 @@ class JobManager:
             self._orphans.pop(pid, None)
 
     def _tick_job(self, job: _Job, now: float, gpus: Tuple[GpuReading, ...],
-                  events: List[Any]) -> None:
+                  events: List[_Event]) -> None:
         if not job.exit_seen:
             code, gone = self._poll_exit(job)
             if gone:
@@ -633,7 +641,7 @@ class JobManager:
         code = bye.get("exit_code")
         return code if isinstance(code, int) and not isinstance(code, bool) else None
 
-    def _end(self, job: _Job, code: Optional[int], *, events: Optional[List[Any]] = None,
+    def _end(self, job: _Job, code: Optional[int], *, events: Optional[List[_Event]] = None,
              adopted_gone: bool = False) -> None:
         """Record how the job ended, close its channel and move it out of the live set."""
         info = job.info
@@ -700,11 +708,20 @@ class JobManager:
 
         Returns the job dict ("pausing" or "paused"). Raises LookupError for an unknown job,
         ValueError for one that cannot be paused now."""
-        events: List[Any] = []
+        events: List[_Event] = []
         with self._lock:
             job = self._live(job_ref, "pause")
+            if job.state == "pausing" and deadline is not None:
+                # A nearer deadline (the guard sees exhaustion coming) moves the suspend up.
+                due = time.monotonic() + max(0.0, float(deadline))
+                if job.pause_deadline is None or due < job.pause_deadline:
+                    job.pause_deadline = due
+                if deadline <= 0:
+                    self._suspend(job, events, why=None)
             if job.state in ("paused", "pausing"):
-                return self._public(job)
+                result = self._public(job)
+                self._flush_events(events)
+                return result
             if job.state not in ("running", "starting"):
                 raise ValueError(f"job {job.id} is {job.state}; it cannot be paused now")
             info = job.info
@@ -726,7 +743,7 @@ class JobManager:
             return max(0.0, float(deadline))
         return float(self._setting("guard.pause_deadline_seconds", 2.0))
 
-    def _suspend(self, job: _Job, events: List[Any], why: Optional[str]) -> None:
+    def _suspend(self, job: _Job, events: List[_Event], why: Optional[str]) -> None:
         """Suspend every process of the tree (SIGSTOP); state "paused", mode "suspended"."""
         procs = self._tree(job)
         for p in procs:
@@ -747,7 +764,7 @@ class JobManager:
         self._set_paused(job, info.get("paused_by") or "user", info.get("pause_reason") or "",
                          "suspended", events, note=note)
 
-    def _set_paused(self, job: _Job, by: str, reason: str, mode: str, events: List[Any],
+    def _set_paused(self, job: _Job, by: str, reason: str, mode: str, events: List[_Event],
                     note: str = "") -> None:
         info = job.info
         already = info["state"] == "paused"
@@ -770,7 +787,7 @@ class JobManager:
 
         Raises LookupError for an unknown job, ValueError for one that is not paused or parked
         or cannot be relaunched."""
-        events: List[Any] = []
+        events: List[_Event] = []
         with self._lock:
             job = self._find(job_ref)
             if not isinstance(job, _Job):
@@ -781,8 +798,9 @@ class JobManager:
                 self._relaunch(job, by, reason)
                 result = self._public(job)
             elif job.state in ("paused", "pausing"):
-                self._resume_tree(job)
+                # The word first: a runner that continues must find it before the next batch.
                 self._send(job, rp.RESUME)
+                self._resume_tree(job)
                 info = job.info
                 info.update(state="running", pause_mode=None, paused_by=None,
                             pause_reason=None, paused_at=None)
@@ -1233,7 +1251,7 @@ class JobManager:
         except (KeyError, TypeError):
             return default
 
-    def _flush_events(self, events: List[Any]) -> None:
+    def _flush_events(self, events: List[_Event]) -> None:
         for kind, level, message, job_id, data in events:
             self._emit(kind, message, level=level, job_id=job_id, data=data)
 
