@@ -116,8 +116,9 @@ def wait_state(client: EngineClient, job_id: str, states: set, timeout: float) -
 
 
 def progress_mib(path: Path) -> float:
+    """The MiB a hog had allocated at its last report (0 before the first)."""
     try:
-        return float(path.read_text().split()[0])
+        return float(path.read_text().splitlines()[-1].split()[0])
     except (OSError, ValueError, IndexError):
         return 0.0
 

@@ -4,11 +4,12 @@ pressure, dry-run, cooldown, and which job goes first."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
-from trayapp.config import Config, Threshold
+from trayapp.config import Config, Paths, Threshold
 from trayapp.engine.guard import (
     MAX_RELAPSES,
     Action,
@@ -705,3 +706,108 @@ def test_decide_is_pure() -> None:
     d1 = decide(inp, g.history, g.policy, g.state)
     d2 = decide(inp, g.history, g.policy, g.state)
     assert d1 == d2 and (g.state, g.history.samples("mem")) == before
+
+
+# -- the service in an engine (no job manager), on a fake /proc ------------------------------
+
+
+class FakeProc:
+    """A /proc tree with a meminfo and a PSI file the test rewrites between ticks."""
+
+    def __init__(self, root: Path, total: int = TOTAL):
+        self.root = root
+        self.total = total
+        (root / "pressure").mkdir(parents=True)
+        self.set(total // 2)
+
+    def set(self, avail: int, psi_full: float = 0.0) -> None:
+        kb = 1024
+        (self.root / "meminfo").write_text(
+            f"MemTotal: {self.total // kb} kB\nMemFree: {avail // kb} kB\n"
+            f"MemAvailable: {avail // kb} kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n")
+        (self.root / "pressure" / "memory").write_text(
+            f"some avg10={psi_full:.2f} avg60=0.00 avg300=0.00 total=0\n"
+            f"full avg10={psi_full:.2f} avg60=0.00 avg300=0.00 total=0\n")
+
+
+@pytest.fixture
+def engine_on_fake_proc(tmp_path: Path, paths: Paths) -> Iterator[Tuple[Any, FakeProc, list]]:
+    from trayapp.engine.service import Engine
+    from trayapp.engine.store import Store
+    from trayapp.probes.gpu import NoGpuBackend
+    from trayapp.probes.memory import MemoryProbe
+
+    now = [1_800_000_000.0]
+    proc = FakeProc(tmp_path / "proc")
+    probe = MemoryProbe(proc_root=str(proc.root), cgroup_root=str(tmp_path / "no-cgroups"),
+                        clock=lambda: now[0])
+    paths.ensure()
+    engine = Engine(paths, Config(), memory_probe=probe, gpu_backend=NoGpuBackend(),
+                    clock=lambda: now[0])
+    engine.store = Store(paths.db_file, clock=lambda: now[0])
+    try:
+        yield engine, proc, now
+    finally:
+        engine.store.close()
+
+
+def run_ticks(svc: Any, engine: Any, now: list, proc: FakeProc, avails: Sequence[int],
+              step: float = 1.0) -> List[Dict[str, Any]]:
+    states = []
+    for avail in avails:
+        now[0] += step
+        proc.set(avail)
+        svc.step(engine.read_snapshot(gpus_now=svc.wants_gpus()))
+        states.append(svc.state_json())
+    return states
+
+
+def test_the_service_warns_and_clears_without_jobs(engine_on_fake_proc) -> None:
+    from trayapp.engine.guarding import GuardService
+
+    engine, proc, now = engine_on_fake_proc
+    assert engine.jobs is None
+    svc = GuardService(engine)
+    states = run_ticks(svc, engine, now, proc, [pct(50), pct(14), pct(7), pct(7), pct(50)])
+    assert [s["state"] for s in states] == ["ok", "warn", "pause", "pause", "ok"]
+    st = states[2]
+    assert st["mode"] == "act" and st["thresholds"]["pause_bytes"] == pct(8)
+    assert any("below the pause threshold" in r for r in st["reasons"])
+    assert st["available_bytes"] == pct(7) // 1024 * 1024
+    events = [e for e in engine.store.events(limit=50) if e["kind"].startswith("guard_")]
+    causes = {e["data"]["cause"] for e in events if e["kind"] == "guard_warn"}
+    assert {"mem_warn", "mem_pause"} <= causes  # and the steep fall itself, predicted
+    assert [e["kind"] for e in events].count("guard_ok") == 1
+    assert all(e["kind"] in ("guard_warn", "guard_ok") for e in events)  # nothing to act on
+
+
+def test_the_service_samples_faster_as_memory_runs_short(engine_on_fake_proc) -> None:
+    from trayapp.engine.guarding import GuardService
+
+    engine, proc, now = engine_on_fake_proc
+    svc = GuardService(engine)
+    run_ticks(svc, engine, now, proc, [pct(50)] * 3)
+    calm = svc.next_interval(1.0)
+    run_ticks(svc, engine, now, proc, [pct(20)] * 4)
+    # 300 MB/s toward the warning threshold, sampled at the interval the guard asks for.
+    avail = pct(20)
+    intervals = []
+    for _ in range(40):
+        iv = svc.next_interval(1.0)
+        intervals.append(iv)
+        avail -= int(300e6 * iv)
+        run_ticks(svc, engine, now, proc, [avail], step=iv)
+    assert calm == 1.0
+    assert min(intervals) < 0.2 and intervals[-1] < intervals[0]
+    assert svc.state_json()["fill_rate_bytes_per_s"] == pytest.approx(300e6, rel=0.1)
+
+
+def test_the_service_follows_a_reloaded_mode(engine_on_fake_proc) -> None:
+    from trayapp.engine.guarding import GuardService
+
+    engine, proc, now = engine_on_fake_proc
+    svc = GuardService(engine)
+    engine.config = Config(values={**Config().values, "guard.mode": "off"})
+    states = run_ticks(svc, engine, now, proc, [pct(4)])
+    assert states[0]["mode"] == "off" and states[0]["state"] == "park"
+    assert [e for e in engine.store.events(limit=50) if e["kind"].startswith("guard_")] == []

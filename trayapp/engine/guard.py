@@ -1036,7 +1036,8 @@ def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
                                     "fill_rate_bytes_per_s": a.fill_rate_bytes_per_s,
                                     "seconds_to_exhaustion": a.seconds_to_exhaustion,
                                     "psi_full_avg10": inp.memory.psi_full_avg10,
-                                    "thresholds": a.thresholds.to_json(), "level": c.level}))
+                                    "thresholds": a.thresholds.to_json(), "level": c.level,
+                                    "cause": c.cause}))
             announced[c.key] = (rank, now)
         elif rank == prev[0]:
             announced[c.key] = (rank, now)

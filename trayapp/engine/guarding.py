@@ -15,6 +15,7 @@ import fnmatch
 import heapq
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -36,7 +37,8 @@ from trayapp.engine.guard import (
     ProcessView,
     Rule,
 )
-from trayapp.probes.snapshot import Snapshot
+from trayapp.probes.processes import tree_vram
+from trayapp.probes.snapshot import GpuReading, Snapshot
 
 log = logging.getLogger("headroom.guard")
 
@@ -190,7 +192,7 @@ class GuardService:
 
     def _step(self, snap: Snapshot) -> None:
         policy = self.policy()
-        jobs = self._jobs()
+        jobs = self._jobs(snap.gpus)
         inp = self._input(snap, jobs)
         self.history.record(inp)
         d = guard.decide(inp, self.history, policy, self.state)
@@ -210,13 +212,16 @@ class GuardService:
         self._last_decision = d
         self._publish(d, policy, inp)
 
-    def _jobs(self) -> Tuple[JobView, ...]:
+    def _jobs(self, gpus: Sequence[GpuReading] = ()) -> Tuple[JobView, ...]:
         manager = self.engine.jobs
         if manager is None:
             return ()
         views = []
         for d in manager.list(include_finished=False):
             view = job_view(d)
+            # VRAM from this tick's GPU readings (read every tick near a VRAM threshold).
+            if view.vram_budget_bytes and view.pids and gpus:
+                view = replace(view, vram_bytes=tree_vram(view.pids, gpus))
             # The manager samples trees four times a second; a job near a RAM budget is read
             # every tick (its known pids only: new children come with the next tree sample).
             if view.ram_budget_bytes and view.state in guard.RUNNING_STATES and view.pids:
@@ -285,7 +290,7 @@ class GuardService:
         snap = self.engine.read_snapshot(gpus_now=action.cause == "budget_vram")
         fresh_gpus = snap.gpus is not self._gpus_seen
         self._gpus_seen = snap.gpus
-        jobs = self._jobs()
+        jobs = self._jobs(snap.gpus)
         return GuardInput(snap.time, snap.memory, tuple(snap.gpus), jobs, inp.processes,
                           gpus_fresh=fresh_gpus or inp.gpus_fresh)
 
@@ -295,14 +300,38 @@ class GuardService:
             raise LookupError("no job manager")
         ref = action.job_id
         if action.kind == "pause":
-            manager.pause(ref, by="guard", reason=action.reason,
-                          deadline=action.deadline_seconds)
+            group = self._stop_group_now(action) if action.deadline_seconds == 0 else None
+            try:
+                manager.pause(ref, by="guard", reason=action.reason,
+                              deadline=action.deadline_seconds)
+            except BaseException:
+                if group is not None:
+                    _signal_group(group, signal.SIGCONT)  # the manager refused: undo
+                raise
         elif action.kind == "resume":
             manager.resume(ref, by="guard", reason=action.reason)
         elif action.kind == "park":
             manager.park(ref, by="guard", reason=action.reason)
         elif action.kind == "stop":
             manager.stop(ref, by="guard", reason=action.reason)
+
+    def _stop_group_now(self, action: Action) -> Optional[int]:
+        """SIGSTOP the job's process group at once, before the manager's bookkeeping (its
+        lock, a walk of the tree, a write to the store) delays the suspend by milliseconds of
+        growth. The manager then suspends the whole tree as usual. Returns the group, or None
+        where there is none to stop (Windows, a job that is gone)."""
+        if sys.platform == "win32" or self._last_input is None:
+            return None
+        job = next((j for j in self._last_input.jobs if j.id == action.job_id), None)
+        if job is None or not job.pids:
+            return None
+        group = job.pids[0]  # jobs start in their own session: the root leads the group
+        try:
+            if os.getpgid(group) != group:
+                return None
+        except OSError:
+            return None
+        return group if _signal_group(group, signal.SIGSTOP) else None
 
     def _act_on_process(self, action: Action) -> None:
         pid = action.pid
@@ -427,6 +456,14 @@ class GuardService:
             "suspended_processes": sorted(self._foreign_paused),
             "last_action": self.state.last_action,
         }
+
+
+def _signal_group(group: int, sig: int) -> bool:
+    try:
+        os.killpg(group, sig)
+        return True
+    except OSError:
+        return False
 
 
 def _rule_for(name: str, rules: Sequence[Rule]) -> Optional[Rule]:

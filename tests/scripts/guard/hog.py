@@ -3,11 +3,11 @@ touching every page, up to MAX_MB; then holds it all until killed.
 
     python hog.py CHUNK_MB RATE_MB_S MAX_MB [PROGRESS_FILE]
 
-After each chunk the MiB allocated so far go to stdout and, when given, to PROGRESS_FILE
-(rewritten in place), so a test can tell how far the hog got and whether it moves again.
+After each chunk the MiB allocated so far go to stdout and, when given, as a line
+"<MiB> <unix time>" appended to PROGRESS_FILE, so a test can tell how far the hog got, how fast,
+and whether it moves again.
 """
 
-import os
 import sys
 import time
 
@@ -28,10 +28,8 @@ start = time.perf_counter()
 def report(mb):
     print(f"allocated {mb:.0f} MiB", flush=True)
     if progress:
-        tmp = progress + ".tmp"
-        with open(tmp, "w") as f:
+        with open(progress, "a") as f:
             f.write(f"{mb:.1f} {time.time():.6f}\n")
-        os.replace(tmp, progress)
 
 
 report(0)
