@@ -162,6 +162,74 @@ def test_a_job_over_its_ram_budget_is_paused_and_resumed_by_hand(
     assert "over its budget of 300.0 MiB" in run.output  # `headroom run` showed the guard
 
 
+def _process_stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
+def test_the_guard_acts_with_no_client_connected(
+        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+    engine = start_engine()
+    progress = tmp_path / "progress"
+    with engine.client() as c:
+        job = c.job_start({"script": HOG, "args": ["50", "100", "600", str(progress)],
+                           "ram_budget_mb": 300})
+    pid = job["pid"]
+    try:
+        # Nobody is connected now: the hog is watched through /proc alone.
+        wait_for("the hog to be suspended", lambda: _process_stopped(pid), 30)
+        assert progress_mib(progress) <= 350
+        with engine.client() as c:
+            job = c.job_get(job["id"])
+            assert job["state"] == "paused" and job["paused_by"] == "guard"
+    finally:
+        with engine.client() as c, contextlib.suppress(Exception):
+            c.job_action(job["id"], "kill", reason="test over")
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+
+
+def test_the_guard_acts_while_clients_flood_the_channel(
+        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+    import threading
+
+    engine = start_engine()
+    progress = tmp_path / "progress"
+    stop = threading.Event()
+    answered = [0] * 4
+
+    def flood(i: int) -> None:
+        with engine.client() as c:
+            while not stop.is_set():
+                c.status()
+                c.jobs()
+                answered[i] += 1
+
+    threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    job: Dict[str, Any] = {}
+    try:
+        with engine.client() as c:
+            job = c.job_start({"script": HOG, "args": ["50", "100", "600", str(progress)],
+                               "ram_budget_mb": 300})
+            job = wait_state(c, job["id"], {"paused"}, 30)
+            assert job["paused_by"] == "guard"
+            (pause,) = [e for e in guard_events(c, job["id"]) if e["kind"] == "guard_pause"]
+            assert pause["data"]["rss_bytes"] <= 400 * MiB
+        assert progress_mib(progress) <= 350
+        assert sum(answered) > 50  # the channel was busy all along
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        if job:
+            with engine.client() as c, contextlib.suppress(Exception):
+                c.job_action(job["id"], "kill", reason="test over")
+
+
 # -- a machine-wide threshold -----------------------------------------------------------------
 
 

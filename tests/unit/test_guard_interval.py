@@ -160,3 +160,16 @@ def test_gpus_are_read_every_tick_only_near_a_threshold(used: float, vram: Optio
     inp = GuardInput(0.0, reading(12 * GiB, 0.0), (gpu(used),), jobs)
     assert wants_gpus(inp, Policy()) is expected
     assert wants_gpus(None, Policy()) is False
+
+
+def test_history_survives_the_clock_being_set_back() -> None:
+    h = FillHistory()
+    for i in range(5):
+        h.add("mem", 1000.0 + i, -float(10 * GiB - i * 100 * MiB))
+    h.add("mem", 1003.5, -1.0)  # a little out of order: ignored
+    assert len(h.samples("mem")) == 5
+    h.add("mem", 400.0, -float(9 * GiB))  # set back ten minutes: start afresh
+    h.add("mem", 401.0, -float(9 * GiB - 200 * MiB))
+    assert [t for t, _ in h.samples("mem")] == [400.0, 401.0]
+    fit = h.fit("mem", 401.0, 3.0)
+    assert fit is not None and fit.last_step_rate == pytest.approx(200 * MiB)  # filling

@@ -67,6 +67,8 @@ PAUSED_STATES = frozenset({"paused", "suspended"})
 PARKED_STATES = frozenset({"parked"})
 ENDED_STATES = frozenset({"finished", "failed", "stopped", "exited", "lost"})
 
+# A sample this much older than the last one means the wall clock was set back.
+CLOCK_STEP_SECONDS = 1.0
 MEM = "mem"  # history series: minus available memory, so a positive slope means filling
 
 
@@ -222,7 +224,10 @@ class FillHistory:
         if d and t <= d[-1][0]:
             if t == d[-1][0]:
                 d[-1] = (t, float(value))
-            return  # out of order (clock stepped back): keep the series monotonic
+            elif d[-1][0] - t > CLOCK_STEP_SECONDS:
+                d.clear()  # the wall clock was set back: the old samples say nothing now
+                d.append((t, float(value)))
+            return
         d.append((t, float(value)))
         horizon = t - self.keep_seconds
         while d and d[0][0] < horizon:
