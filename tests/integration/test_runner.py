@@ -289,6 +289,12 @@ def test_pause_holds_training_park_checkpoints_and_resume_trains_only_the_rest(
         engine.send(protocol.RESUME)
         engine.wait_for(of("state", state="running"))
         time.sleep(0.07)
+    # A checkpoint on request, while paused, saves where the pause holds.
+    engine.send(protocol.CHECKPOINT)
+    engine.wait_for(of("state", state="checkpointing"))
+    requested = engine.wait_for(of("checkpointed", reason="request"))
+    assert (requested["epoch"] + 1, requested["step"]) == (paused["epoch"], paused["step"])
+    engine.wait_for(of("state", state="paused"))
     engine.send(protocol.PARK)
     engine.wait_for(of("state", state="parking"))
     checkpoint = engine.wait_for(of("checkpointed", reason="park"))
@@ -312,6 +318,33 @@ def test_pause_holds_training_park_checkpoints_and_resume_trains_only_the_rest(
     assert report["epochs_seen"] == list(range(parked_epoch, epochs))
     # Nothing trained twice, nothing lost: the optimizer made exactly one step per batch.
     assert report["iterations"] == epochs * report["steps_per_epoch"]
+
+
+@pytest.mark.tensorflow
+def test_stop_ends_training_and_lets_the_script_finish(tmp_path, engine, jobs):
+    out = tmp_path / "run"
+    spec = JobSpec(
+        script=str(SCRIPTS / "fit_job.py"),
+        args=(str(out), "--epochs", "50", "--steps", "20", "--sleep", "0.01"),
+        python=sys.executable,
+        options=MemoryOptions(cpu_only=True),
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        checkpoint_every_steps=7,
+    )
+    job = start(jobs, spec, tmp_path, engine)
+    engine.wait_for(lambda m: m["type"] == "progress" and m["epoch"] >= 2)
+    engine.send(protocol.STOP)
+    engine.wait_for(of("state", state="stopping"))
+    assert job.wait() == 0, job.output
+    assert Path(str(out) + ".after-fit").exists()  # the rest of the script ran
+    report = json.loads(Path(str(out) + ".json").read_text())
+    assert len(report["epochs_seen"]) < 50
+    messages = engine.drain()
+    intervals = [m for m in messages if m["type"] == "checkpointed" and m["reason"] == "interval"]
+    assert intervals and all(0 < m["step"] < 20 for m in intervals[:2])
+    # Stopped is finished: a resumed script would not train this fit again.
+    meta = json.loads((tmp_path / "checkpoints" / "fit-1" / "training_metadata.json").read_text())
+    assert (meta["epoch"], meta["headroom"]["finished"]) == (50, True)
 
 
 @pytest.mark.tensorflow
