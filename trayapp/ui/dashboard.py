@@ -54,6 +54,7 @@ LIVE_STEP = {300: 0.0, 3600: 1.0, 86400: 10.0, 7 * 86400: 60.0}
 LIVE_RATE_HZ = 4.0  # the engine pushes at most this often
 # Series whose peak is the lowest value (minute rows keep ``min``; live rows fold to the min).
 LOW_SERIES = ("mem.available",)
+FOLLOW_STEP = 0.02
 MAX_MARKERS = 300
 MAX_SPANS = 100
 
@@ -120,6 +121,7 @@ class _Curve:
     compute: Callable[[Table], np.ndarray]
     label: str
     unit: str  # "GiB" | "%" | "°C"
+    drawn: bool = False
 
 
 def marker_label(event: Dict[str, Any], names: Dict[str, str]) -> str:
@@ -230,6 +232,7 @@ class Dashboard(QWidget):
         self.reachable = False
         self.reason: Optional[str] = "connecting to the engine"
         self.following = True
+        self._view_right: Optional[float] = None  # the right edge the view follows to
         self.thresholds: Dict[str, Threshold] = {}
         self._gpus: List[int] = []
         self._requested: Optional[Tuple[int, Tuple[int, ...]]] = None
@@ -320,6 +323,7 @@ class Dashboard(QWidget):
 
         self._curves: List[_Curve] = []
         self._titles: Dict[int, Tuple[str, List[Tuple[str, str]]]] = {}
+        self._grid: Dict[int, List[Any]] = {}
         self.ram_plot = self._plot("RAM", "GiB")
         self.swap_plot = self._plot("Swap and memory pressure", "%")
         self.gpu_plot = self._plot("GPU utilisation and temperature", "% · °C")
@@ -334,8 +338,8 @@ class Dashboard(QWidget):
                     lambda tb: _ratio(tb.column("swap.used"), tb.column("swap.total"), 100.0))
         self._curve(self.swap_plot, "PSI some", "#f2a900", "%", lambda tb: tb.column("psi.some"))
         self._curve(self.swap_plot, "PSI full", "#d7263d", "%", lambda tb: tb.column("psi.full"))
-        self.swap_plot.setYRange(0, 100, padding=0.02)
-        self.gpu_plot.setYRange(0, 105, padding=0)
+        self._set_y(self.swap_plot, 100.0, 1.02)
+        self._set_y(self.gpu_plot, 100.0, 1.05)
         self.limit_line = pg.InfiniteLine(angle=0, movable=False,
                                           pen=pg.mkPen("#333333", width=1,
                                                        style=Qt.PenStyle.DashLine),
@@ -367,7 +371,6 @@ class Dashboard(QWidget):
         self._titles[id(plot)] = (title, [])
         self._show_title(plot)
         plot.setLabel("left", unit, color="#333333")
-        plot.showGrid(x=True, y=True, alpha=0.15)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         plot.setMouseEnabled(x=True, y=False)
@@ -381,6 +384,21 @@ class Dashboard(QWidget):
         plot.getAxis("left").setWidth(48)
         plot.vb.sigRangeChangedManually.connect(self._manual_range)
         return plot
+
+    def _set_y(self, plot: Any, top: float, headroom: float = 1.05) -> None:
+        """Fix the plot's vertical range at 0..top (no autorange) with light lines at each
+        quarter. The axis' own grid would be repainted with every update of the curves and
+        costs more than they do."""
+        plot.setYRange(0, top * headroom, padding=0)
+        lines = self._grid.setdefault(id(plot), [])
+        if not lines:
+            for _ in range(4):
+                line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen("#e4e4e4", width=1))
+                line.setZValue(-20)
+                plot.addItem(line, ignoreBounds=True)
+                lines.append(line)
+        for n, line in enumerate(lines, start=1):
+            line.setValue(top * n / 4)
 
     def _show_title(self, plot: Any) -> None:
         # The legend rides in the title line: no box over the data, nothing anchored to the
@@ -547,7 +565,7 @@ class Dashboard(QWidget):
         self._totals = totals
         ram = totals.get("ram")
         if ram:
-            self.ram_plot.setYRange(0, ram / GIB * 1.05, padding=0)
+            self._set_y(self.ram_plot, ram / GIB)
             self.limit_line.setValue(ram / GIB)
             self.limit_line.label.setFormat(_escape(
                 f"limit {format_bytes(ram)}" + (" (cgroup)" if source == "cgroup" else "")))
@@ -557,7 +575,7 @@ class Dashboard(QWidget):
             g_total = totals.get(f"gpu{i}")
             line = self._stack_items[i]["__total__"]
             if g_total:
-                plot.setYRange(0, g_total / GIB * 1.05, padding=0)
+                self._set_y(plot, g_total / GIB)
                 line.setValue(g_total / GIB)
                 line.label.setFormat(_escape(f"total {format_bytes(g_total)}"))
                 line.show()
@@ -613,6 +631,7 @@ class Dashboard(QWidget):
         self.range_buttons[seconds].setChecked(True)
         self.settings.setValue("dashboard/range", seconds)
         self.following = True
+        self._view_right = None
         self.follow_button.setChecked(True)
         if changed or self._requested is None:
             self._reset_table()
@@ -784,6 +803,7 @@ class Dashboard(QWidget):
 
     def _set_following(self, on: bool) -> None:
         self.following = bool(on)
+        self._view_right = None
         if self.follow_button.isChecked() != self.following:
             self.follow_button.setChecked(self.following)
         if self.following:
@@ -799,7 +819,15 @@ class Dashboard(QWidget):
         tb = self.table
         t = tb.t()
         for curve in self._curves:
-            curve.item.setData(t, curve.compute(tb))
+            y = curve.compute(tb)
+            if not np.isfinite(y).any():
+                # Nothing to draw (no swap, no pressure figures): skip pyqtgraph's work.
+                if curve.drawn:
+                    curve.item.setData([], [])
+                    curve.drawn = False
+                continue
+            curve.item.setData(t, y)
+            curve.drawn = True
         for index in self.vram_plots:
             self._sync_layers(index)
             cum = np.zeros(len(t))
@@ -809,7 +837,13 @@ class Dashboard(QWidget):
                 item = items[key]
                 item.setData(t, cum / GIB)
         if self.following and follow_to is not None:
-            self.ram_plot.setXRange(follow_to - self.range_seconds, follow_to, padding=0)
+            # The view moves in steps of 2% of the range, not on every update: a moved range
+            # redraws every axis, which costs more than the curves themselves.
+            step = self.range_seconds * FOLLOW_STEP
+            right = math.ceil(follow_to / step) * step
+            if right != self._view_right:
+                self._view_right = right
+                self.ram_plot.setXRange(right - self.range_seconds, right, padding=0)
 
     def _mouse_moved(self, args: Tuple[Any, ...]) -> None:
         pos = args[0]
