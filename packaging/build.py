@@ -71,7 +71,8 @@ def deb_version(version: str) -> str:
 
 def numeric_version(version: str) -> str:
     """The leading ``a.b.c`` of a version padded to four numbers, as Windows wants them."""
-    nums = re.findall(r"\d+", version.split("+")[0])[:4]
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    nums = m.group(0).split(".")[:4] if m else []
     return ".".join((nums + ["0"] * 4)[:4])
 
 

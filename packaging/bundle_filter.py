@@ -6,8 +6,11 @@ Used by the PyInstaller spec (at build time) and by the packaging tests (to chec
 from __future__ import annotations
 
 import fnmatch
+import os
 import posixpath
+import shutil
 import struct
+import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Callable, Dict, Iterable, List, Sequence, Set, Tuple
 
@@ -188,3 +191,39 @@ def hidden_imports(root: Path) -> List[str]:
         if name != "trayapp.__main__" and not name.startswith(_SKIPPED_PACKAGES):
             names.append(name)
     return names
+
+
+def strip_debug(toc: Iterable[Tuple[str, str, str]], out_dir: Path,
+                roots: Sequence[str]) -> list:
+    """The TOC with the shared objects that come from ``roots`` (the Python installation, not
+    its site-packages) replaced by copies without debug sections, written under ``out_dir``.
+    Some Python builds (pyenv's, for one) carry debug info that is most of libpython's size.
+
+    Only these: a wheel's libraries were often rewritten by patchelf, and ``strip`` can break
+    them ("ELF load command address/offset not page-aligned"). An entry that ``strip`` cannot
+    handle, or a missing ``strip``, keeps the original file."""
+    strip = shutil.which("strip")
+    real_roots = [os.path.realpath(r) + os.sep for r in roots]
+    result = []
+    for dest, src, kind in toc:
+        real = os.path.realpath(src)
+        from_python = (any(real.startswith(r) for r in real_roots)
+                       and "site-packages" not in real and "dist-packages" not in real)
+        if strip and kind in ("BINARY", "EXTENSION") and from_python and _is_elf(real):
+            target = out_dir / dest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run([strip, "--strip-debug", "-o", str(target), real],
+                                  capture_output=True)
+            if done.returncode == 0:
+                result.append((dest, str(target), kind))
+                continue
+        result.append((dest, src, kind))
+    return result
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
