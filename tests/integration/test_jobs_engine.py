@@ -299,7 +299,8 @@ def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient
         relaunched = client.job_action(jid, "resume")
         assert relaunched["id"] == jid and relaunched["runs"] == 2
         assert relaunched["pid"] != job["pid"]
-        assert relaunched["spec"]["resume"] is True
+        assert relaunched["resumed_at"] and relaunched["spec"]["resume"] is False
+        assert relaunched["argv"][-3:] == ["3", "40", "0.05"]
         done = wait_for(lambda: job_in(client, jid, "finished", "failed"), 90, "the end")
         assert done["state"] == "finished" and done["exit_code"] == 0
         text = log_text(client, jid)

@@ -318,3 +318,13 @@ def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths:
               timeout=5)
     finally:
         conn.close()
+
+
+def test_budgets_come_from_the_spec_or_its_preset(manager: JobManager) -> None:
+    mib = 1024 * 1024
+    job = manager.start(ticker(0, 0.05, ram_budget_mb=512, vram_budget_mb=256))
+    assert (job["ram_budget_bytes"], job["vram_budget_bytes"]) == (512 * mib, 256 * mib)
+    safe = manager.start(ticker(0, 0.05, preset="desktop-safe"))
+    total = psutil.virtual_memory().total
+    assert safe["ram_budget_bytes"] == total * 75 // 100 // mib * mib
+    assert safe["spec"]["preset"] == "desktop-safe" and safe["spec"]["ram_budget_mb"] is None

@@ -147,6 +147,7 @@ class JobManager:
         # Orphans of job trees left after their job ended, reaped as they exit.
         self._orphans: Dict[int, psutil.Process] = {}
         self._orphans_checked = 0.0
+        self._memory_total: Optional[int] = None  # from the engine's latest reading
         self.subreaper = become_subreaper() if subreaper else False
 
     # -- the engine's calls -------------------------------------------------------------------
@@ -205,7 +206,8 @@ class JobManager:
             raise ValueError("the engine is shutting down")
         try:
             spec = JobSpec.from_json(spec_json)
-            warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
+            spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
+            applied = self._with_preset(spec)
         except SpecError as e:
             raise ValueError(_one_line(e)) from None
         with self._lock:
@@ -216,11 +218,11 @@ class JobManager:
             configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
             spec_data = spec.to_json()
             configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
-            info = self._new_info(job_id, spec, spec_data, folder, warnings)
+            info = self._new_info(job_id, applied, spec_data, folder, spec_warnings)
             job = _Job(info, key)
             try:
                 self._open_channel(job)
-                self._launch(job, spec, append=False)
+                self._launch(job, applied, append=False)
             except ValueError:
                 self._close_channel(job)
                 _remove_folder(folder)
@@ -231,8 +233,18 @@ class JobManager:
         where = f" in {info['cwd']}" if info.get("cwd") else ""
         self._emit("job_started", f"job {job_id} ({info['name']}) started{where} "
                    f"(pid {info['pid']})", job_id=job_id,
-                   data={"pid": info["pid"], "argv": info["argv"], "warnings": warnings})
+                   data={"pid": info["pid"], "argv": info["argv"], "warnings": spec_warnings})
         return job_info
+
+    def _with_preset(self, spec: Any) -> Any:
+        """The spec with its preset applied against this machine (GPUs, RAM total), so the
+        job's budgets are known here; the stored spec keeps what the user asked for."""
+        from trayapp.jobs.options import apply_preset
+
+        if not getattr(spec, "preset", None):
+            return spec
+        total = self._memory_total or psutil.virtual_memory().total
+        return apply_preset(spec, spec.preset, tuple(self._gpus()), ram_total_bytes=total)
 
     def _new_id(self) -> str:
         for _ in range(100):
@@ -369,13 +381,15 @@ class JobManager:
                 if state not in LIVE_STATES:
                     continue
                 proc = _same_process(saved.get("pid"), saved.get("create_time"))
-                if proc is None or not key:
+                if proc is None:
                     self._end(job, None, adopted_gone=True)
                     continue
                 job.process = proc
                 job.known = {proc.pid: proc}
                 job.info["connected"] = False
                 try:
+                    if not key:
+                        raise ValueError("its key is missing")
                     self._open_channel(job)
                 except ValueError as e:
                     log.warning("job %s: %s; it runs on without progress reports", job_id, e)
@@ -565,6 +579,8 @@ class JobManager:
         deadlines along, save progress. Cheap when nothing is due."""
         gpus: Tuple[GpuReading, ...] = tuple(snapshot.gpus) if snapshot is not None else \
             tuple(self._gpus())
+        if snapshot is not None:
+            self._memory_total = snapshot.memory.total_bytes  # cgroup-aware
         events: List[_Event] = []
         with self._lock:
             now = time.monotonic()
@@ -839,6 +855,7 @@ class JobManager:
         try:
             spec = dataclasses.replace(JobSpec.from_json(data), resume=True)
             validate(spec, tuple(self._gpus()), check_paths=True)
+            spec = self._with_preset(spec)
         except SpecError as e:
             raise ValueError(f"job {job.id} cannot be relaunched: {_one_line(e)}") from None
         if not job.key:
@@ -851,7 +868,7 @@ class JobManager:
         except ValueError:
             self._close_channel(job)
             raise
-        job.info["spec"] = spec.to_json()
+        # "spec" stays what the user asked for (a relaunch from it starts afresh).
         job.info["resumed_at"] = _now()
         self._save(job)
         why = f": {reason}" if reason else ""
@@ -929,7 +946,8 @@ class JobManager:
                    job_id=job.id, data={"state": "stopped", "exit_code": info.get("exit_code")})
         return copy.deepcopy(info)
 
-    def _begin_stop(self, job: _Job, by: str, reason: str, force: bool) -> None:
+    def _begin_stop(self, job: _Job, by: str, reason: str, force: bool,
+                    ask: bool = True) -> None:
         info = job.info
         if job.state != "stopping":
             job.stop_note = (by, reason)
@@ -942,7 +960,7 @@ class JobManager:
                 info["pause_mode"] = None
             if force:
                 self._stop_step(job, 4)
-            elif info.get("hooked") and self._send(job, rp.STOP):
+            elif ask and info.get("hooked") and self._send(job, rp.STOP):
                 self._stop_step(job, 1)
             else:
                 self._stop_step(job, 2)
@@ -1021,12 +1039,13 @@ class JobManager:
             except psutil.Error:
                 pass
 
-    def stop_all(self, reason: str, timeout: float = 15.0) -> None:
-        """Stop every live job and wait (up to ``timeout`` seconds) until they have ended."""
+    def stop_all(self, reason: str, timeout: float = 7.0) -> None:
+        """Stop every live job and wait (up to ``timeout`` seconds) until they have ended;
+        what is left then is killed. Starts at SIGINT: the engine is on its way out."""
         with self._lock:
             for job in list(self._jobs.values()):
                 if job.state in LIVE_STATES:
-                    self._begin_stop(job, "engine", reason, force=False)
+                    self._begin_stop(job, "engine", reason, force=False, ask=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.active_count():
             self.tick(None)
