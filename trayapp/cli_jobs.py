@@ -88,7 +88,10 @@ def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
                      config_file=getattr(args, "config", None))
     try:
         job = client.job_start(spec.to_json())
-        return Follower(client, paths, job).run()
+        follower = Follower(client, paths, job)
+        follower.engine_options = {"demo": bool(getattr(args, "demo", False)),
+                                   "config_file": getattr(args, "config", None)}
+        return follower.run()
     finally:
         client.close()
 
@@ -177,6 +180,7 @@ class Follower:
         self.events: queue.Queue[Dict[str, Any]] = queue.Queue()
         self.output_seen = False
         self._stop_events = threading.Event()
+        self.engine_options: Dict[str, Any] = {}  # how to start an engine if it goes away
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -253,7 +257,7 @@ class Follower:
 
         try:
             self.client.close()
-            self.client = connect(self.paths, start=True)
+            self.client = connect(self.paths, start=True, **self.engine_options)
             return True
         except EngineUnavailable:
             return False
