@@ -5,6 +5,13 @@ Environment (names in ``protocol``): ``HEADROOM_JOB_OPTIONS`` (JSON, see ``tfopt
 verbatim, are the channel's authentication key; the variable is removed before the script runs).
 Without an address the job runs without a channel.
 
+Options that need TensorFlow are applied the moment the script's ``import tensorflow`` (or the
+``import keras`` that imports it) completes, before the script's next statement and before
+TensorFlow starts its devices; precision when Keras is imported. The runner never imports
+TensorFlow itself: a script that does not use it starts as fast as with ``python``, and what the
+script sets up before its import (environment variables, logging) still counts. If an option
+needs TensorFlow and it is not installed, the job ends at once with NO_TENSORFLOW_EXIT_CODE.
+
 The script behaves as under ``python script.py``: ``sys.argv``, ``sys.path[0]``, ``__main__``,
 ``sys.exit`` codes, tracebacks (without the runner's frames) and exit status 1 on an uncaught
 exception, and KeyboardInterrupt ending the process the way Python does.
