@@ -11,16 +11,22 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QSettings
 
+from tests.conftest import REPO
 from tests.ui.statuses import job, make_status
 from trayapp.config import Paths
+from trayapp.engine.client import EngineClient
 from trayapp.ui.app import HeadroomApp
 from trayapp.ui.dashboard import GIB, Dashboard
 from trayapp.ui.icon import COLOURS
 
-# The offscreen platform has no window manager: it cannot pass size hints or raise a window, and
-# says so when asked.
+# The offscreen platform has no window manager and no system tray: it says so when a window is
+# raised or resized, and when a tray icon is shown anyway (one test forces one).
 pytestmark = pytest.mark.qt_log_ignore(
-    r"This plugin does not support (propagateSizeHints|raise)\(\)")
+    r"This plugin does not support (propagateSizeHints|raise)\(\)",
+    r"No such signal QPlatformNativeInterface::systemTrayWindowChanged")
+
+
+TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
 
 
 def settings_at(tmp_path: Path) -> QSettings:
@@ -93,6 +99,35 @@ def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None
     n = d.updates
     qtbot.waitUntil(lambda: d.updates > n, timeout=10000)
     assert len(d.table) >= 3
+
+
+def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> None:
+    app = app_on(tray_available=True)
+    app.start()
+    d = app.open_window("dashboard")
+    qtbot.waitUntil(lambda: d.updates >= 2 and d.history_loads >= 1, timeout=20000)
+    with EngineClient(paths) as c:
+        job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
+        qtbot.waitUntil(lambda: d.marker_count >= 1, timeout=15000)
+        labels = [items[0][1].label.format for items in d._markers.values()]
+        assert "ticker started" in labels
+        qtbot.waitUntil(lambda: job_id in d.jobs_strip.rows,
+                        timeout=15000)
+        # A warning threshold above what is free now: the guard warns at once.
+        c.config_set("guard.warn_available", "99%")
+        qtbot.waitUntil(lambda: d.banner_level == "warn", timeout=15000)
+        qtbot.waitUntil(lambda: bool(d.spans) and d.spans[-1][2] == "warn", timeout=15000)
+        assert app.tray is not None and app.tray.icon_state.state == "warn"
+        assert d.threshold_lines["warn"].value() == pytest.approx(
+            0.99 * app.status["memory"]["total_bytes"] / GIB, rel=1e-6)
+        c.config_set("guard.warn_available", "15%")
+        qtbot.waitUntil(lambda: d.banner_level == "", timeout=30000)
+        start, end, level = d.spans[-1]
+        assert end > start
+        c.job_action(job_id, "stop")
+        qtbot.waitUntil(lambda: "ticker stopped" in [
+            items[0][1].label.format for items in d._markers.values()], timeout=20000)
+        qtbot.waitUntil(lambda: job_id not in d.jobs_strip.rows, timeout=15000)
 
 
 def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
