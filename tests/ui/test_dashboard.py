@@ -243,11 +243,26 @@ def test_no_tray_opens_the_dashboard_as_a_window(qtbot, app_on, monkeypatch) -> 
     assert app._finished
 
 
+def test_notifications_follow_the_setting(qtbot, app_on) -> None:
+    app = app_on(tray_available=True)
+    shown: List[Dict[str, Any]] = []
+    assert app.tray is not None
+    app.tray.notify = lambda e: shown.append(e) or True  # type: ignore[method-assign]
+    app._on_event(event(1, "guard_pause", 1.0, "paused", "warn"))
+    app._on_config({"values": {"ui": {"notifications": False}, "guard": {}}})
+    app._on_event(event(2, "guard_park", 2.0, "parked", "error"))
+    app._on_config({"values": {"ui": {"notifications": True}, "guard": {}}})
+    app._on_event(event(3, "job_failed", 3.0, "failed", "error"))
+    assert [e["id"] for e in shown] == [1, 3]
+
+
 def test_a_clicked_notification_opens_the_dashboard_at_its_event(qtbot, app_on) -> None:
     app = app_on(tray_available=True)
     t0 = time.time()
     app._on_snapshot(make_status(t=t0))
-    app.show_event(event(11, "guard_warn", t0 - 1200, "RAM 86% used", "warn"))
+    app._on_event(event(11, "guard_warn", t0 - 1200, "RAM 86% used", "warn"))
+    assert app.tray is not None and app._dashboard is None
+    app.tray.icon.messageClicked.emit()  # the user clicks the notification
     d = app.dashboard()
     assert d.isVisible() and not d.following
     assert d.range_seconds == 3600  # the shortest range that holds the event
