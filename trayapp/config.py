@@ -140,9 +140,10 @@ def _as_bool(v: Any) -> bool:
     return v
 
 
-def _as_threshold(v: Any) -> str:
-    Threshold.parse(v)
-    return str(v)
+def _as_threshold(v: Any) -> Any:
+    t = Threshold.parse(v)
+    # A bare number is a size in bytes; keep it a number so it reads back the same.
+    return v if isinstance(v, str) else t.size_bytes
 
 
 def _choice(*options: str) -> Callable[[Any], str]:
