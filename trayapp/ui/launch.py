@@ -65,6 +65,7 @@ RECENT_FILE = "launch-recent.json"
 RECENT_SCRIPTS = 10
 REMEMBERED_SPECS = 50
 PROBE_TIMEOUT = 90.0
+PROBES_AT_ONCE = 2
 AUTO_PYTHON = "__auto__"
 INVALID_STYLE = "border: 1px solid #c0392b;"
 
@@ -384,7 +385,7 @@ class LaunchDialog(QDialog):
 
     def __init__(self, client_factory: Callable[[], EngineClient],
                  parent: Optional[QWidget] = None, *, state_dir: Optional[Path] = None,
-                 probe_timeout: float = PROBE_TIMEOUT):
+                 probe_cache: Optional[Path] = None, probe_timeout: float = PROBE_TIMEOUT):
         super().__init__(parent)
         self.setWindowTitle(window_title("Launch training"))
         self.setObjectName("launch")
@@ -392,7 +393,10 @@ class LaunchDialog(QDialog):
         self.paths = get_paths()
         self.state_dir = state_dir or self.paths.data_dir
         self.recent_store = RecentLaunches(self.state_dir / RECENT_FILE)
+        self.probe_cache = probe_cache or self.state_dir / "cache"
         self.probe_timeout = probe_timeout
+        # Importing TensorFlow in many interpreters at once would swamp the machine.
+        self._probe_slots = threading.Semaphore(PROBES_AT_ONCE)
         self._runner = CallRunner(client_factory, workers=1, parent=self)
         self._background = Background(self)
         self.destroyed.connect(self._runner.close)
@@ -616,7 +620,7 @@ class LaunchDialog(QDialog):
         form = QFormLayout(box)
         self.ram_budget_edit = QLineEdit()
         self.ram_budget_edit.setPlaceholderText("none; e.g. 12 GiB or 12288 MiB")
-        self.ram_budget_edit.textChanged.connect(lambda _t: self._option_changed())
+        self.ram_budget_edit.textChanged.connect(lambda _t: self._changed())
         self._row(form, "RAM budget", "ram_budget", self.ram_budget_edit, EXPLAIN["ram_budget"])
         self.vram_budget_edit = QLineEdit()
         self.vram_budget_edit.setPlaceholderText("none; e.g. 6 GiB or 6144 MiB")
@@ -664,6 +668,8 @@ class LaunchDialog(QDialog):
         outer.addWidget(self.warnings_label)
         self.error_label = message_label(ERROR_STYLE, "Problem")
         outer.addWidget(self.error_label)
+        self.engine_label = message_label(ERROR_STYLE, "Engine problem")
+        outer.addWidget(self.engine_label)
         self.plan_view = QPlainTextEdit()
         self.plan_view.setReadOnly(True)
         self.plan_view.setAccessibleName("Launch plan")
@@ -712,7 +718,7 @@ class LaunchDialog(QDialog):
     def _status_failed(self, message: str) -> None:
         self.status_loaded = False
         self.gpu_combo.setItemText(0, "GPUs unknown: the engine is not reachable")
-        set_message(self.error_label, f"The engine is not reachable: {one_line(message)}")
+        set_message(self.engine_label, f"The engine is not reachable: {one_line(message)}")
         self._update_launch_button()
 
     def apply_snapshot(self, status: Dict[str, Any]) -> None:
@@ -722,8 +728,8 @@ class LaunchDialog(QDialog):
         self.status_loaded = True
         self._fill_gpus()
         if first:
-            if self.error_label.text().startswith("The engine is not reachable"):
-                set_message(self.error_label, None)
+            if self.engine_label.text().startswith("The engine is not reachable"):
+                set_message(self.engine_label, None)
             # A preset depends on the GPUs (a display GPU gets a reserve, not growth).
             if self.preset_combo.currentData() is not None:
                 self.apply_preset(self.preset_combo.currentData())
@@ -732,10 +738,10 @@ class LaunchDialog(QDialog):
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         if not reachable:
-            set_message(self.error_label, "The engine is not reachable"
+            set_message(self.engine_label, "The engine is not reachable"
                         + (f": {reason}" if reason else "") + "; launching needs it.")
-        elif self.error_label.text().startswith("The engine is not reachable"):
-            set_message(self.error_label, None)
+        elif self.engine_label.text().startswith("The engine is not reachable"):
+            set_message(self.engine_label, None)
         self._update_launch_button()
 
     def gpus(self) -> List[Dict[str, Any]]:
@@ -880,6 +886,10 @@ class LaunchDialog(QDialog):
             paths.append(wanted)
         sources = dict(found)
         self._set_busy(None)
+        chosen = self.python_path()
+        if chosen in paths:  # the interpreter shown is probed first
+            paths.remove(chosen)
+            paths.insert(0, chosen)
         for path in paths:
             self._probe(path, sources.get(path, "user"))
         self._python_changed()
@@ -900,11 +910,15 @@ class LaunchDialog(QDialog):
             return
         self.probing.add(path)
         self._set_busy(None)
-        cache = self.state_dir / "cache"
+        cache = self.probe_cache
         timeout = self.probe_timeout
-        self._background.submit(
-            lambda: interpreters.probe(path, cache_dir=cache, timeout=timeout, source=source),
-            lambda result: self._probed(path, source, result))
+        slots = self._probe_slots
+
+        def run() -> Any:
+            with slots:
+                return interpreters.probe(path, cache_dir=cache, timeout=timeout, source=source)
+
+        self._background.submit(run, lambda result: self._probed(path, source, result))
 
     def _probed(self, path: str, source: str, result: Any) -> None:
         from trayapp.jobs.interpreters import Interpreter
@@ -1021,7 +1035,12 @@ class LaunchDialog(QDialog):
             _select(self.preset_combo, name)
             if name is None:
                 return
-            base = JobSpec(script=self.script() or "script.py",
+            try:
+                budget = parse_mb("--ram-budget", self.ram_budget_edit.text())
+            except SpecError:
+                budget = None
+            # Presets fill only what is unset: a RAM budget already given stays.
+            base = JobSpec(script=self.script() or "script.py", ram_budget_mb=budget,
                            options=MemoryOptions(gpus=None if name == "cpu-only"
                                                  else self._gpu_choice()[0]))
             try:
@@ -1185,11 +1204,8 @@ class LaunchDialog(QDialog):
                                        "one, or drop a .py file here).")
         else:
             self.summary_label.setText("Fix the field marked in red to launch.")
-        if self.error and field_for_error(self.error) is None:
-            set_message(self.error_label, self.error)
-        elif self.error_label.text() and not self.error_label.text().startswith(
-                "The engine is not reachable"):
-            set_message(self.error_label, None)
+        unplaced = self.error and field_for_error(self.error) is None
+        set_message(self.error_label, self.error if unplaced else None)
         if self.plan_view.isVisible():
             self._fill_plan()
         self._update_launch_button()
@@ -1238,7 +1254,7 @@ class LaunchDialog(QDialog):
         self.launching = True
         self._update_launch_button()
         self.launch_button.setText("Launching…")
-        set_message(self.error_label, None)
+        set_message(self.engine_label, None)
         data = spec.to_json()
         self._runner.submit(lambda c: c.job_start(data),
                             lambda job: self._launched(data, job), self._launch_failed)
@@ -1257,7 +1273,7 @@ class LaunchDialog(QDialog):
         key = field_for_error(text)
         if key is not None and key in self.row_errors:
             set_message(self.row_errors[key], text)
-        set_message(self.error_label, f"The engine did not start the job: {text}")
+        set_message(self.engine_label, f"The engine did not start the job: {text}")
         self._update_launch_button()
 
     def done(self, result: int) -> None:
