@@ -89,7 +89,7 @@ class HeadroomApp(QObject):
         self._dashboard: Any = None
         self._quitting = False
         self._finished = False
-        self._shown_at_start = False
+        self._config_seen = False  # ui.show_dashboard_at_start applies to the first one
         self.tray: Optional[TrayController] = TrayController(demo) if tray_available else None
         if self.tray is not None:
             self.tray.chosen.connect(self.choose)
@@ -253,10 +253,9 @@ class HeadroomApp(QObject):
         if self._dashboard is not None:
             self._dashboard.set_config(config)
         self._forward("set_config", config)
-        if ui.get("show_dashboard_at_start") and not self._shown_at_start:
-            self._shown_at_start = True
+        first, self._config_seen = not self._config_seen, True
+        if first and ui.get("show_dashboard_at_start"):
             self.open_window("dashboard")
-        self._shown_at_start = True
 
     def _on_unreachable(self, reason: str) -> None:
         self.reachable = False

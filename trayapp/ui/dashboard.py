@@ -670,7 +670,7 @@ class Dashboard(QWidget):
         self._ensure_gpus(gpus)
         self._clear_annotations()
         for event in answer.get("events") or []:
-            self.add_event(event, redraw=False)
+            self.add_event(event)
         self.history_loads += 1
         self.redraw(follow_to=self._now())
         return True
@@ -680,7 +680,7 @@ class Dashboard(QWidget):
 
     # -- events: markers and shaded spans --------------------------------------------------
 
-    def add_event(self, event: Dict[str, Any], redraw: bool = True) -> None:
+    def add_event(self, event: Dict[str, Any]) -> None:
         """A job event becomes a labelled vertical marker; the guard's warnings shaded spans."""
         kind = str(event.get("kind") or "")
         key = event.get("id") if event.get("id") is not None else (kind, event.get("time"))
@@ -771,7 +771,7 @@ class Dashboard(QWidget):
         events = list(self._events.values())
         self._clear_annotations()
         for event in events:
-            self.add_event(event, redraw=False)
+            self.add_event(event)
 
     @property
     def marker_count(self) -> int:
@@ -786,7 +786,7 @@ class Dashboard(QWidget):
         t = event.get("time")
         if not isinstance(t, (int, float)):
             return
-        self.add_event(event, redraw=False)
+        self.add_event(event)
         age = self._now() - float(t)
         for _label, seconds in RANGES:
             if seconds >= age * 1.2 or seconds == RANGES[-1][1]:
