@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
     client = connect(paths, start=True, demo=bool(getattr(args, "demo", False)),
                      config_file=getattr(args, "config", None))
     try:
-        job = client.job_start(spec.to_json())
+        job = client.job_start(spec.to_json(), environ=dict(os.environ))
         follower = Follower(client, paths, job)
         follower.engine_options = {"demo": bool(getattr(args, "demo", False)),
                                    "config_file": getattr(args, "config", None)}

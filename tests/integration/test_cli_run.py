@@ -79,6 +79,14 @@ def test_run_exits_with_the_scripts_status(cli_home: Path, paths: Any) -> None:
     assert "finished" in r.stderr
 
 
+def test_the_job_sees_the_shells_environment(eng: EngineProcess) -> None:
+    # The engine was started without this variable; the shell that runs the job has it.
+    r = run_cli("run", script("print_env.py"), "HEADROOM_TEST_FROM_SHELL",
+                env={"HEADROOM_TEST_FROM_SHELL": "conda-env-value"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "HEADROOM_TEST_FROM_SHELL = conda-env-value" in r.stdout
+
+
 def test_a_syntax_error_shows_its_traceback(cli_home: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("print('hello'\n")

@@ -174,8 +174,12 @@ class EngineClient:
     def job_get(self, job: str) -> Dict[str, Any]:
         return self.request("job_get", job=job)
 
-    def job_start(self, spec: Dict[str, Any]) -> Dict[str, Any]:
-        return self.request("job_start", spec=spec, timeout=max(self.timeout, 30.0))
+    def job_start(self, spec: Dict[str, Any],
+                  environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """Launch a job; ``environ`` is the environment it starts from (default: the
+        engine's)."""
+        return self.request("job_start", spec=spec, environ=environ,
+                            timeout=max(self.timeout, 30.0))
 
     def job_action(self, job: str, action: str, reason: Optional[str] = None) -> Dict[str, Any]:
         return self.request("job_action", job=job, action=action, reason=reason,

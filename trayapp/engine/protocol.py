@@ -39,7 +39,7 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
     "shutdown": {"force": ((bool,), False)},
     "jobs": {"all": ((bool,), False)},
     "job_get": {"job": ((str,), True)},
-    "job_start": {"spec": ((dict,), True)},
+    "job_start": {"spec": ((dict,), True), "environ": ((dict, type(None)), False)},
     "job_action": {"job": ((str,), True), "action": ((str,), True),
                    "reason": (_OPT_STR, False)},
     "job_log": {"job": ((str,), True), "offset": ((int, type(None)), False),

@@ -107,6 +107,17 @@ class _Job:
         return str(self.info["state"])
 
 
+def _job_environ(folder: Path) -> Dict[str, str]:
+    """The environment a job starts from: its client's, kept at start, else the engine's."""
+    try:
+        data = json.loads((folder / "environ.json").read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            return {str(k): str(v) for k, v in data.items()}
+    except (OSError, ValueError):
+        pass
+    return dict(os.environ)
+
+
 def _now() -> float:
     return time.time()
 
@@ -157,7 +168,7 @@ class JobManager:
         return {
             "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
             "job_get": lambda peer, a: self.get(a["job"]),
-            "job_start": lambda peer, a: self.start(a["spec"]),
+            "job_start": lambda peer, a: self.start(a["spec"], environ=a.get("environ")),
             "job_action": self._op_action,
             "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
             "jobs_pause_all": lambda peer, a: self.pause_all(by="user"),
@@ -195,15 +206,21 @@ class JobManager:
 
     # -- starting -----------------------------------------------------------------------------
 
-    def start(self, spec_json: Dict[str, Any]) -> Dict[str, Any]:
+    def start(self, spec_json: Dict[str, Any],
+              environ: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Validate the spec and launch it. Returns the new job's dict (state "starting").
 
+        ``environ``: the environment of the client that asked (``headroom run`` in a shell), so
+        the job sees what ``python script.py`` in that shell would; the engine's own otherwise.
         Raises ValueError with one line for a bad spec or a launch that fails (no job is
         recorded then)."""
         from trayapp.jobs.options import JobSpec, SpecError, validate
 
         if self._closed:
             raise ValueError("the engine is shutting down")
+        if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in environ.items()):
+            raise ValueError("job_start: environ must map names to strings")
         try:
             spec = JobSpec.from_json(spec_json)
             spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
@@ -218,6 +235,9 @@ class JobManager:
             configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
             spec_data = spec.to_json()
             configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+            if environ is not None:
+                # Kept for a relaunch after a park, private like the key (it may hold secrets).
+                configmod.atomic_write(folder / "environ.json", json.dumps(environ), mode=0o600)
             info = self._new_info(job_id, applied, spec_data, folder, spec_warnings)
             job = _Job(info, key)
             try:
@@ -311,7 +331,7 @@ class JobManager:
         try:
             plan = build_launch(spec, job_id=job.id, address=self.paths.job_address(job.id),
                                 keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
-                                base_env=dict(os.environ), runner_dir=self.runner_dir)
+                                base_env=_job_environ(folder), runner_dir=self.runner_dir)
         except Exception as e:  # SpecError and friends: a plan that cannot be made
             raise ValueError(_one_line(e)) from None
         kwargs: Dict[str, Any] = {}
