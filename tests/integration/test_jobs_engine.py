@@ -204,9 +204,12 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any,
                                                   ) -> None:
     (home / "config.toml").write_text(QUIET_CONFIG)
     first = start_engine()
+    t_start = time.time()
     with first.client() as c:
         job = c.job_start(spec("ticker.py", 70, 0.1, 5))
         wait_for(lambda: job_in(c, job["id"], "running"), 20, "the runner's hello")
+    time.sleep(2.5)  # some history, flushed or not, before the crash
+    t_kill = time.time()
     first.kill()
 
     proc = psutil.Process(job["pid"])
@@ -215,7 +218,9 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any,
     size = log.stat().st_size
     wait_for(lambda: log.stat().st_size > size, 5, "output while no engine runs")
 
+    time.sleep(1.0)
     second = start_engine()
+    t_back = time.time()
     with second.client(timeout=30.0) as c:
         adopted = c.job_get(job["id"])
         assert adopted["state"] == "running" and adopted["pid"] == job["pid"]
@@ -228,6 +233,14 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any,
         assert "tick 70\ndone\n" in log_text(c, job["id"])
         kinds = [e["kind"] for e in c.events(job=job["id"])]
         assert "job_adopted" in kinds
+        # The history has no hole beyond the time no engine ran (samples of the killed engine
+        # that had not reached the disk are the only loss: at most one flush interval, 1 s).
+        times = c.history(t_start - 1)["series"]["mem.available"]["t"]
+        before = [t for t in times if t < t_kill]
+        after = [t for t in times if t > t_back]
+        assert before and after, times
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        assert max(gaps) <= (t_back - t_kill) + 1.0 + 1.5, gaps
 
 
 def test_a_job_that_ended_unseen_is_lost(home: Path, paths: Any,
