@@ -196,6 +196,7 @@ class Engine:
         self._last_flush = 0.0
         self._idle_since = time.monotonic()
         self._exit_reason = "stopped"
+        self._store_error: Optional[str] = None
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
             "status": lambda peer, a: self.status(),
@@ -350,10 +351,24 @@ class Engine:
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
             self._last_flush = mono
             self.store.flush()
+            self._report_store_health()
         if self.server is not None and \
                 mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
             self._last_publish = mono
             self.server.broadcast("snapshot", self.status())
+
+    def _report_store_health(self) -> None:
+        """One warning when history stops reaching the disk (full, read-only), one line when it
+        works again; the guard carries on either way."""
+        err = getattr(self.store, "write_error", None)
+        if err == self._store_error:
+            return
+        if err and not self._store_error:
+            self.emit_event("store_error", f"history cannot be written ({err}); the guard keeps "
+                            "working and keeps recent history in memory", level="warn")
+        elif not err:
+            self.emit_event("store_ok", "history is written to disk again")
+        self._store_error = err
 
     def _shutdown(self) -> None:
         try:
@@ -501,6 +516,8 @@ def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.I
     """Log to stderr and to a rotating file under the state folder."""
     from logging.handlers import RotatingFileHandler
 
+    # A log file on a full disk must not print a traceback per line: the engine goes on.
+    logging.raiseExceptions = False
     root = logging.getLogger("headroom")
     root.setLevel(level)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")

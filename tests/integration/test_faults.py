@@ -1,0 +1,229 @@
+"""Things breaking on purpose: a full disk under the state folder, a Keras job whose data
+pipeline forks workers. Headroom must keep guarding, and leave no process or zombie behind.
+
+(The engine killed under a running job, a corrupt database, a broken config and a job that
+ignores SIGTERM are in test_jobs_engine.py and test_engine.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, EngineProcess
+from trayapp.config import get_paths
+from trayapp.engine.client import EngineClient, EngineError, Subscription
+from trayapp.jobs.options import JobSpec
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+def wait_for(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+def tree(pid: int) -> List[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(procs: List[psutil.Process]) -> List[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def zombies_of(pid: int) -> List[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)
+                if c.status() == psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+# -- the state folder's disk fills up -----------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """HEADROOM_HOME on an 8 MiB tmpfs of its own (root only)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    monkeypatch.setenv("HEADROOM_HOME", str(mnt))
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(folder: Path) -> Path:
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (256 << 10))
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_disk_warns_once_and_the_guard_keeps_working(small_disk: Path,
+                                                             tmp_path: Path) -> None:
+    (small_disk / "config.toml").write_text('[guard]\nmode = "act"\n')
+    engine = EngineProcess(get_paths()).wait_ready()
+    trigger = tmp_path / "go"
+    job_id: Optional[str] = None
+    try:
+        with engine.client(timeout=30) as c, Subscription(engine.paths) as sub:
+            job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "quiet_hog.py"),
+                                      args=(str(trigger), "600"), ram_budget_mb=250,
+                                      cwd=str(tmp_path)).to_json())
+            job_id = job["id"]
+            wait_for(lambda: c.job_get(job_id)["state"] == "running", 30, "the job to run")
+            fill(small_disk)
+            warnings: List[Dict[str, Any]] = []
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:
+                msg = sub.get(timeout=0.5)
+                if msg and msg["push"] == "event" and msg["data"]["kind"] == "store_error":
+                    warnings.append(msg["data"])
+            assert len(warnings) == 1, warnings
+            assert "guard keeps working" in warnings[0]["message"]
+            st = c.status()
+            assert st["engine"]["store_error"]
+            # With the disk still full, the guard still acts: the hog passes its budget.
+            trigger.write_text("go")
+            paused = wait_for(lambda: (j := c.job_get(job_id))["state"] == "paused" and j, 30,
+                              "the guard to pause the hog at its budget")
+            assert paused["paused_by"] == "guard"
+            assert paused["rss_bytes"] < 400 * 2**20
+            # Recent history still answers, from memory.
+            h = c.history(time.time() - 30)
+            assert len(h["series"]["mem.available"]["t"]) >= 5
+    finally:
+        if job_id is not None:
+            try:
+                with engine.client(timeout=30) as c:
+                    c.job_action(job_id, "kill")
+            except EngineError:
+                pass
+        assert engine.proc.poll() is None, "the engine died of the full disk:\n" + engine.stderr
+        engine.stop()
+    assert "Traceback" not in engine.stderr
+
+
+# -- a Keras data pipeline with worker processes ------------------------------------------------
+
+
+@pytest.mark.tensorflow
+def test_pause_park_and_stop_reach_every_worker(home: Path, tmp_path: Path,
+                                                start_engine: Callable[..., EngineProcess]
+                                                ) -> None:
+    (home / "config.toml").write_text('[guard]\nmode = "off"\n')
+    engine = start_engine()
+    ckpt = tmp_path / "ckpt"
+    with engine.client(timeout=60) as c:
+        job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "keras_workers.py"),
+                                  args=("50", "40", "0.05"), checkpoint_dir=str(ckpt),
+                                  cwd=str(tmp_path)).to_json())
+        jid = job["id"]
+        try:
+            wait_for(lambda: (c.job_get(jid).get("step") or 0) >= 3, 90, "training steps")
+            workers = wait_for(lambda: len(tree(job["pid"])) >= 3 and tree(job["pid"]), 30,
+                               "the data pipeline's worker processes")
+            # Pause: the training holds still, and a hard suspend stops every process.
+            c.job_action(jid, "pause")
+            paused = wait_for(lambda: (j := c.job_get(jid))["state"] == "paused" and j, 30,
+                              "the pause")
+            step = paused["step"]
+            time.sleep(1.5)
+            assert c.job_get(jid)["step"] == step
+            # Park: checkpoint, end; nothing of the tree may stay behind.
+            c.job_action(jid, "park")
+            wait_for(lambda: c.job_get(jid)["state"] == "parked", 90, "the park")
+            wait_for(lambda: not alive(workers), 20, "every worker to end with the job")
+            assert any(ckpt.rglob("*")), "a checkpoint on disk"
+            # Resume, then stop: again the whole tree goes.
+            c.job_action(jid, "resume")
+            again = wait_for(lambda: (j := c.job_get(jid))["state"] == "running" and j["pid"]
+                             and len(tree(j["pid"])) >= 3 and j, 120, "the relaunch's workers")
+            workers = tree(again["pid"])
+            c.job_action(jid, "stop")
+            wait_for(lambda: c.job_get(jid)["state"] in ("stopped", "failed", "finished"), 60,
+                     "the stop")
+            wait_for(lambda: not alive(workers), 20, "every worker to end with the stop")
+            assert zombies_of(engine.proc.pid) == []
+        finally:
+            try:
+                c.job_action(jid, "kill")
+            except EngineError:
+                pass
+
+
+def test_the_guard_keeps_working_while_clients_flood_the_channel(home: Path, tmp_path: Path,
+                                                                 start_engine: Callable[...,
+                                                                                        EngineProcess]
+                                                                 ) -> None:
+    import threading
+
+    (home / "config.toml").write_text('[guard]\nmode = "act"\n')
+    engine = start_engine()
+    stop = threading.Event()
+
+    def flood() -> None:
+        with EngineClient(engine.paths, timeout=30) as fc:
+            while not stop.is_set():
+                fc.status()
+                fc.history(time.time() - 600)
+
+    floods = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+    trigger = tmp_path / "go"
+    trigger.write_text("go")
+    with engine.client(timeout=30) as c:
+        for t in floods:
+            t.start()
+        try:
+            job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "quiet_hog.py"),
+                                      args=(str(trigger), "600"), ram_budget_mb=200,
+                                      cwd=str(tmp_path)).to_json())
+            paused = wait_for(lambda: (j := c.job_get(job["id"]))["state"] == "paused" and j,
+                              30, "the guard to pause the hog while the channel is flooded")
+            assert paused["paused_by"] == "guard"
+        finally:
+            stop.set()
+            try:
+                c.job_action(job["id"], "kill")
+            except EngineError:
+                pass
