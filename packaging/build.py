@@ -12,8 +12,11 @@ Exit status 0 when everything asked for was built, 1 when a step failed, 2 on ba
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
+import importlib.metadata
 import os
+import platform
 import re
 import shutil
 import struct
@@ -22,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 from string import Template
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"
@@ -198,20 +201,90 @@ def _copy_bundle(bundle: Path, dest: Path) -> None:
 
 
 def _normalise_modes(root: Path) -> None:
+    # Folders and programs 0755, everything else (shared objects too, as Debian wants) 0644.
     for dirpath, _dirs, files in os.walk(root):
         os.chmod(dirpath, 0o755)
         for name in files:
             p = os.path.join(dirpath, name)
             if os.path.islink(p):
                 continue
-            mode = os.stat(p).st_mode
-            os.chmod(p, 0o755 if mode & 0o111 else 0o644)
+            shared_object = name.endswith(".so") or ".so." in name
+            program = bool(os.stat(p).st_mode & 0o111) and not shared_object
+            os.chmod(p, 0o755 if program else 0o644)
 
 
-def stage_deb(bundle: Path, stage: Path, version: str, arch: str,
+def _top_level_names(dist: importlib.metadata.Distribution) -> Set[str]:
+    text = dist.read_text("top_level.txt")
+    if text:
+        return {line.strip() for line in text.splitlines() if line.strip()}
+    names = set()
+    for f in dist.files or ():
+        first = f.parts[0] if f.parts else ""
+        if first and not first.endswith((".dist-info", ".egg-info", ".pth")) and \
+                first != "__pycache__" and ".." not in f.parts:
+            names.add(first[:-3] if first.endswith(".py") else first)
+    return names
+
+
+def _license_of(meta: Any) -> str:
+    expression = meta.get("License-Expression")
+    if expression:
+        return str(expression)
+    text = (meta.get("License") or "").strip()
+    if text and "\n" not in text and len(text) <= 60:
+        return text
+    classifiers = [c.split(" :: ")[-1] for c in meta.get_all("Classifier") or ()
+                   if c.startswith("License :: ")]
+    return ", ".join(classifiers) or "see the package's own notice"
+
+
+def bundled_distributions(bundle: Path, pyz_toc: Path) -> List[Tuple[str, str, str]]:
+    """(name, version, license) of each installed Python distribution that has a module in the
+    bundle: on disk under _internal, or in the PYZ archive that PyInstaller listed in
+    ``pyz_toc``. Headroom itself is left out."""
+    tops = {p.name.split(".")[0] for p in (bundle / "_internal").iterdir()}
+    if pyz_toc.is_file():
+        _archive, modules = ast.literal_eval(pyz_toc.read_text(encoding="utf-8"))
+        tops |= {name.split(".")[0] for name, _src, _kind in modules}
+    found: Dict[str, Tuple[str, str, str]] = {}
+    for dist in importlib.metadata.distributions():
+        meta = dist.metadata
+        name = meta["Name"]
+        if not name or name.lower() in found or name.lower() == "headroom":
+            continue
+        if _top_level_names(dist) & tops:
+            found[name.lower()] = (name, meta["Version"], _license_of(meta))
+    return sorted(found.values(), key=lambda d: d[0].lower())
+
+
+def copyright_text(version: str, bundle: Path, pyz_toc: Path) -> str:
+    """The package's copyright notice: Headroom's license, then what the bundle holds."""
+    lines = [
+        f"Headroom {version}",
+        "License: MIT",
+        "",
+        "Headroom bundles a Python runtime and Python packages under /opt/headroom/_internal,",
+        "each under its own license (as its package metadata declares):",
+        "",
+        f"  Python {platform.python_version()}: PSF-2.0",
+    ]
+    lines += [f"  {name} {ver}: {lic}" for name, ver, lic in bundled_distributions(bundle, pyz_toc)]
+    lines += [
+        "",
+        "Qt (in PySide6) is used under the LGPL-3.0; its libraries are the unmodified ones of",
+        "the PySide6 wheels, in /opt/headroom/_internal/PySide6, and can be replaced there.",
+        "The other shared libraries in /opt/headroom/_internal come from the Debian or Ubuntu",
+        "system that built this package, under the licenses in their packages' copyright files.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def stage_deb(bundle: Path, stage: Path, version: str, arch: str, pyz_toc: Path,
               maintainer: str = DEB_MAINTAINER) -> Path:
     """Lay out the package tree under ``stage`` (removed first): /opt/headroom, the
-    /usr/bin/headroom link, the desktop entry, hicolor icons, DEBIAN/control and md5sums."""
+    /usr/bin/headroom link, the desktop entry, hicolor icons, the copyright notice,
+    DEBIAN/control and md5sums. ``pyz_toc`` is PyInstaller's list of the archived modules."""
     if stage.exists():
         shutil.rmtree(stage)
     opt = stage / INSTALL_DIR.lstrip("/")
@@ -231,6 +304,9 @@ def stage_deb(bundle: Path, stage: Path, version: str, arch: str,
     scalable = share / "icons" / "hicolor" / "scalable" / "apps"
     scalable.mkdir(parents=True)
     shutil.copyfile(RESOURCES / "headroom.svg", scalable / "headroom.svg")
+    doc = share / "doc" / "headroom"
+    doc.mkdir(parents=True)
+    (doc / "copyright").write_text(copyright_text(version, bundle, pyz_toc), encoding="utf-8")
     _normalise_modes(stage)
 
     debian = stage / "DEBIAN"
@@ -265,6 +341,7 @@ def build_deb(bundle: Path, dist: Path, work: Path, version: str) -> Path:
     arch = deb_arch()
     name = f"headroom_{deb_version(version)}_{arch}"
     stage = stage_deb(bundle, work / "deb" / name, version, arch,
+                      work / "pyinstaller" / "headroom" / "PYZ-00.toc",
                       os.environ.get("HEADROOM_DEB_MAINTAINER", DEB_MAINTAINER))
     out = dist / f"{name}.deb"
     # xz: every dpkg that Debian and Ubuntu still support reads it (zstd needs dpkg 1.21.18+).

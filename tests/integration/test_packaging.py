@@ -317,6 +317,11 @@ def test_deb_fields(built: Built) -> None:
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
                              check=True).stdout.splitlines()
     assert listing and all(" root/root " in line for line in listing)
+    # Programs and folders 0755, shared objects and data 0644 (Debian's rule).
+    modes = {line.split()[-1]: line.split()[0] for line in listing if "->" not in line}
+    assert modes["./opt/headroom/headroom"] == "-rwxr-xr-x"
+    shared = [m for path, m in modes.items() if path.endswith(".so") or ".so." in path]
+    assert shared and set(shared) == {"-rw-r--r--"}
 
 
 @packaging_only
@@ -338,6 +343,10 @@ def test_deb_unpacked_runs_and_holds_its_desktop_files(built: Built, tmp_path: P
     assert v.returncode == 0 and v.stdout.strip() == "", v.stdout + v.stderr
     entry = desktop_file.read_text()
     assert "\nExec=headroom\n" in entry and "\nIcon=headroom\n" in entry
+
+    notice = (root / "usr" / "share" / "doc" / "headroom" / "copyright").read_text()
+    assert "License: MIT" in notice
+    assert "PySide6" in notice and "numpy" in notice and "LGPL-3.0" in notice
 
     hicolor = root / "usr" / "share" / "icons" / "hicolor"
     for size in build.ICON_SIZES:
