@@ -3,10 +3,12 @@
 The same small Keras fit runs as ``python script.py`` and under the runner (started from
 ``build_launch``'s plan, reporting to a listener like the engine's), alternately, several times;
 the medians are compared: the fit time measured inside the script (wall clock, and the process's
-CPU time, which other load on the machine disturbs less), and the whole process time. Goal: at
-most 1.03 times plain. Then one job under the runner is paused and resumed again and
-again: the time from the pause request to the runner's "paused" state, against the goal of at
-most one batch + 100 ms (the batch time is measured in the same run, without the runner).
+CPU time, which other load on the machine disturbs less), and the whole process time; and, in one
+process, the same fit with and without the runner's fit() hook (the hook's own cost, with less
+noise than separate processes give). Goal: at most 1.03 times plain. Then one job under the
+runner is paused and resumed again and again: the time from the pause request to the runner's
+"paused" state, against the goal of at most one batch + 100 ms (the batch time is measured in
+the same run, without the runner).
 
     python benchmarks/bench_runner.py [--rounds 5] [--pauses 15] [--quick] [--json]
 """
@@ -57,6 +59,36 @@ model.fit(x, y, epochs=epochs, batch_size=batch, verbose=0)
 fit_s, fit_cpu_s = time.perf_counter() - start, time.process_time() - cpu
 with open(out, "w") as f:
     json.dump({"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "steps": epochs * (samples // batch)}, f)
+"""
+
+# The hook's own cost, without the noise of separate processes: in one process, the same fit
+# with keras.Model.fit as Keras has it and as the runner patches it, alternately.
+HOOK_AB = """
+import json, statistics, sys, time
+import numpy as np
+import keras
+sys.path.insert(0, sys.argv[1])
+from trayapp.runner import job, tfoptions, training
+
+rounds, samples, batch, units = map(int, sys.argv[2:6])
+plain_fit = keras.Model.fit
+session = job.Session(tfoptions.read_options(""), "bench", "bench")
+training.install(keras, session)
+hooked_fit = keras.Model.fit
+x = np.random.default_rng(0).random((samples, 32), dtype=np.float32)
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(units, activation="relu"),
+                          keras.layers.Dense(units, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+plain_fit(model, x[:batch * 2], y[:batch * 2], epochs=1, batch_size=batch, verbose=0)
+times = {"plain": [], "hooked": []}
+for i in range(rounds):
+    pair = (("plain", plain_fit), ("hooked", hooked_fit))
+    for name, fit in (pair if i % 2 == 0 else pair[::-1]):
+        start = time.perf_counter()
+        fit(model, x, y, epochs=1, batch_size=batch, verbose=0)
+        times[name].append(time.perf_counter() - start)
+print(json.dumps({k: statistics.median(v) for k, v in times.items()}))
 """
 
 
@@ -219,6 +251,12 @@ def run(rounds: int, pauses: int, quick: bool) -> Dict[str, Any]:
         batch = _run_plain(script, os.path.join(folder, "batch.json"), one_epoch)
         batch_s = batch["fit_s"] / batch["steps"]
         latencies = _pause_latencies(folder, script, pause_args, pauses)
+        ab = subprocess.run(
+            [sys.executable, "-c", HOOK_AB, str(Path(__file__).resolve().parents[1]),
+             str(rounds * 2), *fit_args[:2], fit_args[3]],
+            env=_env(), capture_output=True, text=True, check=True, timeout=600,
+        )  # fmt: skip
+        hook = json.loads(ab.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -237,6 +275,8 @@ def run(rounds: int, pauses: int, quick: bool) -> Dict[str, Any]:
         "pause_median_s": statistics.median(latencies),
         "pause_max_s": max(latencies),
         "pauses": len(latencies),
+        "hook_plain_s": hook["plain"],
+        "hook_s": hook["hooked"],
         "rounds": rounds,
     }
 
@@ -259,6 +299,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     fit_ratio = r["runner_fit_s"] / r["plain_fit_s"]
     cpu_ratio = r["runner_fit_cpu_s"] / r["plain_fit_cpu_s"]
+    hook_ratio = r["hook_s"] / r["hook_plain_s"]
     process_ratio = r["runner_process_s"] / r["plain_process_s"]
     pause_bound = r["batch_s"] + PAUSE_SLACK_S
     results = [
@@ -266,6 +307,8 @@ def main(argv: Sequence[str]) -> int:
          "ratio": round(fit_ratio, 3), "goal": FIT_GOAL},
         {"name": "runner_fit_cpu", "value": round(r["runner_fit_cpu_s"], 3), "unit": "s",
          "ratio": round(cpu_ratio, 3), "goal": FIT_GOAL},
+        {"name": "runner_fit_hook_in_process", "value": round(r["hook_s"], 3), "unit": "s",
+         "ratio": round(hook_ratio, 3), "goal": FIT_GOAL},
         {"name": "runner_process", "value": round(r["runner_process_s"], 3), "unit": "s",
          "ratio": round(process_ratio, 3), "goal": FIT_GOAL},
         {"name": "pause_latency_median", "value": round(r["pause_median_s"] * 1000, 1),
@@ -285,6 +328,10 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"  CPU time of the fit:   plain {r['plain_fit_cpu_s']:.3f} s, under the runner "
         f"{r['runner_fit_cpu_s']:.3f} s, ratio {cpu_ratio:.3f} (goal <= {FIT_GOAL})"
+    )
+    print(
+        f"  the fit hook alone, in one process: plain {r['hook_plain_s']:.3f} s, hooked "
+        f"{r['hook_s']:.3f} s, ratio {hook_ratio:.3f} (goal <= {FIT_GOAL})"
     )
     print(
         f"  whole process:         plain {r['plain_process_s']:.3f} s, under the runner "
