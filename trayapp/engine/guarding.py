@@ -222,7 +222,7 @@ class GuardService:
             # VRAM from this tick's GPU readings (read every tick near a VRAM threshold).
             if view.vram_budget_bytes and view.pids and gpus:
                 view = replace(view, vram_bytes=tree_vram(view.pids, gpus))
-            # The manager samples trees four times a second; a job near a RAM budget is read
+            # The manager samples trees four times a second; a job with a RAM budget is read
             # every tick (its known pids only: new children come with the next tree sample).
             if view.ram_budget_bytes and view.state in guard.RUNNING_STATES and view.pids:
                 rss = pids_rss(view.pids)
