@@ -378,6 +378,8 @@ class Engine:
                 self.paths.key_file.unlink()
             except OSError:
                 pass
+            if self.guard is not None:
+                self.guard.close()  # continues foreign processes a user rule suspended
             if self.jobs is not None:
                 self.jobs.close()
             if self.store is not None:
