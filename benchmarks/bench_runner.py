@@ -8,7 +8,8 @@ process, the same fit with and without the runner's fit() hook (the hook's own c
 noise than separate processes give). Goal: at most 1.03 times plain. Then one job under the
 runner is paused and resumed again and again: the time from the pause request to the runner's
 "paused" state, against the goal of at most one batch + 100 ms (the batch time is measured in
-the same run, without the runner).
+the same run, without the runner). A pause takes hold at the next batch: one asked for while
+Keras sets up the next epoch's shuffled input waits for that too, which shows in the maximum.
 
     python benchmarks/bench_runner.py [--rounds 5] [--pauses 15] [--quick] [--json]
 """
@@ -273,6 +274,7 @@ def run(rounds: int, pauses: int, quick: bool) -> Dict[str, Any]:
         "steps": plain[0]["steps"],
         "batch_s": batch_s,
         "pause_median_s": statistics.median(latencies),
+        "pause_p90_s": sorted(latencies)[int(0.9 * (len(latencies) - 1))],
         "pause_max_s": max(latencies),
         "pauses": len(latencies),
         "hook_plain_s": hook["plain"],
@@ -313,6 +315,8 @@ def main(argv: Sequence[str]) -> int:
          "ratio": round(process_ratio, 3), "goal": FIT_GOAL},
         {"name": "pause_latency_median", "value": round(r["pause_median_s"] * 1000, 1),
          "unit": "ms", "ratio": round(r["pause_median_s"] / pause_bound, 3), "goal": 1.0},
+        {"name": "pause_latency_p90", "value": round(r["pause_p90_s"] * 1000, 1),
+         "unit": "ms", "ratio": round(r["pause_p90_s"] / pause_bound, 3), "goal": 1.0},
         {"name": "pause_latency_max", "value": round(r["pause_max_s"] * 1000, 1), "unit": "ms",
          "ratio": round(r["pause_max_s"] / pause_bound, 3), "goal": 1.0},
         {"name": "batch_time", "value": round(r["batch_s"] * 1000, 1), "unit": "ms"},
@@ -338,7 +342,8 @@ def main(argv: Sequence[str]) -> int:
         f"{r['runner_process_s']:.3f} s, ratio {process_ratio:.3f} (goal <= {FIT_GOAL})"
     )
     print(f"pause, request to paused, {r['pauses']} pauses: median "
-          f"{r['pause_median_s'] * 1000:.1f} ms, max {r['pause_max_s'] * 1000:.1f} ms; "
+          f"{r['pause_median_s'] * 1000:.1f} ms, p90 {r['pause_p90_s'] * 1000:.1f} ms, "
+          f"max {r['pause_max_s'] * 1000:.1f} ms; "
           f"goal <= one batch ({r['batch_s'] * 1000:.1f} ms) + 100 ms")  # fmt: skip
     return 0
 
