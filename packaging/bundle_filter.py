@@ -143,7 +143,8 @@ def elf_needed(path: str) -> List[str]:
 
 
 def prune_system_libraries(toc: Iterable[Tuple[str, str, str]],
-                           needed: Callable[[str], List[str]] = elf_needed) -> list:
+                           needed: Callable[[str], List[str]] = elf_needed,
+                           is_elf: Callable[[str], bool] = lambda path: _is_elf(path)) -> list:
     """Drop the shared libraries that PyInstaller took from the build machine's system folders
     (top-level entries whose source is outside any site-packages) when nothing left in the bundle
     links to them any more, e.g. GTK's stack once the GTK theme plugin is left out. Libraries
@@ -157,8 +158,9 @@ def prune_system_libraries(toc: Iterable[Tuple[str, str, str]],
     def prunable(entry: Tuple[str, str, str]) -> bool:
         dest = entry[0].replace("\\", "/")
         src = entry[1].replace("\\", "/")
+        # ELF only: links in other formats (Windows DLLs) are not read, so nothing may go.
         return (entry[2] == "BINARY" and "/" not in dest and "site-packages" not in src
-                and not dest.startswith("libpython"))
+                and not dest.startswith("libpython") and is_elf(entry[1]))
 
     seen: Set[str] = set()
     todo = [e for e in entries if e[2] in ("BINARY", "EXTENSION") and not prunable(e)]

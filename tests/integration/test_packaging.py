@@ -442,10 +442,14 @@ def test_system_libraries_nothing_links_to_are_pruned() -> None:
            ("libgtk-3.so.0", "/usr/lib/libgtk-3.so.0", "BINARY"),
            ("libcairo.so.2", "/usr/lib/libcairo.so.2", "BINARY"),
            ("libpython3.11.so.1.0", "/py/lib/libpython3.11.so.1.0", "BINARY")]
-    kept = bundle_filter.prune_system_libraries(toc, needed=lambda p: links.get(p, []))
+    kept = bundle_filter.prune_system_libraries(toc, needed=lambda p: links.get(p, []),
+                                                is_elf=lambda p: True)
     assert [e[0] for e in kept] == [
         "PySide6/QtGui.abi3.so", "PySide6/Qt/lib/libQt6Gui.so.6", "libQt6Gui.so.6",
         "libglib-2.0.so.0", "libpcre2-8.so.0", "libpython3.11.so.1.0"]
+    # Libraries whose links cannot be read (not ELF: Windows DLLs) all stay.
+    assert bundle_filter.prune_system_libraries(toc, needed=lambda p: [],
+                                                is_elf=lambda p: False) == toc
 
 
 @pytest.mark.skipif(not LINUX, reason="ELF")
