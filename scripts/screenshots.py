@@ -5,9 +5,9 @@
 
 Runs `headroom --demo` on a virtual desktop (Xvfb with the trayer system tray) with its own
 state folder, trains a small Keras model under it (a plain Python loop when TensorFlow is not
-installed), raises the warning threshold so the guard warns, and saves tray.png, menu.png and
-dashboard.png. Needs the Debian packages xvfb, trayer, xdotool, x11-utils, x11-xserver-utils
-and imagemagick.
+installed), raises the warning threshold so the guard warns, and saves tray.png, menu.png,
+dashboard.png, launch.png, jobs.png and settings.png. Needs the Debian packages xvfb, trayer,
+xdotool, x11-utils, x11-xserver-utils and imagemagick.
 """
 
 from __future__ import annotations
@@ -202,6 +202,7 @@ def main() -> int:
                         str(dash[6] + 160)], env=env, check=True)
         time.sleep(1.0)
         shot(env, out / "dashboard.png", window=dash[0])
+        shoot_windows(env, out, paths, script)  # launch.png, jobs.png, settings.png (below)
         if os.environ.get("HEADROOM_SHOTS_SCREEN"):
             shot(env, out / "screen.png")
         client.close()
@@ -219,6 +220,41 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- The launch dialog, the jobs window and the settings dialog -------------------------------
+
+# (name for --open, words in the window title, picture, seconds to let it fill in)
+WINDOW_SHOTS = (("launch", "Launch training", "launch.png", 12.0),
+                ("jobs", "Jobs", "jobs.png", 4.0),
+                ("settings", "Settings", "settings.png", 3.0))
+
+
+def shoot_windows(env: Dict[str, str], out: Path, paths, script: Path) -> None:  # type: ignore
+    """Open each window in the running tray (a second ``headroom --open NAME`` asks the first)
+    and save a picture of it. The launch dialog opens on the demo job's script, as it does on
+    the script launched last; it is given time to probe the interpreters."""
+    from trayapp.jobs.options import JobSpec, MemoryOptions
+    from trayapp.ui.launch import RECENT_FILE, RecentLaunches
+
+    spec = JobSpec(script=str(script), args=("--epochs", "40"), name="mnist-demo",
+                   options=MemoryOptions(gpus=(0,), vram_limit_mb=6144), ram_budget_mb=8192,
+                   checkpoint_dir=str(script.parent / "checkpoints"))
+    RecentLaunches(paths.data_dir / RECENT_FILE).remember(spec.to_json())
+    for name, words, picture, settle in WINDOW_SHOTS:
+        subprocess.run([sys.executable, "-m", "trayapp", "--demo", "--open", name], env=env,
+                       cwd=str(REPO), check=True, timeout=60, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        found = wait_for(f"{name} window", lambda words=words: next(
+            (w for w in windows(env) if words in w[1] and "Headroom" in w[1] and w[3] >= 300
+             and viewable(env, w[0])), None), timeout=30)
+        time.sleep(settle)
+        shot(env, out / picture, window=found[0])
+        # Focus, then a real key press: a key sent to a window (key --window) is a synthetic
+        # event, and after one the tray opened no more windows on Xvfb.
+        subprocess.run(["xdotool", "windowfocus", "--sync", str(found[0]), "key", "Escape"],
+                       env=env, check=False, timeout=10)
+        time.sleep(0.5)
 
 
 def _client(paths) -> Optional[EngineClient]:  # type: ignore[no-untyped-def]

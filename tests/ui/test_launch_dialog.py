@@ -309,11 +309,10 @@ def test_launch_remembers_the_settings_for_the_script(qtbot, paths, start_engine
     assert saved["spec"]["checkpoint_every_steps"] == 50
     assert saved["spec"]["auto_resume"] is False
 
-    # A new dialog lists the script among the recent ones and brings its settings back.
+    # A new dialog starts with the last script and its settings, and lists it as recent.
     again = open_dialog(qtbot, paths, probe_cache)
     assert again.script_combo.itemText(0) == str(script)
-    again.script_combo.setCurrentIndex(0)
-    again.script_combo.activated.emit(0)
+    assert again.script() == str(script)
     assert again.args_edit.text() == "--epochs 2"
     assert again.name_edit.text() == "first run"
     assert again.gpu_combo.currentData() == "cpu"
@@ -328,6 +327,11 @@ def test_launch_remembers_the_settings_for_the_script(qtbot, paths, start_engine
     other.write_text("print('other')\n")
     again.choose_script(str(other))
     assert again.args_edit.text() == "" and again.preset_combo.currentData() == "desktop-safe"
+    # Choosing the first one again (from the recent list) brings its settings back.
+    again.script_combo.setCurrentIndex(0)
+    again.script_combo.activated.emit(0)
+    assert again.args_edit.text() == "--epochs 2"
+    assert again.name_edit.text() == "first run"
 
 
 def test_engine_error_shows_in_the_dialog(qtbot, paths, start_engine, probe_cache,  # type: ignore

@@ -451,7 +451,7 @@ class JobsWindow(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setStretchLastSection(False)
-        for col, width in enumerate((170, 190, 190, 70, 70, 80, 80, 80)):
+        for col, width in enumerate((170, 190, 200, 70, 95, 85, 85, 85)):
             self.table.setColumnWidth(col, width)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.selectionModel().currentRowChanged.connect(self._current_changed)

@@ -413,6 +413,7 @@ class LaunchDialog(QDialog):
         self._script_loaded: Optional[str] = None
         self._discovery = 0  # which discovery answer is the latest
         self._auto_python: Optional[str] = None  # what "Automatic" resolves to
+        self._wanted_gpu: Optional[int] = None  # a remembered GPU, until the GPUs are known
         self.row_errors: Dict[str, QLabel] = {}
         self.row_widgets: Dict[str, QWidget] = {}
         self._build()
@@ -421,6 +422,10 @@ class LaunchDialog(QDialog):
         self._revalidate_timer.setInterval(120)
         self._revalidate_timer.timeout.connect(self.revalidate)
         self.reset_options()
+        recent = self.recent_store.recent()
+        if recent and os.path.isfile(recent[0]):
+            # The last script launched, with its settings: the common case is launching again.
+            self.choose_script(recent[0])
         self.revalidate()
         self._runner.submit(lambda c: c.status(), self._got_status, self._status_failed)
 
@@ -708,7 +713,7 @@ class LaunchDialog(QDialog):
             self.vram_budget_edit, self.manual_resume_box, self.plan_button, self.launch_button,
             self.cancel_button])
         self.script_combo.setFocus()
-        self.resize(1040, 760)
+        self.resize(1040, 720)
 
     # -- the engine's status ------------------------------------------------------------------
 
@@ -780,10 +785,14 @@ class LaunchDialog(QDialog):
                 combo.clear()
                 for text, data in items:
                     combo.addItem(text, data)
-                if current is not None and combo.findData(current) >= 0:
+                if self._wanted_gpu is not None and combo.findData(self._wanted_gpu) >= 0:
+                    _select(combo, self._wanted_gpu)
+                elif current is not None and combo.findData(current) >= 0:
                     _select(combo, current)
                 elif gpus and len(gpus) == 1:
                     _select(combo, int(gpus[0]["index"]))
+                if gpus:
+                    self._wanted_gpu = None
         finally:
             self._filling = False
 
@@ -1063,10 +1072,14 @@ class LaunchDialog(QDialog):
         return None, False
 
     def _fill_options(self, o: MemoryOptions) -> None:
+        self._wanted_gpu = None
         if o.cpu_only:
             _select(self.gpu_combo, "cpu")
-        elif o.gpus and len(o.gpus) == 1 and self.gpu_combo.findData(o.gpus[0]) >= 0:
-            _select(self.gpu_combo, o.gpus[0])
+        elif o.gpus and len(o.gpus) == 1:
+            if self.gpu_combo.findData(o.gpus[0]) >= 0:
+                _select(self.gpu_combo, o.gpus[0])
+            else:  # the engine's GPUs are not known yet: chosen once they are
+                self._wanted_gpu = o.gpus[0]
         elif self.gpu_combo.currentData() == "cpu":
             _select(self.gpu_combo, "all")
         _select(self.growth_combo, o.memory_growth)

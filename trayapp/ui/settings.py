@@ -349,7 +349,9 @@ class SettingsDialog(QDialog):
             self._add_field(form, s)
         if title == "Guard":
             self.bar = ThresholdBar()
-            form.addRow("Available memory", self.bar)
+            form.addRow("Available now", self.bar)
+            self.bar.setToolTip("Green: the memory available now, from none (left) to all of "
+                                "it (right); a tick marks each threshold.")
             self.order_label = message_label(WARNING_STYLE, "Threshold order")
             form.addRow("", self.order_label)
         layout.addStretch(1)
@@ -376,8 +378,9 @@ class SettingsDialog(QDialog):
             widget = edit
         else:
             spin = QDoubleSpinBox()
-            integral = isinstance(s.default, int)
-            spin.setDecimals(0 if integral else 2)
+            # Hundredths only where the table allows less than one (0.02 s, 0.1 per s).
+            fine = s.minimum is not None and 0 < s.minimum < 1
+            spin.setDecimals(2 if fine and not isinstance(s.default, int) else 0)
             spin.setRange(s.minimum if s.minimum is not None else 0.0,
                           s.maximum if s.maximum is not None else 1e9)
             spin.setSuffix(_suffix(s))
@@ -506,9 +509,12 @@ class SettingsDialog(QDialog):
             texts[name] = str(f.value())
             assert f.preview is not None
             try:
-                f.preview.setText(threshold_preview(texts[name], self.total_bytes,
-                                                    self.available_bytes,
-                                                    THRESHOLD_WORDS[name]))
+                text = threshold_preview(texts[name], self.total_bytes, self.available_bytes,
+                                         THRESHOLD_WORDS[name])
+                f.preview.setText(text)
+                # Amber when the guard would act on this step right now.
+                f.preview.setStyleSheet(WARNING_STYLE if "would" in text or "stay paused"
+                                        in text else NOTE_STYLE)
                 if self.total_bytes:
                     b = Threshold.parse(texts[name]).bytes_of(int(self.total_bytes))
                     marks.append((THRESHOLD_WORDS[name], b, THRESHOLD_COLOURS[name]))
