@@ -578,7 +578,7 @@ class JobsWindow(QWidget):
         plot.setLabel("left", "MiB")
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMenuEnabled(False)
-        plot.addLegend(offset=(8, 4), labelTextSize="8pt")
+        plot.addLegend(offset=(-8, 4), labelTextSize="8pt")  # top right
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         for ax in ("left", "bottom"):
@@ -954,12 +954,18 @@ class JobsWindow(QWidget):
         plot = self.chart.getPlotItem()
         plot.setLabel("left", unit)
         shown = 0
+        span: List[float] = []
         for curve, t, values in data:
             if t and values:
                 curve.setData(t, [float(v) / scale for v in values])
+                span += [float(t[0]), float(t[-1])]
                 shown += 1
             else:
                 curve.setData([], [])
+        if span:
+            # At least a minute wide, so the time axis reads as clock time, not as seconds.
+            t0, t1 = min(span), max(span)
+            plot.setXRange(t0, max(t1, t0 + 60.0), padding=0.02)
         for line in self.budget_lines:
             plot.removeItem(line)
         self.budget_lines = []
