@@ -101,6 +101,17 @@ def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None
     assert len(d.table) >= 3
 
 
+def test_history_arrives_once_the_engine_does(qtbot, start_engine, app_on) -> None:
+    app = app_on(tray_available=True)
+    app.start()
+    d = app.open_window("dashboard")
+    qtbot.waitUntil(lambda: d.banner_level == "unreachable", timeout=10000)
+    qtbot.waitUntil(lambda: d._requested is None, timeout=10000)  # the first fetch failed
+    start_engine(demo=True)
+    qtbot.waitUntil(lambda: d.history_loads >= 1, timeout=30000)
+    assert d.banner_level == "" and len(d.table) >= 1
+
+
 def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> None:
     app = app_on(tray_available=True)
     app.start()

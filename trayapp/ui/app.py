@@ -271,10 +271,12 @@ class HeadroomApp(QObject):
 
         d = self._dashboard
         now = float((self.status or {}).get("time") or 0) or None
-        self.calls.submit(
-            lambda c: load_range(c, seconds, gpus, now or time.time()),
-            on_done=d.load_history,
-            on_error=lambda msg: log.warning("could not load the history: %s", msg))
+        def failed(message: str) -> None:
+            log.info("could not load the history: %s", message)
+            d.history_failed()
+
+        self.calls.submit(lambda c: load_range(c, seconds, gpus, now or time.time()),
+                          on_done=d.load_history, on_error=failed)
 
     # -- the menu's actions ----------------------------------------------------------------
 
@@ -366,6 +368,30 @@ class HeadroomApp(QObject):
             app.quit()
 
 
+def setup_logging(paths: Paths) -> None:
+    """The tray's log: everything to ``tray.log`` in the state folder, warnings to stderr."""
+    from logging.handlers import RotatingFileHandler
+
+    logger = logging.getLogger("headroom.ui")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        fh = RotatingFileHandler(paths.data_dir / "tray.log", maxBytes=1_000_000,
+                                 backupCount=2, encoding="utf-8")
+        fh.setFormatter(fmt)
+        logger.addHandler(fh)
+    except OSError as e:
+        print(f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({e})",
+              file=sys.stderr)
+    sh = logging.StreamHandler(sys.stderr)
+    sh.setLevel(logging.WARNING)
+    sh.setFormatter(fmt)
+    logger.addHandler(sh)
+
+
 def run_tray(args: Any, paths: Paths) -> int:
     """Run the tray until the user quits; returns the exit status. A second instance for the
     same state folder asks the first to open its window (``--open`` or the dashboard) and
@@ -379,6 +405,7 @@ def run_tray(args: Any, paths: Paths) -> int:
     except (OSError, ConfigError) as e:
         print(f"headroom: cannot use the state folder {paths.home}: {e}", file=sys.stderr)
         return 1
+    setup_logging(paths)
     app = cast(QApplication, QApplication.instance() or QApplication(sys.argv[:1]))
     app.setApplicationName("headroom")
     app.setApplicationDisplayName("Headroom")

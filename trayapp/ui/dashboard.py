@@ -541,7 +541,10 @@ class Dashboard(QWidget):
             self._update_banner()
             self.jobs_strip.update_jobs(active_jobs(status))
             self.redraw(follow_to=t)
-        if self._requested is not None and tuple(gpus) != self._requested[1]:
+        if self._requested is None:
+            if self.isVisible():
+                self.request_history()
+        elif tuple(gpus) != self._requested[1]:
             self.request_history()
 
     def _note_gpus(self, status: Dict[str, Any]) -> None:
@@ -649,6 +652,10 @@ class Dashboard(QWidget):
                             or []))
         self._requested = (self.range_seconds, gpus)
         self.historyRequested.emit(float(self.range_seconds), list(gpus))
+
+    def history_failed(self) -> None:
+        """The history could not be fetched (no engine yet): ask again with the next status."""
+        self._requested = None
 
     def load_history(self, answer: Dict[str, Any]) -> bool:
         """The app's answer to ``historyRequested`` (``data.load_range``): rebuild the
