@@ -50,7 +50,6 @@ from PySide6.QtWidgets import (
     QSplitter,
     QStyle,
     QStyledItemDelegate,
-    QStyleOptionProgressBar,
     QStyleOptionViewItem,
     QTableView,
     QTabWidget,
@@ -337,7 +336,13 @@ class JobsFilter(QSortFilterProxyModel):
 
 
 class ProgressDelegate(QStyledItemDelegate):
-    """Draws the progress cell as a bar with the epoch and step on it."""
+    """Draws the progress cell as a light bar with the epoch and step on it, in dark text that
+    reads on a selected row as well as on a plain one."""
+
+    TRACK = QColor("#f0f0f0")
+    CHUNK = QColor("#9cc9f0")
+    BORDER = QColor("#8a8a8a")
+    TEXT = QColor("#1c1c1c")
 
     def paint(self, painter: Any, option: QStyleOptionViewItem, index: Any) -> None:
         fraction = index.data(JobsModel.FRACTION_ROLE)
@@ -346,22 +351,21 @@ class ProgressDelegate(QStyledItemDelegate):
             return
         widget = option.widget  # type: ignore[attr-defined]
         style = widget.style() if widget is not None else QApplication.style()
-        # The row's own background (selected or not) first, then a plain bar on it.
         style.drawPrimitive(QStyle.PrimitiveElement.PE_PanelItemViewItem, option, painter, widget)
-        bar = QStyleOptionProgressBar()
-        bar.rect = option.rect.adjusted(3, 4, -3, -4)  # type: ignore[attr-defined]
-        bar.minimum, bar.maximum = 0, 1000
-        bar.progress = int(round(fraction * 1000))
-        bar.text = index.data(Qt.ItemDataRole.DisplayRole) or f"{fraction:.0%}"
-        bar.textVisible = True
-        bar.textAlignment = Qt.AlignmentFlag.AlignCenter
-        bar.state = QStyle.StateFlag.State_Enabled | QStyle.StateFlag.State_Horizontal
-        bar.palette = widget.palette() if widget is not None else option.palette  # type: ignore
-        bar.fontMetrics = option.fontMetrics  # type: ignore[attr-defined]
-        style.drawControl(QStyle.ControlElement.CE_ProgressBar, bar, painter, widget)
-
-
-# -- the window ------------------------------------------------------------------------------------
+        rect = option.rect.adjusted(3, 4, -4, -5)  # type: ignore[attr-defined]
+        painter.save()
+        try:
+            painter.setPen(self.BORDER)
+            painter.setBrush(self.TRACK)
+            painter.drawRect(rect)
+            inner = rect.adjusted(1, 1, 0, 0)
+            inner.setWidth(int(round((rect.width() - 1) * max(0.0, min(1.0, fraction)))))
+            painter.fillRect(inner, self.CHUNK)
+            painter.setPen(self.TEXT)
+            text = index.data(Qt.ItemDataRole.DisplayRole) or f"{fraction:.0%}"
+            painter.drawText(rect, int(Qt.AlignmentFlag.AlignCenter), text)
+        finally:
+            painter.restore()
 
 
 def _select_data(box: QComboBox, data: Any) -> None:
