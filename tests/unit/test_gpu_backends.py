@@ -71,6 +71,7 @@ def test_reads_every_field_of_every_gpu(backend: NvmlBackend) -> None:
     assert g0.power_watts == pytest.approx(331.412)
     assert g0.display_active is True
     assert g0.simulated is False
+    assert g0.compute_capability == "8.6"
     procs = by_pid(g0)
     assert set(procs) == {fp.PID_TRAIN, fp.PID_XORG, fp.PID_GNOME_SHELL}
     assert (procs[fp.PID_TRAIN].name, procs[fp.PID_TRAIN].kind) == ("python3", "compute")
@@ -80,6 +81,15 @@ def test_reads_every_field_of_every_gpu(backend: NvmlBackend) -> None:
     assert (g1.index, g1.name, g1.display_active) == (1, "NVIDIA RTX A4000", False)
     assert g1.power_watts == pytest.approx(87.523)
     assert [(p.pid, p.used_memory_bytes) for p in g1.processes] == [(fp.PID_TRAIN_2, 6080 * MiB)]
+
+
+def test_throughput_preset_turns_on_float16_where_the_gpu_has_tensor_cores(
+        backend: NvmlBackend) -> None:
+    from trayapp.jobs.options import JobSpec, apply_preset
+
+    spec = apply_preset(JobSpec(script="train.py"), "throughput", backend.read())
+    assert spec.options.precision == "mixed_float16"
+    assert spec.options.xla is True and spec.options.allocator == "cuda_malloc_async"
 
 
 def test_status_names_driver_and_cuda(backend: NvmlBackend) -> None:

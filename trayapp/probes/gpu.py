@@ -190,6 +190,7 @@ class NvmlBackend:
         temperature = nv.first(_TEMPERATURE, h, sensor)
         power_mw = nv.call("nvmlDeviceGetPowerUsage", h)
         display = nv.call("nvmlDeviceGetDisplayActive", h)
+        cc = nv.call("nvmlDeviceGetCudaComputeCapability", h)
         return GpuReading(
             index=dev.index,
             name=dev.name,
@@ -203,6 +204,7 @@ class NvmlBackend:
             power_watts=power_mw / 1000.0 if power_mw is not None else None,
             display_active=bool(display) if display is not None else None,
             processes=self._processes(h, seen),
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc is not None else None,
         )
 
     def _processes(self, handle: Any, seen: Dict[int, str]) -> Tuple[GpuProcess, ...]:
@@ -263,12 +265,16 @@ class _SimModel:
     offset_s: float
     idle_watts: float
     max_watts: float
+    compute_capability: str
 
 
 _SIM_MODELS = (
-    _SimModel("Simulated RTX 4070 (demo)", 12282 * MiB, 262 * MiB, 0.74, 330.0, 0.0, 21.0, 200.0),
-    _SimModel("Simulated RTX A4000 (demo)", 16376 * MiB, 302 * MiB, 0.58, 420.0, 140.0, 9.0, 140.0),
-    _SimModel("Simulated RTX 3060 (demo)", 12288 * MiB, 256 * MiB, 0.66, 380.0, 60.0, 12.0, 170.0),
+    _SimModel("Simulated RTX 4070 (demo)", 12282 * MiB, 262 * MiB, 0.74, 330.0, 0.0, 21.0, 200.0,
+              "8.9"),
+    _SimModel("Simulated RTX A4000 (demo)", 16376 * MiB, 302 * MiB, 0.58, 420.0, 140.0, 9.0,
+              140.0, "8.6"),
+    _SimModel("Simulated RTX 3060 (demo)", 12288 * MiB, 256 * MiB, 0.66, 380.0, 60.0, 12.0,
+              170.0, "8.6"),
 )
 _SIM_GAP_S = 30.0  # between a job's end and its restart
 _SIM_DESKTOP = (("Xorg", 1, 412 * MiB), ("gnome-shell", 2, 188 * MiB))
@@ -340,6 +346,7 @@ class SimulatedBackend:
             display_active=index == 0,
             processes=tuple(procs),
             simulated=True,
+            compute_capability=model.compute_capability,
         )
 
     def close(self) -> None:

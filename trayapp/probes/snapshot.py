@@ -63,6 +63,8 @@ class GpuReading:
     # True when this GPU drives a display (the desktop shares its memory).
     display_active: Optional[bool] = None
     processes: Tuple[GpuProcess, ...] = ()
+    # CUDA compute capability, "8.6": decides whether float16 mixed precision pays off.
+    compute_capability: Optional[str] = None
     simulated: bool = False
 
     def to_json(self) -> dict[str, Any]:
