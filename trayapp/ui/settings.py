@@ -48,19 +48,24 @@ from trayapp.ui.worker import CallRunner
 
 log = logging.getLogger("headroom.ui")
 
-THRESHOLDS = ("guard.park_available", "guard.pause_available", "guard.warn_available",
-              "guard.resume_available")
-THRESHOLD_WORDS = {"guard.park_available": "park", "guard.pause_available": "pause",
-                   "guard.warn_available": "warn", "guard.resume_available": "resume"}
-THRESHOLD_COLOURS = {"guard.park_available": "#d7263d", "guard.pause_available": "#ee6a1c",
-                     "guard.warn_available": "#f2a900", "guard.resume_available": "#2e9d46"}
+# The guard's ladder, lowest first; each step with the word for it and its colour.
+LADDER: Tuple[Tuple[str, str, str], ...] = (
+    ("guard.stop_available", "stop", "#7b1020"),
+    ("guard.park_available", "park", "#d7263d"),
+    ("guard.pause_available", "pause", "#ee6a1c"),
+    ("guard.warn_available", "warn", "#f2a900"),
+    ("guard.resume_available", "resume", "#2e9d46"),
+)
+
+LABEL_ROWS = 3  # rows for the words above the thresholds' ticks
 
 # Tabs and the settings on each, in the order of the form; settings not named here land on
 # "Advanced", so a new entry in the table always has a field.
 TABS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Guard", ("guard.mode", "guard.warn_available", "guard.pause_available",
-               "guard.park_available", "guard.resume_available", "guard.warn_horizon_seconds",
-               "guard.pause_horizon_seconds", "guard.auto_resume")),
+               "guard.park_available", "guard.stop_available", "guard.resume_available",
+               "guard.warn_horizon_seconds", "guard.pause_horizon_seconds",
+               "guard.auto_resume")),
     ("General", ("engine.sample_interval", "ui.notifications", "ui.start_at_login",
                  "ui.show_dashboard_at_start", "history.raw_hours", "history.keep_days")),
 )
@@ -70,6 +75,11 @@ LABELS: Dict[str, str] = {
     "guard.warn_available": "Warn below",
     "guard.pause_available": "Pause jobs below",
     "guard.park_available": "Park a job below",
+    "guard.stop_available": "Stop a job below (last resort)",
+    "guard.hysteresis": "Warning clears this far above",
+    "guard.psi_pause_threshold": "Pause when pressure (PSI full) is above",
+    "guard.psi_pause_duration_seconds": "Pause for pressure after",
+    "guard.rate_window_seconds": "Fill rate measured over",
     "guard.resume_available": "Resume above",
     "guard.warn_horizon_seconds": "Warn when memory runs out within",
     "guard.pause_horizon_seconds": "Pause when memory runs out within",
@@ -80,8 +90,8 @@ LABELS: Dict[str, str] = {
     "ui.show_dashboard_at_start": "Open the dashboard when Headroom starts",
     "history.raw_hours": "Keep every sample for",
     "history.keep_days": "Keep one-minute history for",
-    "guard.psi_full_threshold": "Memory pressure (PSI full) above",
-    "guard.psi_duration_seconds": "…for at least",
+    "guard.psi_full_threshold": "Warn when pressure (PSI full) is above",
+    "guard.psi_duration_seconds": "Warn for pressure after",
     "guard.vram_warn_percent": "Warn when a GPU's memory is above",
     "guard.budget_warn_percent": "Warn at this share of a job's budget",
     "guard.pause_deadline_seconds": "Time a job gets to pause by itself",
@@ -96,6 +106,7 @@ SUFFIXES: Dict[str, str] = {
     "history.keep_days": " days",
     "engine.publish_hz": " per s",
     "guard.psi_full_threshold": " %",
+    "guard.psi_pause_threshold": " %",
 }
 
 
@@ -141,7 +152,7 @@ def threshold_preview(text: str, total_bytes: Optional[int],
         return "(the total memory is not known yet)"
     b = t.bytes_of(int(total_bytes))
     line = f"= {format_bytes(b)} of {format_bytes(total_bytes)}"
-    if available_bytes is None:
+    if available_bytes is None or not word:
         return line
     if word == "resume":
         where = "above it" if available_bytes > b else "below it: paused jobs stay paused"
@@ -151,15 +162,18 @@ def threshold_preview(text: str, total_bytes: Optional[int],
 
 
 def order_problem(values: Dict[str, str], total_bytes: int) -> Optional[str]:
-    """A line when the ladder does not nest (park <= pause <= warn <= resume), else None."""
+    """A line when the ladder does not nest (stop <= park <= pause <= warn, resume above
+    pause), else None."""
     try:
-        b = {name: Threshold.parse(values[name]).bytes_of(total_bytes) for name in THRESHOLDS}
-    except (ConfigError, KeyError):
+        b = {name: Threshold.parse(values[name]).bytes_of(total_bytes) for name, _w, _c in LADDER
+             if name in values}
+    except ConfigError:
         return None
-    park, pause, warn, resume = (b[n] for n in THRESHOLDS)
-    if not park <= pause <= warn:
-        return "The steps should nest: park ≤ pause ≤ warn (they still apply as written)."
-    if resume < pause:
+    steps = [b[name] for name, word, _c in LADDER if word != "resume" and name in b]
+    if steps != sorted(steps):
+        return "The steps should nest: stop ≤ park ≤ pause ≤ warn (they still apply as written)."
+    resume, pause = b.get("guard.resume_available"), b.get("guard.pause_available")
+    if resume is not None and pause is not None and resume < pause:
         return "Resume sits below pause: jobs would resume into a shortage and pause again."
     return None
 
@@ -173,12 +187,12 @@ class ThresholdBar(QWidget):
         self.total_bytes: Optional[int] = None
         self.available_bytes: Optional[int] = None
         self.marks: List[Tuple[str, int, str]] = []  # (word, bytes, colour)
-        self.setMinimumHeight(46)
+        self.setMinimumHeight(LABEL_ROWS * 14 + 20)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setAccessibleName("Where the thresholds sit on the memory available now")
 
     def sizeHint(self) -> QSize:
-        return QSize(360, 46)
+        return QSize(360, LABEL_ROWS * 14 + 20)
 
     def set_values(self, total_bytes: Optional[int], available_bytes: Optional[int],
                    marks: List[Tuple[str, int, str]]) -> None:
@@ -194,7 +208,7 @@ class ThresholdBar(QWidget):
         try:
             w, h = self.width(), self.height()
             label_h = 14
-            top = 2 * label_h + 2
+            top = LABEL_ROWS * label_h + 2
             bar = QRectF(0.5, top + 0.5, w - 1.0, h - top - 2.0)
             p.setPen(QPen(QColor("#555555"), 1))
             p.setBrush(QColor("#e8e8e8"))
@@ -210,17 +224,19 @@ class ThresholdBar(QWidget):
             font = p.font()
             font.setPointSizeF(max(6.0, font.pointSizeF() * 0.8))
             p.setFont(font)
-            ordered = sorted(self.marks, key=lambda m: m[1])
-            for row, (word, b, colour) in enumerate(ordered):
-                x = bar.left() + (bar.width()) * max(0.0, min(1.0, b / total))
+            row_ends = [float("-inf")] * LABEL_ROWS
+            for word, b, colour in sorted(self.marks, key=lambda m: m[1]):
+                x = bar.left() + bar.width() * max(0.0, min(1.0, b / total))
                 p.setPen(QPen(QColor(colour), 2))
                 p.drawLine(int(x), int(bar.top()), int(x), int(bar.bottom()))
-                # Neighbouring ticks alternate rows so close thresholds stay readable.
-                y = (row % 2) * label_h
-                p.setPen(QColor(colour).darker(140))
                 tw = p.fontMetrics().horizontalAdvance(word)
                 tx = max(0, min(w - tw, int(x - tw / 2)))
-                p.drawText(tx, y + label_h - 3, word)
+                # Close thresholds put their words on different rows, so none covers another.
+                free = [r for r in range(LABEL_ROWS) if tx >= row_ends[r] + 3]
+                row = free[0] if free else min(range(LABEL_ROWS), key=lambda r: row_ends[r])
+                row_ends[row] = tx + tw
+                p.setPen(QColor(colour).darker(140))
+                p.drawText(tx, row * label_h + label_h - 3, word)
         finally:
             p.end()
 
@@ -333,7 +349,7 @@ class SettingsDialog(QDialog):
         self._timer = QTimer(self)
         self._timer.setInterval(refresh_ms)
         self._timer.timeout.connect(self._refresh_memory)
-        self.resize(620, 560)
+        self.resize(700, 580)
         self._load()
 
     # -- building -------------------------------------------------------------------------------
@@ -502,24 +518,28 @@ class SettingsDialog(QDialog):
             self.save_button.setText(f"Save ({n})" if n else "Save")
 
     def _update_previews(self) -> None:
+        words = {name: word for name, word, _c in LADDER}
+        colours = {name: colour for name, _w, colour in LADDER}
         marks = []
         texts: Dict[str, str] = {}
-        for name in THRESHOLDS:
-            f = self.fields[name]
+        for name, f in self.fields.items():
+            if f.preview is None:
+                continue
             texts[name] = str(f.value())
-            assert f.preview is not None
+            word = words.get(name, "")  # a threshold off the ladder (hysteresis): only its size
             try:
                 text = threshold_preview(texts[name], self.total_bytes, self.available_bytes,
-                                         THRESHOLD_WORDS[name])
-                f.preview.setText(text)
-                # Amber when the guard would act on this step right now.
-                f.preview.setStyleSheet(WARNING_STYLE if "would" in text or "stay paused"
-                                        in text else NOTE_STYLE)
-                if self.total_bytes:
-                    b = Threshold.parse(texts[name]).bytes_of(int(self.total_bytes))
-                    marks.append((THRESHOLD_WORDS[name], b, THRESHOLD_COLOURS[name]))
+                                         word)
             except ConfigError:
                 f.preview.setText("")
+                continue
+            f.preview.setText(text)
+            # Amber when the guard would act on this step right now.
+            f.preview.setStyleSheet(WARNING_STYLE if "would" in text or "stay paused" in text
+                                    else NOTE_STYLE)
+            if word and self.total_bytes:
+                b = Threshold.parse(texts[name]).bytes_of(int(self.total_bytes))
+                marks.append((word, b, colours[name]))
         self.bar.set_values(self.total_bytes, self.available_bytes, marks)
         problem = order_problem(texts, int(self.total_bytes)) if self.total_bytes else None
         set_message(self.order_label, problem)
