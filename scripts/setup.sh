@@ -46,7 +46,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 if [[ $what == test ]]; then
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,build]'
 else
   .venv/bin/python -m pip install -q -e .
 fi
