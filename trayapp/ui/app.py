@@ -123,7 +123,8 @@ class HeadroomApp(QObject):
         if self._finished:
             return
         self._finished = True
-        self.worker.stop()
+        if not self.worker.stop():
+            log.warning("the engine poller did not stop in time")
         self.calls.close()
         if self._dashboard is not None:
             self._dashboard.save_state()

@@ -28,6 +28,8 @@ from trayapp.engine.client import (
 log = logging.getLogger("headroom.ui")
 
 ENGINE_START_SECONDS = 20.0
+# The poller's own requests: short, so quitting never waits long for it.
+REQUEST_SECONDS = 3.0
 # Most pushes handed on at once; older snapshots in a burst are dropped (only the last counts).
 _DRAIN_MAX = 64
 
@@ -70,8 +72,9 @@ class EngineWorker(QThread):
         """Ask the thread to end without waiting (it also stops starting engines)."""
         self._halt.set()
 
-    def stop(self, wait_ms: int = 5000) -> bool:
-        """Ask the thread to end and wait for it; returns whether it ended."""
+    def stop(self, wait_ms: int = 20000) -> bool:
+        """Ask the thread to end and wait for it; returns whether it ended. It ends within
+        the longest request it may be in (two ``REQUEST_SECONDS``), well inside ``wait_ms``."""
         self._halt.set()
         if not self.isRunning():
             return True
@@ -101,7 +104,7 @@ class EngineWorker(QThread):
 
     def _session(self) -> None:
         self._reached = False
-        client = EngineClient(self.paths, timeout=5.0)
+        client = EngineClient(self.paths, timeout=REQUEST_SECONDS)
         try:
             try:
                 client.ping()
@@ -111,7 +114,7 @@ class EngineWorker(QThread):
                 self.unreachable.emit("starting the engine")
                 self._start_engine(client)
             config = self._config(client)
-            sub = Subscription(self.paths, timeout=5.0)
+            sub = Subscription(self.paths, timeout=REQUEST_SECONDS)
             self._sub = sub
             try:
                 self._reached = True
