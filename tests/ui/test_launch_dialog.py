@@ -333,6 +333,11 @@ def test_launch_remembers_the_settings_for_the_script(qtbot, paths, start_engine
     assert again.args_edit.text() == "--epochs 2"
     assert again.name_edit.text() == "first run"
 
+    # The first dialog, opened again (the app keeps it), lists the recent script.
+    dialog.show()
+    assert dialog.script_combo.itemText(0) == str(script)
+    assert dialog.launch_button.text() == "Launch" and dialog.launch_button.isEnabled()
+
 
 def test_engine_error_shows_in_the_dialog(qtbot, paths, start_engine, probe_cache,  # type: ignore
                                           script) -> None:

@@ -147,6 +147,7 @@ def test_value_refused_by_engine_shows_its_reason(qtbot, paths,  # type: ignore[
 def test_no_engine_says_so(qtbot, paths) -> None:  # type: ignore[no-untyped-def]
     dialog = SettingsDialog(lambda: EngineClient(paths, timeout=2.0))
     qtbot.addWidget(dialog)
+    dialog.show()
     qtbot.waitUntil(lambda: "cannot be read" in dialog.status_label.text(), timeout=10000)
     assert "no engine is running" in dialog.status_label.text()
     assert not dialog.save_button.isEnabled()
@@ -174,3 +175,31 @@ def test_keyboard_and_names(qtbot, paths, start_engine, xdg) -> None:  # type: i
         qtbot.keyClick(edit, Qt.Key.Key_Return)
     assert again.result() == QDialog.DialogCode.Accepted
     assert configmod.load(paths.config_file)["guard.warn_available"] == "11%"
+
+
+def test_reopened_dialog_reads_again(qtbot, paths, start_engine, xdg) -> None:  # type: ignore
+    engine = start_engine()
+    dialog = open_dialog(qtbot, paths)
+    dialog.fields["guard.warn_available"].widget.setText("33%")
+    dialog.reject()  # closed without saving: the edit is dropped
+    with engine.client() as c:
+        c.config_set("history.keep_days", 12.0)  # changed elsewhere (the CLI, the file)
+    dialog.show()
+    qtbot.waitUntil(lambda: dialog.loaded_ok, timeout=15000)
+    assert dialog.fields["guard.warn_available"].value() == "15%"
+    assert dialog.fields["history.keep_days"].value() == 12.0
+    # A change pushed by the app while the dialog is open keeps the user's own edits.
+    dialog.fields["guard.pause_available"].widget.setText("9%")
+    with engine.client() as c:
+        config = c.config_set("guard.mode", "dry-run")
+    dialog.set_config(config)
+    assert dialog.fields["guard.mode"].value() == "dry-run"
+    assert dialog.fields["guard.pause_available"].value() == "9%"
+    assert dialog.changes() == {"guard.pause_available": "9%"}
+    # The app's status pushes move the preview.
+    status = {"memory": {"total_bytes": 16 * GiB, "available_bytes": GiB}}
+    dialog.apply_snapshot(status)
+    preview = dialog.fields["guard.pause_available"].preview
+    assert preview is not None
+    assert preview.text() == ("= 1.4 GiB of 16.0 GiB; 1.0 GiB available now, below it: the "
+                              "guard would pause now")

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QDragEnterEvent, QDropEvent, QFontDatabase
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QFontDatabase, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -414,6 +414,7 @@ class LaunchDialog(QDialog):
         self._discovery = 0  # which discovery answer is the latest
         self._auto_python: Optional[str] = None  # what "Automatic" resolves to
         self._wanted_gpu: Optional[int] = None  # a remembered GPU, until the GPUs are known
+        self._shown_before = False
         self.row_errors: Dict[str, QLabel] = {}
         self.row_widgets: Dict[str, QWidget] = {}
         self._build()
@@ -714,6 +715,32 @@ class LaunchDialog(QDialog):
             self.cancel_button])
         self.script_combo.setFocus()
         self.resize(1040, 720)
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if event.spontaneous():
+            return
+        if self._shown_before:
+            # Opened again (the app keeps the dialog): recent scripts and files may have
+            # changed, and the engine may have come back.
+            self._refresh_recent()
+            self.revalidate()
+            if not self.status_loaded:
+                self._runner.submit(lambda c: c.status(), self._got_status,
+                                    self._status_failed)
+        self._shown_before = True
+
+    def _refresh_recent(self) -> None:
+        text = self.script_combo.currentText()
+        self._filling = True
+        try:
+            self.script_combo.clear()
+            for path in self.recent_store.recent():
+                self.script_combo.addItem(path, path)
+            self.script_combo.setCurrentIndex(-1)
+            self.script_combo.setEditText(text)
+        finally:
+            self._filling = False
 
     # -- the engine's status ------------------------------------------------------------------
 

@@ -9,11 +9,12 @@ and is not sent; one the engine refuses shows the engine's reason the same way.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from PySide6.QtCore import QRectF, QSize, QTimer, Signal
-from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtGui import QColor, QPainter, QPen, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -349,8 +350,9 @@ class SettingsDialog(QDialog):
         self._timer = QTimer(self)
         self._timer.setInterval(refresh_ms)
         self._timer.timeout.connect(self._refresh_memory)
+        self._snapshot_at = float("-inf")  # when the app last handed over a status
+        self.destroyed.connect(self._runner.close)
         self.resize(700, 580)
-        self._load()
 
     # -- building -------------------------------------------------------------------------------
 
@@ -433,7 +435,18 @@ class SettingsDialog(QDialog):
         self.tabs.setEnabled(on)
         self.save_button.setEnabled(on and not self._saving)
 
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if not event.spontaneous():
+            # Each time it opens, the dialog shows what the engine has now.
+            self._load()
+
     def _load(self) -> None:
+        self.loaded_ok = False
+        self._set_enabled(False)
+        set_message(self.error_label, None)
+        self.status_label.setText("Reading the settings from the engine…")
+        self.status_label.setStyleSheet("")
         self._runner.submit(lambda c: (c.config_get(), c.status()), self._loaded,
                             self._load_failed)
 
@@ -450,9 +463,11 @@ class SettingsDialog(QDialog):
         self.status_label.setText(f"The settings cannot be read: {one_line(message)}")
         self.status_label.setStyleSheet("color: #c0392b;")
 
-    def apply_config(self, config: Dict[str, Any]) -> None:
-        """Show the engine's settings (``config_get()``'s answer) in the fields."""
+    def apply_config(self, config: Dict[str, Any], keep_edits: bool = False) -> None:
+        """Show the engine's settings (``config_get()``'s answer) in the fields; with
+        ``keep_edits``, a field the user changed keeps the user's value."""
         values = config.get("values") or {}
+        edited = set(self.changes()) if keep_edits else set()
         self.loaded = {}
         for name, f in self.fields.items():
             s = f.setting
@@ -460,6 +475,8 @@ class SettingsDialog(QDialog):
             if name == "ui.start_at_login":
                 value = self._autostart_state(bool(value))
             self.loaded[name] = value
+            if name in edited:
+                continue
             f.widget.blockSignals(True)
             f.set_value(value)
             f.widget.blockSignals(False)
@@ -485,7 +502,31 @@ class SettingsDialog(QDialog):
         self.available_bytes = memory.get("available_bytes")
         self._update_previews()
 
+    # The app's hooks: its status pushes, a settings change made elsewhere, the engine's state.
+
+    def apply_snapshot(self, status: Dict[str, Any]) -> None:
+        self._snapshot_at = time.monotonic()
+        if self.loaded_ok:
+            self.apply_status(status)
+
+    def set_config(self, config: Dict[str, Any]) -> None:
+        if self.loaded_ok and not self._saving:
+            self.apply_config(config, keep_edits=True)
+            self._changed()
+
+    def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
+        if not reachable:
+            self.status_label.setText("The engine is not reachable"
+                                      + (f": {reason}" if reason else "")
+                                      + "; the settings cannot be saved until it is back.")
+            self.status_label.setStyleSheet("color: #c0392b;")
+        elif self.isVisible():
+            self._load()
+
     def _refresh_memory(self) -> None:
+        # The app's pushes keep the preview current; without them, ask now and then.
+        if time.monotonic() - self._snapshot_at < 5.0:
+            return
         if self._runner.pending() == 0:
             self._runner.submit(lambda c: c.status(), self.apply_status, lambda _m: None)
 
@@ -631,5 +672,4 @@ class SettingsDialog(QDialog):
 
     def done(self, result: int) -> None:
         self._timer.stop()
-        self._runner.close()
         super().done(result)
