@@ -257,3 +257,17 @@ def test_engine_gone_is_said(qtbot, paths, start_engine) -> None:  # type: ignor
     window.set_reachable(False, "the engine went away")
     assert window.banner.text() == ("The engine is not reachable: the engine went away. What "
                                     "is shown may be out of date.")
+
+
+def test_keyboard_and_names(qtbot, paths, start_engine) -> None:  # type: ignore
+    start_engine()
+    window = open_window(qtbot, paths)
+    for name, button in window.buttons.items():
+        assert button.accessibleName().endswith("job"), name
+    for widget in (window.table, window.filter_edit, window.show_combo, window.log_view,
+                   window.search_edit, window.options_tree, window.events_tree, window.chart):
+        assert widget.accessibleName()
+    window.filter_edit.setFocus()
+    qtbot.keyClick(window.filter_edit, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: not window.isVisible(), timeout=5000)
+    assert not window._timer.isActive()  # a hidden window stops asking the engine
