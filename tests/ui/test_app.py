@@ -158,6 +158,22 @@ def test_windows_open_by_name_and_missing_ones_say_so(qtbot, app_on, monkeypatch
                                "Headroom."
 
 
+def test_a_job_launched_from_the_dialog_shows_in_the_jobs_window(qtbot, demo_engine, app_on,
+                                                                  paths) -> None:
+    app = app_on()
+    app.start()
+    dialog = app.open_window("launch")
+    job_id = start_ticker(paths)
+    qtbot.waitUntil(lambda: any(j["id"] == job_id for j in (app.status or {}).get("jobs", [])),
+                    timeout=15000)
+    dialog.launched.emit({"id": job_id, "name": "ticker"})  # type: ignore[union-attr]
+    jobs = app.windows.get("jobs")
+    assert jobs is not None and jobs.isVisible()
+    qtbot.waitUntil(lambda: jobs.select_job(job_id), timeout=15000)
+    with EngineClient(paths) as c:
+        c.job_action(job_id, "kill")
+
+
 def test_a_second_instance_asks_the_first_to_open_a_window(qtbot, paths, home) -> None:
     first = SingleInstance(paths)
     try:

@@ -283,6 +283,9 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
         if not start:
             raise
     proc = start_engine(paths, demo=demo, config_file=config_file)
+    # The engine outlives this client's purpose but may end while this process runs: reap it
+    # then, so it leaves no zombie behind.
+    threading.Thread(target=proc.wait, name="engine-reaper", daemon=True).start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -184,7 +184,15 @@ class HeadroomApp(QObject):
         if hasattr(window, "set_reachable"):
             window.set_reachable(self.reachable, self.reason)
         window.destroyed.connect(lambda *_: self.windows.pop(name, None))
+        if hasattr(window, "launched"):
+            window.launched.connect(self._show_launched_job)
         return self._raise(window)
+
+    def _show_launched_job(self, job: Dict[str, Any]) -> None:
+        """A job just launched from the dialog: show it in the jobs window."""
+        jobs = self.open_window("jobs")
+        if jobs is not None and hasattr(jobs, "select_job"):
+            jobs.select_job(str(job.get("id")))
 
     @staticmethod
     def _raise(window: QWidget) -> QWidget:

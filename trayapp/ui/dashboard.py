@@ -258,7 +258,8 @@ class Dashboard(QWidget):
 
     def _title(self) -> str:
         demo = self.demo or (self.status is not None and is_demo(self.status))
-        return "Headroom — simulated GPUs" if demo else "Headroom"
+        # Ends with the product name, so the desktop does not append it a second time.
+        return "Dashboard (simulated GPUs) — Headroom" if demo else "Dashboard — Headroom"
 
     def _build(self, no_tray_reason: Optional[str]) -> None:
         outer = QVBoxLayout(self)
