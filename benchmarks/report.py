@@ -74,18 +74,21 @@ def run_one(name: str, args: List[str], timeout: float) -> Tuple[List[Dict[str, 
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         return [], f"failed (exit {r.returncode}): {last}"
     # The JSON is the last line that parses; benchmarks may print progress before it.
-    for line in reversed(r.stdout.strip().splitlines()):
+    lines = r.stdout.strip().splitlines()
+    # The whole output, each tail that starts a JSON value (indented JSON after progress
+    # lines), then single lines, last first.
+    starts = ["\n".join(lines[i:]) for i, line in enumerate(lines) if line[:1] in "[{"]
+    candidates = [r.stdout, *starts, *reversed(lines)]
+    for text in candidates:
         try:
-            data = json.loads(line)
+            data = json.loads(text)
         except ValueError:
             continue
         results = data if isinstance(data, list) else [data]
-        return [x for x in results if isinstance(x, dict)], f"ran in {took:.0f} s"
-    try:
-        data = json.loads(r.stdout)
-        return (data if isinstance(data, list) else [data]), f"ran in {took:.0f} s"
-    except ValueError:
-        return [], "printed no JSON"
+        results = [x for x in results if isinstance(x, dict) and "name" in x]
+        if results:
+            return results, f"ran in {took:.0f} s"
+    return [], "printed no results as JSON"
 
 
 def goal_on_value(res: Dict[str, Any]) -> bool:
