@@ -176,19 +176,13 @@ def format_status(st: Dict[str, Any]) -> str:
 
 
 def format_job_line(jb: Dict[str, Any]) -> str:
-    parts = [f"{jb.get('id')} {jb.get('name')}", str(jb.get("state"))]
-    if jb.get("epochs"):
-        parts.append(f"epoch {jb.get('epoch') or 0}/{jb['epochs']}")
-    if jb.get("steps"):
-        parts.append(f"step {jb.get('step') or 0}/{jb['steps']}")
-    loss = (jb.get("metrics") or {}).get("loss")
-    if isinstance(loss, (int, float)):
-        parts.append(f"loss {loss:.4g}")
-    parts.append(f"RAM {_fmt(jb.get('rss_bytes'))}")
-    parts.append(f"VRAM {_fmt(jb.get('vram_bytes'))}")
+    """A job in one line: its name, then what ``headroom run`` shows of its progress."""
+    from trayapp.cli_jobs import progress_text
+
+    text = f"{jb.get('name')} {progress_text(jb)}"
     if jb.get("exit_code") is not None:
-        parts.append(f"exit {jb['exit_code']}")
-    return " · ".join(parts)
+        text += f" · exit {jb['exit_code']}"
+    return text
 
 
 def local_status(demo: bool) -> Dict[str, Any]:
