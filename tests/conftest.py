@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -118,6 +118,18 @@ def start_engine(paths: Paths) -> Iterator:
 def engine(start_engine) -> EngineProcess:  # type: ignore[no-untyped-def]
     """One running engine (no simulated GPUs) on the test's state folder."""
     return start_engine()
+
+
+def wait_for(fn: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll ``fn`` until it returns something true and return that; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def run_cli(*args: str, env: Optional[Dict[str, str]] = None, timeout: float = 120,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import psutil
 import pytest
 
-from tests.conftest import REPO, EngineProcess
+from tests.conftest import REPO, EngineProcess, wait_for
 from trayapp.config import get_paths
 from trayapp.engine.client import EngineError, Subscription
 from trayapp.jobs.options import JobSpec
@@ -27,17 +27,6 @@ from trayapp.jobs.options import JobSpec
 SCRIPTS = REPO / "tests" / "scripts"
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-
-def wait_for(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def tree(pid: int) -> List[psutil.Process]:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Optional
 import psutil
 import pytest
 
-from tests.conftest import REPO, EngineProcess
+from tests.conftest import REPO, EngineProcess, wait_for
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.jobs.options import JobSpec
 from trayapp.runner.protocol import PARK_EXIT_CODE
@@ -31,18 +31,6 @@ def spec(script: str | Path, *args: Any, **fields: Any) -> Dict[str, Any]:
     path = Path(script) if os.path.isabs(str(script)) else SCRIPTS / str(script)
     return JobSpec(script=str(path), args=tuple(str(a) for a in args), cwd=str(REPO),
                    **fields).to_json()
-
-
-def wait_for(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``fn`` until it returns something true; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def job_in(c: EngineClient, job_id: str, *states: str) -> Optional[Dict[str, Any]]:
