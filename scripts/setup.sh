@@ -9,8 +9,13 @@ what=${1:-app}
 
 python=${PYTHON:-}
 if [[ -z $python ]]; then
-  for candidate in python3.12 python3.11 python3.10 python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1; then python=$candidate; break; fi
+  # The first interpreter that really runs (a pyenv shim may name one that is not installed)
+  # and is new enough.
+  for candidate in python3 python3.12 python3.11 python3.10 python; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+       && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 9))' >/dev/null 2>&1; then
+      python=$candidate; break
+    fi
   done
 fi
 [[ -n $python ]] || { echo "setup: Python 3.9 or newer is needed (none found on PATH)" >&2; exit 1; }
