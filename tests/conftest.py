@@ -19,12 +19,40 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh HEADROOM_HOME for this test (set in the environment for child processes too)."""
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh HEADROOM_HOME for this test (set in the environment for child processes too).
+
+    Afterwards, every job and engine still running on it is ended: an engine never ends its
+    jobs, so a test that leaves one running would otherwise leave it for good."""
     h = tmp_path / "home"
     h.mkdir()
     monkeypatch.setenv("HEADROOM_HOME", str(h))
-    return h
+    yield h
+    end_processes_of(h)
+
+
+def end_processes_of(home: Path) -> None:
+    """Kill the jobs (and their trees) and engines that belong to the state folder ``home``."""
+    import psutil
+
+    mine = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        keyfile = env.get("HEADROOM_JOB_KEYFILE", "")
+        if keyfile.startswith(str(home)) or env.get("HEADROOM_HOME") == str(home):
+            mine.append(proc)
+    for proc in mine:
+        try:
+            for p in [*proc.children(recursive=True), proc]:
+                p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(mine, timeout=5)
 
 
 @pytest.fixture
