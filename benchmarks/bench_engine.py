@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,16 +49,22 @@ def start_engine(home: Path, extra_env: dict | None = None) -> subprocess.Popen:
     raise SystemExit("the engine did not start")
 
 
-def measure(pid: int, seconds: float) -> dict:
+def measure(pid: int, seconds: float, windows: int = 3) -> dict:
+    """CPU share in ``windows`` equal windows over ``seconds``; the median, so one burst of
+    something else on the machine does not decide the figure. RSS at the end."""
     p = psutil.Process(pid)
-    c0 = p.cpu_times()
-    t0 = time.monotonic()
-    time.sleep(seconds)
-    c1 = p.cpu_times()
-    wall = time.monotonic() - t0
-    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    shares = []
+    started = time.monotonic()
+    for _ in range(windows):
+        c0 = p.cpu_times()
+        t0 = time.monotonic()
+        time.sleep(seconds / windows)
+        c1 = p.cpu_times()
+        cpu = (c1.user - c0.user) + (c1.system - c0.system)
+        shares.append(100.0 * cpu / (time.monotonic() - t0))
     rss = p.memory_info().rss
-    return {"cpu_percent": 100.0 * cpu / wall, "rss_mb": rss / 2**20, "seconds": wall}
+    return {"cpu_percent": statistics.median(shares), "rss_mb": rss / 2**20,
+            "seconds": time.monotonic() - started}
 
 
 def main() -> int:
@@ -84,7 +91,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(results))
     else:
-        print(f"engine at rest over {m['seconds']:.0f} s (default 1 s sampling, no clients):")
+        print(f"engine at rest over {m['seconds']:.0f} s (default 1 s sampling, no clients; "
+              "CPU: the median of three windows):")
         for r in results:
             print(f"  {r['name']}: {r['value']} {r['unit']} (goal {r['goal']} {r['unit']}, "
                   f"{r['ratio']:.2f}x of the goal)")
