@@ -3,16 +3,15 @@ simulated GPUs of the demo, and the factory that picks one."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import psutil
 import pytest
 
+from tests.fixtures import load_fake_pynvml
 from trayapp.probes.gpu import (
     NoGpuBackend,
     NvmlBackend,
@@ -26,17 +25,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MiB = 1024**2
 
 
-def _load_fake() -> ModuleType:
-    if "fake_pynvml" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("fake_pynvml", FIXTURES / "fake_pynvml.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["fake_pynvml"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["fake_pynvml"]
-
-
-fp = _load_fake()
+fp = load_fake_pynvml()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ versioned fallbacks. NVML itself is the fake built from real readings."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.fixtures import load_fake_pynvml
 from trayapp.probes import nvml as nvml_mod
 from trayapp.probes.nvml import Nvml, init_failure_message
 
@@ -20,17 +20,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REPO = FIXTURES.parents[1]
 
 
-def _load_fake() -> ModuleType:
-    if "fake_pynvml" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("fake_pynvml", FIXTURES / "fake_pynvml.py")
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["fake_pynvml"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["fake_pynvml"]
-
-
-fake_pynvml = _load_fake()
+fake_pynvml = load_fake_pynvml()
 COMPUTE = (
     "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2",

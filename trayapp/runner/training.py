@@ -26,6 +26,7 @@ import threading
 import time
 
 from . import protocol
+from .tfoptions import gpu_memory
 
 WEIGHTS_FILE = "latest.weights.h5"
 METADATA_FILE = "training_metadata.json"
@@ -369,7 +370,7 @@ class FitRun:
         memory = None
         if self.gpu_names:
             tf = sys.modules.get("tensorflow")
-            memory = tf_memory(tf, self.gpu_names) if tf is not None else None
+            memory = gpu_memory(tf, self.gpu_names) if tf is not None else None
         self.session.send_progress(
             protocol.make(
                 protocol.PROGRESS,
@@ -410,19 +411,6 @@ class FitRun:
         self.skip = 0
         self.skipping = True
         model.train_function = skip_batches
-
-
-def tf_memory(tf, names):
-    out = []
-    for name in names:
-        try:
-            info = tf.config.experimental.get_memory_info(name)
-        except Exception:
-            return None
-        out.append(
-            {"device": name, "current_bytes": info.get("current"), "peak_bytes": info.get("peak")}
-        )
-    return out
 
 
 def _first_line(error):
