@@ -223,9 +223,9 @@ class ChannelServer:
             self._spawn(Peer(self, conn, wake))
 
     def _start_windows(self) -> None:  # pragma: no cover - Windows only
-        from multiprocessing.connection import Listener
+        from trayapp.engine.winpipe import UserOnlyPipeListener
 
-        self._listener = Listener(self.address, family="AF_PIPE")
+        self._listener = UserOnlyPipeListener(self.address)
         t = threading.Thread(target=self._accept_loop_windows, name=f"{self.name}-accept",
                              daemon=True)
         t.start()
