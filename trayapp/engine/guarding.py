@@ -163,6 +163,9 @@ class GuardService:
     def state_json(self) -> Dict[str, Any]:
         """The guard's part of the status: state, mode, reasons, prediction, thresholds."""
         out = dict(self._json)
+        # The mode as set now, not as of the last tick: a client that just changed it reads it
+        # back at once.
+        out["mode"] = self.policy().mode
         if self._interval is not None:
             out["interval_seconds"] = round(self._interval, 4)
         return out
