@@ -78,10 +78,13 @@ def main() -> int:
             pushes = [0]
 
             def listen() -> None:
-                with Subscription(paths) as sub:
-                    while not stop.is_set():
-                        if sub.get(timeout=1):
-                            pushes[0] += 1
+                try:
+                    with Subscription(paths) as sub:
+                        while not stop.is_set():
+                            if sub.get(timeout=1):
+                                pushes[0] += 1
+                except EngineUnavailable:
+                    pass  # the engine is stopped at the end of the run
 
             threading.Thread(target=listen, daemon=True).start()
             proc = psutil.Process(engine.pid)
@@ -114,7 +117,9 @@ def main() -> int:
             f"peak {max(v for _, v in samples):.1f} MB\n"
             f"- RSS growth over the second half: {growth:+.2f} MB per hour\n"
             f"- engine CPU time: {cpu.user + cpu.system:.0f} s in {samples[-1][0]:.0f} s "
-            f"({100 * (cpu.user + cpu.system) / max(1.0, samples[-1][0]):.1f}% of one core)\n")
+            f"({100 * (cpu.user + cpu.system) / max(1.0, samples[-1][0]):.1f}% of one core)\n"
+            "\nThe engine keeps the last hour of samples in memory (and each job's own series), "
+            "so in a run shorter than an hour part of the growth is that hour filling up.\n")
     Path(args.out).write_text(text)
     print(text)
     return 0
