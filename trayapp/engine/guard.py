@@ -529,22 +529,17 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
     where = " (cgroup limit)" if m.limit_source == "cgroup" else ""
     have = f"{format_bytes(avail)} ({_share(avail, total)} of {format_bytes(total)}{where})"
     falling = f", filling at {format_rate(rate)}" if rate else ""
-    if avail < th.stop:
-        conds.append(Condition(MEM, "park", "mem_stop",
-                               f"available memory {have} is below the last-resort threshold "
-                               f"{_th_text(th.stop, policy.stop_available)}{falling}"))
-    elif avail < th.park:
-        conds.append(Condition(MEM, "park", "mem_park",
-                               f"available memory {have} is below the park threshold "
-                               f"{_th_text(th.park, policy.park_available)}{falling}"))
-    elif avail < th.pause:
-        conds.append(Condition(MEM, "pause", "mem_pause",
-                               f"available memory {have} is below the pause threshold "
-                               f"{_th_text(th.pause, policy.pause_available)}{falling}"))
-    elif avail < th.warn:
-        conds.append(Condition(MEM, "warn", "mem_warn",
-                               f"available memory {have} is below the warning threshold "
-                               f"{_th_text(th.warn, policy.warn_available)}{falling}"))
+    # The ladder, lowest threshold first: the first one crossed names the condition.
+    ladder = ((th.stop, "park", "mem_stop", "last-resort", policy.stop_available),
+              (th.park, "park", "mem_park", "park", policy.park_available),
+              (th.pause, "pause", "mem_pause", "pause", policy.pause_available),
+              (th.warn, "warn", "mem_warn", "warning", policy.warn_available))
+    crossed = next((step for step in ladder if avail < step[0]), None)
+    if crossed is not None:
+        line, level, code, word, setting = crossed
+        conds.append(Condition(MEM, level, code,
+                               f"available memory {have} is below the {word} threshold "
+                               f"{_th_text(line, setting)}{falling}"))
     elif MEM in state.keys and avail < th.warn + th.hysteresis:
         conds.append(Condition(MEM, "warn", "mem_warn",
                                f"available memory {have} is just above the warning threshold "
