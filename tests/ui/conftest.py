@@ -7,10 +7,34 @@ import os
 # Before anything imports Qt: no display is needed for these tests.
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
+from typing import Any, Iterator, List  # noqa: E402
+
 import pytest  # noqa: E402
+
+from trayapp.config import Paths  # noqa: E402
 
 
 @pytest.fixture
 def demo_engine(start_engine):  # type: ignore[no-untyped-def]
     """A real engine in --demo mode (simulated GPUs) on the test's HEADROOM_HOME."""
     return start_engine(demo=True)
+
+
+@pytest.fixture
+def app_on(qtbot, paths: Paths) -> Iterator:  # type: ignore[no-untyped-def]
+    """A factory of HeadroomApps on the test's state folder (a tray unless told otherwise,
+    no engine started by the app); every app is closed at the end."""
+    from trayapp.ui.app import HeadroomApp
+
+    made: List[HeadroomApp] = []
+
+    def make(**kw: Any) -> HeadroomApp:
+        kw.setdefault("tray_available", True)
+        kw.setdefault("start_engine", False)
+        app = HeadroomApp(paths, **kw)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()

@@ -17,7 +17,7 @@ from tests.conftest import REPO, headroom_cmd
 from trayapp.config import Paths, get_paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
 from trayapp.ui import app as appmod
-from trayapp.ui.app import QUIT_CANCEL, QUIT_KEEP, QUIT_STOP, HeadroomApp
+from trayapp.ui.app import QUIT_CANCEL, QUIT_KEEP, QUIT_STOP
 from trayapp.ui.single_instance import SingleInstance
 
 # The offscreen platform has no window manager and no system tray: it says so when a window is
@@ -28,22 +28,6 @@ pytestmark = pytest.mark.qt_log_ignore(
 
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
 LIVE = ("starting", "running", "pausing", "paused")
-
-
-@pytest.fixture
-def app_on(qtbot, paths: Paths):  # type: ignore[no-untyped-def]
-    made: List[HeadroomApp] = []
-
-    def make(**kw: Any) -> HeadroomApp:
-        kw.setdefault("tray_available", True)
-        kw.setdefault("start_engine", False)
-        app = HeadroomApp(paths, **kw)
-        made.append(app)
-        return app
-
-    yield make
-    for app in made:
-        app.close()
 
 
 def alive(pid: int) -> bool:

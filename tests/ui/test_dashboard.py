@@ -13,9 +13,7 @@ from PySide6.QtCore import QSettings
 
 from tests.conftest import REPO
 from tests.ui.statuses import job, make_status
-from trayapp.config import Paths
 from trayapp.engine.client import EngineClient
-from trayapp.ui.app import HeadroomApp
 from trayapp.ui.dashboard import GIB, Dashboard
 from trayapp.ui.icon import COLOURS
 
@@ -39,25 +37,8 @@ def event(eid: int, kind: str, t: float, message: str = "", level: str = "info",
             "message": message or kind.replace("_", " "), "job_id": job_id, "data": None}
 
 
-@pytest.fixture
-def app_on(qtbot, paths: Paths):  # type: ignore[no-untyped-def]
-    """A HeadroomApp without a tray on the test's state folder; closed at the end."""
-    made: List[HeadroomApp] = []
-
-    def make(**kw: Any) -> HeadroomApp:
-        kw.setdefault("tray_available", False)
-        kw.setdefault("start_engine", False)
-        app = HeadroomApp(paths, **kw)
-        made.append(app)
-        return app
-
-    yield make
-    for app in made:
-        app.close()
-
-
 def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None:
-    app = app_on(demo=True)
+    app = app_on(demo=True, tray_available=False)
     app.start()
     d = app.dashboard()
     assert d.isVisible()
