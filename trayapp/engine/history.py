@@ -29,10 +29,14 @@ class RecentHistory:
         self._last_t: Optional[float] = None
         self._first_t: Optional[float] = None
 
+    def due(self, t: float) -> bool:
+        """Whether a sample at ``t`` would be kept (``min_step`` after the last one)."""
+        return self._last_t is None or t - self._last_t >= self.min_step
+
     def add(self, t: float, values: Dict[str, Optional[float]]) -> bool:
         """Keep the sample unless it comes sooner than ``min_step`` after the last one.
         Returns whether it was kept."""
-        if self._last_t is not None and t - self._last_t < self.min_step:
+        if not self.due(t):
             return False
         with self._lock:
             self._last_t = t

@@ -343,9 +343,11 @@ class Engine:
             self.jobs.tick(snap)
         if self.guard is not None:
             self.guard.step(snap)
-        jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
-        values = sample_values(snap, jobs)
-        if self.recent.add(snap.time, values):
+        # History keeps one sample a second; at the guard's fast rate the rest are not built.
+        if self.recent.due(snap.time):
+            jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
+            values = sample_values(snap, jobs)
+            self.recent.add(snap.time, values)
             self.store.add_sample(snap.time, values)
         mono = time.monotonic()
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
