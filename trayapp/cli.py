@@ -13,6 +13,7 @@ import traceback
 from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 from trayapp import __version__
+from trayapp.text import one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_ENGINE = 0, 1, 2, 3
 
@@ -24,7 +25,7 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the user sees what is wrong and where to look.
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: {one_line(message)} (see '{self.prog} --help')\n")
 
 
 def _common(parser: argparse.ArgumentParser, top: bool) -> None:
@@ -272,7 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return cli_jobs.dispatch(args, paths)
     except UsageError as e:
-        print(f"headroom: {e}", file=sys.stderr)
+        print(f"headroom: {one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -287,13 +288,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from trayapp.engine.client import EngineError, EngineUnavailable
 
         if isinstance(e, EngineUnavailable):
-            print(f"headroom: {e}", file=sys.stderr)
+            print(f"headroom: {one_line(e)}", file=sys.stderr)
             return EXIT_NO_ENGINE
         if isinstance(e, EngineError):
-            print(f"headroom: {e}", file=sys.stderr)
+            print(f"headroom: {one_line(e)}", file=sys.stderr)
             return EXIT_USAGE if e.code in ("refused", "bad_request") else EXIT_FAILED
         where = _save_traceback()
-        print(f"headroom: internal error: {type(e).__name__}: {e}"
+        print(f"headroom: internal error: {type(e).__name__}: {one_line(e)}"
               + (f" (details in {where})" if where else ""), file=sys.stderr)
         return EXIT_FAILED
 

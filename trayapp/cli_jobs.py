@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 from trayapp.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from trayapp.config import Paths, format_bytes
 from trayapp.runner.protocol import PARK_EXIT_CODE
+from trayapp.text import one_line
 
 LIVE_STATES = ("starting", "running", "pausing", "paused", "parking", "stopping")
 PROGRESS_TTY_SECONDS = 0.5  # the progress line is redrawn at most twice a second
@@ -44,13 +45,8 @@ def dispatch(args: argparse.Namespace, paths: Paths) -> int:
     raise UsageError(f"unknown command {command}")
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def _say(message: str) -> None:
-    print(f"headroom: {message}", file=sys.stderr, flush=True)
+    print(f"headroom: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 # -- run ------------------------------------------------------------------------------------------
@@ -74,12 +70,12 @@ def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
     try:
         spec = spec_from_cli(args)
     except SpecError as e:
-        raise UsageError(_one_line(e)) from None
+        raise UsageError(one_line(e)) from None
     gpus = _local_gpus(bool(getattr(args, "demo", False)))
     try:
         warnings = validate(spec, gpus, check_paths=True)
     except SpecError as e:
-        raise UsageError(_one_line(e)) from None
+        raise UsageError(one_line(e)) from None
     if getattr(args, "dry_run", False):
         return _dry_run(spec, paths, gpus)
     for w in warnings:
@@ -105,7 +101,7 @@ def _dry_run(spec: Any, paths: Paths, gpus: tuple) -> int:
                             keyfile=str(paths.jobs_dir / job_id / "key"), gpus=gpus,
                             base_env=dict(os.environ))
     except ValueError as e:
-        raise UsageError(_one_line(e)) from None
+        raise UsageError(one_line(e)) from None
     print(format_plan(plan))
     return EXIT_OK
 
@@ -300,15 +296,15 @@ class Follower:
                     c.job_action(self.job_id, action, reason="Ctrl-C in headroom run")
                 except EngineError as e:
                     if fallback is None:
-                        _say(_one_line(e))
+                        _say(one_line(e))
                         return
-                    _say(f"{_one_line(e)}; stopping it instead")
+                    _say(f"{one_line(e)}; stopping it instead")
                     try:
                         c.job_action(self.job_id, fallback, reason="Ctrl-C in headroom run")
                     except (EngineError, EngineUnavailable) as e2:
-                        _say(_one_line(e2))
+                        _say(one_line(e2))
                 except EngineUnavailable as e:
-                    _say(_one_line(e))
+                    _say(one_line(e))
 
         threading.Thread(target=act, daemon=True).start()
 
@@ -589,7 +585,7 @@ def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
         try:
             python = os.path.abspath(resolve_python(python))
         except SpecError as e:
-            raise UsageError(_one_line(e)) from None
+            raise UsageError(one_line(e)) from None
         if not os.path.exists(python):
             raise UsageError(f"--python: not found: {python}")
     else:

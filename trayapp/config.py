@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from trayapp.text import one_line
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python < 3.11
@@ -347,13 +349,9 @@ def load(path: Path) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         cfg = Config(path=path)
-        cfg.problems.append(f"config: {path} cannot be read ({_one_line(e)}); using the defaults")
+        cfg.problems.append(f"config: {path} cannot be read ({one_line(e)}); using the defaults")
         return cfg
     return from_mapping(data, path)
-
-
-def _one_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def default_text() -> str:

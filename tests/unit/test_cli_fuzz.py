@@ -23,7 +23,8 @@ RUN_FLAGS = ["--python", "--gpu", "--cpu-only", "--memory-growth", "--no-memory-
 VALUES = st.sampled_from(["0", "1", "-1", "0,1", "4,2", "1024", "1e3", "abc", "", " ", "bfc",
                           "cuda_malloc_async", "mixed_float16", "desktop-safe", "throughput",
                           "cpu-only", "KEY=VALUE", "=x", "noequals", "999999999999", "1.5",
-                          "/nonexistent", "train.py", "--", "ünïcode"]) | st.text(max_size=8)
+                          "/nonexistent", "train.py", "--", "ünïcode", "\r", "a\nb",
+                          "\x1b[2J", "\u2028"]) | st.text(max_size=8)
 
 
 @settings(max_examples=400, deadline=None)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from trayapp.text import one_line
+
 log = logging.getLogger(__name__)
 
 # Ranges up to this long are answered from raw samples (when the raw tier still covers them).
@@ -150,11 +152,6 @@ def _is_corrupt(e: BaseException) -> bool:
     return "malformed" in text or "not a database" in text
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
-
-
 Row = Tuple[str, float, float]  # series name, time, value
 
 
@@ -213,9 +210,9 @@ class Store:
             self._start_over(str(e), e.tag)
         except (sqlite3.Error, OSError) as e:
             if _is_transient(e):
-                self._use_memory(f"cannot open {self.path}: {_one_line(e)}")
+                self._use_memory(f"cannot open {self.path}: {one_line(e, 300)}")
             else:
-                self._start_over(_one_line(e), "corrupt")
+                self._start_over(one_line(e, 300), "corrupt")
         else:
             self._load_state()
 
@@ -230,7 +227,7 @@ class Store:
         try:
             self._conn = self._connect(self.path)
         except (sqlite3.Error, OSError, _Unusable) as e:
-            self._use_memory(f"cannot create {self.path}: {_one_line(e)}")
+            self._use_memory(f"cannot create {self.path}: {one_line(e, 300)}")
         else:
             self._load_state()
         self.add_event(
@@ -262,7 +259,7 @@ class Store:
                 try:
                     conn.execute(f"SELECT {columns} FROM {table} LIMIT 0")
                 except sqlite3.OperationalError as e:
-                    raise _Unusable(f"schema does not match: {_one_line(e)}") from None
+                    raise _Unusable(f"schema does not match: {one_line(e, 300)}") from None
         except BaseException:
             conn.close()
             raise
@@ -314,7 +311,7 @@ class Store:
         except FileNotFoundError:
             pass
         except OSError as e:
-            log.error("cannot move %s aside: %s", self.path, _one_line(e))
+            log.error("cannot move %s aside: %s", self.path, one_line(e, 300))
             return None
         for suffix in ("-wal", "-journal"):
             side = Path(f"{self.path}{suffix}")
@@ -322,7 +319,7 @@ class Store:
                 if side.exists():
                     os.replace(side, Path(f"{target}{suffix}"))
             except OSError as e:
-                log.warning("cannot move %s aside: %s", side, _one_line(e))
+                log.warning("cannot move %s aside: %s", side, one_line(e, 300))
         try:
             Path(f"{self.path}-shm").unlink()
         except OSError:
@@ -336,7 +333,7 @@ class Store:
         try:
             self._conn = self._connect(Path(":memory:"))
         except (sqlite3.Error, _Unusable) as e:  # pragma: no cover - needs a broken sqlite3
-            log.error("cannot open an in-memory database either: %s", _one_line(e))
+            log.error("cannot open an in-memory database either: %s", one_line(e, 300))
             self._conn = None
         self._load_state()
 
@@ -372,7 +369,7 @@ class Store:
             pass
         self._conn = None
         self._logged.clear()
-        self._start_over(_one_line(e), "corrupt")
+        self._start_over(one_line(e, 300), "corrupt")
 
     # -----------------------------------------------------------------------------------------
     # Error reporting
@@ -391,15 +388,16 @@ class Store:
         log.error(message, *args)
 
     def _read_failed(self, what: str, e: BaseException) -> None:
-        self._log_once(f"read:{what}:{e}", "history database: %s failed: %s", what, _one_line(e))
+        self._log_once(f"read:{what}:{e}", "history database: %s failed: %s", what,
+                       one_line(e, 300))
         if isinstance(e, sqlite3.DatabaseError) and _is_corrupt(e):
             self._recover_at_runtime(e)
 
     def _write_failed(self, what: str, e: BaseException) -> None:
         # Logged when writes start failing, not on every flush while they keep failing.
         if self.write_error is None or self.write_error == self._fallback_reason:
-            log.error("cannot write %s to %s: %s", what, self.path, _one_line(e))
-        self.write_error = f"cannot write {what} to {self.path}: {_one_line(e)}"
+            log.error("cannot write %s to %s: %s", what, self.path, one_line(e, 300))
+        self.write_error = f"cannot write {what} to {self.path}: {one_line(e, 300)}"
         if isinstance(e, sqlite3.DatabaseError) and _is_corrupt(e):
             self._recover_at_runtime(e)
 
@@ -824,7 +822,7 @@ class Store:
         try:
             data = json.dumps(job, default=str)
         except (TypeError, ValueError) as e:
-            log.error("cannot save job %s: %s", job.get("id"), _one_line(e))
+            log.error("cannot save job %s: %s", job.get("id"), one_line(e, 300))
             return
         row = (
             str(job["id"]),
@@ -889,7 +887,7 @@ class Store:
                 try:
                     self._conn.close()
                 except sqlite3.Error as e:  # pragma: no cover - close rarely fails
-                    log.error("closing %s: %s", self.path, _one_line(e))
+                    log.error("closing %s: %s", self.path, one_line(e, 300))
                 self._conn = None
 
     def __enter__(self) -> Store:

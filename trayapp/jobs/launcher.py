@@ -40,6 +40,7 @@ from trayapp.config import Paths
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
+from trayapp.text import one_line
 
 log = logging.getLogger("headroom.jobs")
 
@@ -127,11 +128,6 @@ def _signal_name(code: int) -> str:
         return signal.Signals(code).name
     except ValueError:
         return f"signal {code}"
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 class JobManager:
@@ -226,7 +222,7 @@ class JobManager:
             spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
             applied = self._with_preset(spec)
         except SpecError as e:
-            raise ValueError(_one_line(e)) from None
+            raise ValueError(one_line(e)) from None
         with self._lock:
             job_id = self._new_id()
             folder = self.paths.jobs_dir / job_id
@@ -333,7 +329,7 @@ class JobManager:
                                 keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
                                 base_env=_job_environ(folder), runner_dir=self.runner_dir)
         except Exception as e:  # SpecError and friends: a plan that cannot be made
-            raise ValueError(_one_line(e)) from None
+            raise ValueError(one_line(e)) from None
         kwargs: Dict[str, Any] = {}
         if WINDOWS:  # pragma: no cover - Windows only
             kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
@@ -352,7 +348,7 @@ class JobManager:
                                          stderr=subprocess.STDOUT, close_fds=True, **kwargs)
             except OSError as e:
                 raise ValueError(f"cannot start {plan.argv[0]}: "
-                                 f"{e.strerror or _one_line(e)}") from None
+                                 f"{e.strerror or one_line(e)}") from None
         job.popen = popen
         try:
             job.process = psutil.Process(popen.pid)
@@ -877,7 +873,7 @@ class JobManager:
             validate(spec, tuple(self._gpus()), check_paths=True)
             spec = self._with_preset(spec)
         except SpecError as e:
-            raise ValueError(f"job {job.id} cannot be relaunched: {_one_line(e)}") from None
+            raise ValueError(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
         if not job.key:
             job.key = secrets.token_bytes(32)
             configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key,

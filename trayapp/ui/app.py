@@ -34,6 +34,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidge
 
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.text import one_line
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
 from trayapp.ui.single_instance import WINDOWS, SingleInstance
@@ -393,7 +394,7 @@ def setup_logging(paths: Paths) -> None:
         fh.setFormatter(fmt)
         logger.addHandler(fh)
     except OSError as e:
-        print(f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({e})",
+        print(f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({one_line(e)})",
               file=sys.stderr)
     sh = logging.StreamHandler(sys.stderr)
     sh.setLevel(logging.WARNING)
@@ -412,7 +413,8 @@ def run_tray(args: Any, paths: Paths) -> int:
     try:
         paths.ensure()
     except (OSError, ConfigError) as e:
-        print(f"headroom: cannot use the state folder {paths.home}: {e}", file=sys.stderr)
+        print(f"headroom: cannot use the state folder {one_line(str(paths.home))}: "
+              f"{one_line(e)}", file=sys.stderr)
         return 1
     setup_logging(paths)
     app = cast(QApplication, QApplication.instance() or QApplication(sys.argv[:1]))
@@ -423,7 +425,7 @@ def run_tray(args: Any, paths: Paths) -> int:
     try:
         primary = single.acquire()
     except OSError as e:
-        print(f"headroom: {e}", file=sys.stderr)
+        print(f"headroom: {one_line(e)}", file=sys.stderr)
         return 1
     if not primary:
         if single.forward(window):
