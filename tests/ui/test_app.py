@@ -142,6 +142,21 @@ def test_windows_open_by_name_and_missing_ones_say_so(qtbot, app_on, monkeypatch
                                "Headroom."
 
 
+def test_settings_opened_at_a_cold_start_load_once_the_engine_answers(qtbot, app_on) -> None:
+    # `headroom --open settings` with no engine running: the dialog opens before the engine
+    # the tray starts is up, then reads the settings when it answers.
+    app = app_on(start_engine=True, demo=True)
+    dialog = app.open_window("settings")
+    assert dialog is not None and not dialog.loaded_ok  # type: ignore[attr-defined]
+    qtbot.waitUntil(lambda: "cannot be read" in dialog.status_label.text(),  # type: ignore
+                    timeout=15000)
+    app.start()
+    qtbot.waitUntil(lambda: dialog.loaded_ok, timeout=30000)  # type: ignore[attr-defined]
+    assert dialog.status_label.text().startswith("Saved by the engine to ")  # type: ignore
+    assert dialog.tabs.isEnabled()  # type: ignore[attr-defined]
+    assert app.request_quit() is True
+
+
 def test_a_job_launched_from_the_dialog_shows_in_the_jobs_window(qtbot, demo_engine, app_on,
                                                                   paths) -> None:
     app = app_on()

@@ -237,9 +237,14 @@ class HeadroomApp(QObject):
                 method(*args)
 
     def _on_snapshot(self, status: Dict[str, Any]) -> None:
+        came_back = not self.reachable
         self.status = status
         self.reachable = True
         self.reason = None
+        if came_back:
+            # Windows opened before the engine answered (``--open settings`` at a cold start)
+            # or while it was away read what they need now.
+            self._forward("set_reachable", True, None)
         if self.tray is not None:
             self.tray.update(status, True)
         if self._dashboard is not None:

@@ -460,7 +460,8 @@ class SettingsDialog(QDialog):
         self._changed()
 
     def _load_failed(self, message: str) -> None:
-        self.status_label.setText(f"The settings cannot be read: {one_line(message)}")
+        self.status_label.setText(f"The settings cannot be read: {one_line(message)}. They "
+                                  "load as soon as the engine answers.")
         self.status_label.setStyleSheet("color: #c0392b;")
 
     def apply_config(self, config: Dict[str, Any], keep_edits: bool = False) -> None:
@@ -520,8 +521,12 @@ class SettingsDialog(QDialog):
                                       + (f": {reason}" if reason else "")
                                       + "; the settings cannot be saved until it is back.")
             self.status_label.setStyleSheet("color: #c0392b;")
-        elif self.isVisible():
-            self._load()
+        elif self.isVisible() and not self._saving:
+            if self.loaded_ok:
+                # Back after a gap: the engine's values again, the user's edits kept.
+                self._runner.submit(lambda c: c.config_get(), self.set_config, lambda _m: None)
+            else:
+                self._load()
 
     def _refresh_memory(self) -> None:
         # The app's pushes keep the preview current; without them, ask now and then.
