@@ -4,7 +4,7 @@ started from source, in one run.
     python benchmarks/bench_bundle.py [--bundle DIR] [--skip-deb] [--starts 5] [--json]
 
 Without ``--bundle`` it first builds the current source with ``packaging/build.py`` into a
-scratch folder (the build time is a figure too). Goals: the unpacked bundle at most 150 MiB;
+scratch folder (the build time is a figure too). Goals: the unpacked bundle at most 150 MB (10^6 bytes);
 the frozen tray's icon in the tray no later than the same tray started from source (ratio at
 most 1.1, the noise of a few starts). Start to icon uses bench_tray's virtual desktop (Xvfb
 with the trayer system tray; Debian packages xvfb trayer x11-utils): "visible" means the icon
@@ -31,19 +31,20 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_tray  # noqa: E402 - its virtual desktop and engine helpers
 
-SIZE_GOAL_MIB = 150.0
+SIZE_GOAL_MB = 150.0
 # No slower than the same tray from source, beyond the noise of a few starts.
 START_RATIO_GOAL = 1.1
 EXE = "headroom.exe" if sys.platform == "win32" else "headroom"
 
 
-def tree_mib(path: Path) -> float:
-    """MiB in the files under ``path`` (symbolic links as links, as they are installed)."""
+def tree_mb(path: Path) -> float:
+    """MB (10^6 bytes) in the files under ``path`` (symbolic links as links, as they are
+    installed)."""
     total = 0
     for p in path.rglob("*"):
         if p.is_symlink() or p.is_file():
             total += p.lstat().st_size
-    return total / 2**20
+    return total / 1e6
 
 
 def build(scratch: Path, skip_deb: bool) -> Dict[str, object]:
@@ -117,14 +118,14 @@ def measure(bundle: Optional[Path], skip_deb: bool, starts: int) -> List[Dict[st
         exe = bundle / EXE
         if not exe.is_file():
             raise SystemExit(f"bench_bundle: no {EXE} in {bundle}")
-        size = tree_mib(bundle)
+        size = tree_mb(bundle)
         results.append({"name": "bundle size, unpacked", "value": round(size, 1),
-                        "unit": "MiB", "goal": SIZE_GOAL_MIB,
-                        "ratio": round(size / SIZE_GOAL_MIB, 3)})
+                        "unit": "MB", "goal": SIZE_GOAL_MB,
+                        "ratio": round(size / SIZE_GOAL_MB, 3)})
         if isinstance(installer, Path):
             results.append({"name": f"installer size ({installer.suffix})",
-                            "value": round(installer.stat().st_size / 2**20, 1),
-                            "unit": "MiB"})
+                            "value": round(installer.stat().st_size / 1e6, 1),
+                            "unit": "MB"})
         if bench_tray.HAVE_DESKTOP and starts > 0:
             times = start_times([str(exe), "--demo"],
                                 [sys.executable, "-m", "trayapp", "--demo"], starts)

@@ -22,7 +22,11 @@ EXCLUDED_MODULES: List[str] = [
     "PyQt5", "PyQt6", "PySide2", "pytest", "_pytest", "pytestqt", "hypothesis", "mypy",
     "OpenGL", "cupy", "numba", "pyqtgraph.examples", "pyqtgraph.opengl", "pyqtgraph.jupyter",
     "pyqtgraph.canvas", "pyqtgraph.flowchart", "pyqtgraph.console", "numpy.f2py",
-    "numpy.distutils", "requests", "charset_normalizer", "urllib3", "idna", "certifi",
+    "numpy.distutils",
+    # numpy loads these on first use only, and neither the app nor the parts of pyqtgraph it
+    # draws with use them (3 MB). numpy.ma stays: numpy's own functions (np.unique) use it.
+    "numpy.random", "numpy.fft", "numpy.testing",
+    "requests", "charset_normalizer", "urllib3", "idna", "certifi",
     # No network but a local socket: without ssl and _hashlib OpenSSL stays out (5 MB);
     # hashlib and hmac fall back to Python's built-in hashes, which is all the app uses.
     "ssl", "_ssl", "_hashlib", "readline",
@@ -79,6 +83,9 @@ DROPPED_FILES: Tuple[str, ...] = tuple(
     # Windows: the software OpenGL fallback (20 MB); widgets and pyqtgraph draw with the raster
     # engine and need no OpenGL.
     "*opengl32sw.dll",
+    # pyqtgraph's own application icon, set only by pg.mkQApp(); the app makes its own
+    # QApplication with Headroom's icon.
+    "pyqtgraph/icons/peegee/*",
 )
 
 # Sub-packages of trayapp imported only inside functions; the runner is shipped as source.

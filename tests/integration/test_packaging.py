@@ -247,6 +247,23 @@ def test_bundle_leaves_out_what_the_app_does_not_use(built: Built) -> None:
     platform_plugin = "qwindows.dll" if WINDOWS else "libqxcb.so"
     assert (qt / "plugins" / "platforms" / platform_plugin).exists()
     assert (internal / "numpy").is_dir() and (internal / "pyqtgraph").is_dir()
+    # numpy's lazily loaded parts that nothing uses stay out.
+    assert not (internal / "numpy" / "random").exists()
+
+
+@packaging_only
+@linux_only
+def test_bundle_holds_trimmed_icu_data(built: Built) -> None:
+    import PySide6
+
+    wheel = sorted((Path(PySide6.__file__).parent / "Qt" / "lib").glob("libicudata.so.*"))
+    if not wheel:
+        pytest.skip("this PySide6 wheel ships no ICU data library")
+    bundled = built.bundle / "_internal" / "PySide6" / "Qt" / "lib" / wheel[0].name
+    assert bundled.is_file()
+    # The test set-up installs gcc, so the build trims it to under a third; the frozen tray's
+    # test below shows Qt running on it.
+    assert bundled.stat().st_size < wheel[0].stat().st_size / 3
 
 
 @packaging_only
