@@ -4,12 +4,13 @@ started from source, in one run.
     python benchmarks/bench_bundle.py [--bundle DIR] [--skip-deb] [--starts 5] [--json]
 
 Without ``--bundle`` it first builds the current source with ``packaging/build.py`` into a
-scratch folder (the build time is a figure too). Goals: the unpacked bundle at most 150 MB (10^6 bytes);
-the frozen tray's icon in the tray no later than the same tray started from source (ratio at
-most 1.1, the noise of a few starts). Start to icon uses bench_tray's virtual desktop (Xvfb
-with the trayer system tray; Debian packages xvfb trayer x11-utils): "visible" means the icon
-window is embedded in the tray host. Starts alternate frozen / source so both see the same
-machine; one warm-up each is not counted. Without those tools only the sizes are measured.
+scratch folder (the build time is a figure too). Goals: the unpacked bundle at most 150 MB
+(10^6 bytes); the frozen tray's icon in the tray no later than the same tray started from
+source (ratio at most 1.1, the noise of a few starts). Start to icon uses bench_tray's virtual
+desktop (Xvfb with the trayer system tray; Debian packages xvfb trayer x11-utils): "visible"
+means the icon window is embedded in the tray host. Starts alternate frozen / source so both
+see the same machine; one warm-up each is not counted. Without those tools only the sizes are
+measured.
 """
 
 from __future__ import annotations

@@ -34,11 +34,16 @@ def _load() -> ModuleType:
 icu_data = _load()
 
 
+def pyside_folder() -> Path:
+    """The installed PySide6 package's folder (found, not imported)."""
+    spec = importlib.util.find_spec("PySide6")
+    assert spec is not None and spec.origin
+    return Path(spec.origin).parent
+
+
 @pytest.fixture(scope="module")
 def wheel_library() -> Path:
-    import PySide6
-
-    found = sorted((Path(PySide6.__file__).parent / "Qt" / "lib").glob("libicudata.so.*"))
+    found = sorted((pyside_folder() / "Qt" / "lib").glob("libicudata.so.*"))
     if not found:
         pytest.skip("this PySide6 wheel ships no ICU data library")
     return found[0]
@@ -55,7 +60,7 @@ def trimmed(wheel_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def _symbol(library: Path) -> str:
-    return "icudt%s_dat" % library.name.rsplit(".", 1)[-1]
+    return f"icudt{library.name.rsplit('.', 1)[-1]}_dat"
 
 
 def test_the_package_round_trips_item_for_item(wheel_library: Path) -> None:

@@ -254,9 +254,9 @@ def test_bundle_leaves_out_what_the_app_does_not_use(built: Built) -> None:
 @packaging_only
 @linux_only
 def test_bundle_holds_trimmed_icu_data(built: Built) -> None:
-    import PySide6
+    from tests.integration.test_icu_data import pyside_folder
 
-    wheel = sorted((Path(PySide6.__file__).parent / "Qt" / "lib").glob("libicudata.so.*"))
+    wheel = sorted((pyside_folder() / "Qt" / "lib").glob("libicudata.so.*"))
     if not wheel:
         pytest.skip("this PySide6 wheel ships no ICU data library")
     bundled = built.bundle / "_internal" / "PySide6" / "Qt" / "lib" / wheel[0].name
