@@ -90,11 +90,12 @@ def tree_size(path: Path) -> int:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    """A size in decimal units (MB = 10^6 bytes), as the size goals are given."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
 
 
 def run(cmd: Sequence[Union[str, Path]], what: str, env: Optional[Dict[str, str]] = None,
