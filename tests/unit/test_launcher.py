@@ -222,6 +222,32 @@ def test_a_closed_manager_leaves_jobs_running_for_the_next(paths: Paths, store: 
         second.close()
 
 
+def _zombie_or_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_killed_jobs_unseen_child_is_reaped(manager: JobManager, tmp_path: Path) -> None:
+    # The manager's process is the subreaper: a killed job's forked child comes to it once the
+    # job's root is gone. Killed before any sample saw it, it is still reaped, not left as a
+    # zombie (to this process, or to whoever is next up the tree once the engine exits).
+    pidfile = tmp_path / "pids"
+    job = manager.start(JobSpec(script=str(REPO / "tests" / "scripts" / "jobs" / "stubborn.py"),
+                                args=(str(pidfile),), cwd=str(REPO)).to_json())
+    until(manager, pidfile.exists)
+    root, child = (int(x) for x in pidfile.read_text().split())
+    manager.kill(job["id"])
+    until(manager, lambda: manager.get(job["id"])["state"] not in ("starting", "running",
+                                                                    "stopping"))
+    until(manager, lambda: _zombie_or_gone(child), timeout=10)
+    # Reaped within the next ticks while the engine runs, and at the latest when it closes.
+    until(manager, lambda: not psutil.pid_exists(child), timeout=5)
+    manager.close()
+    assert not psutil.pid_exists(root) and not psutil.pid_exists(child)
+
+
 def _fake_python(tmp_path: Path) -> str:
     """An "interpreter" that runs no runner: the test speaks the job channel itself."""
     fake = tmp_path / "fakepython"

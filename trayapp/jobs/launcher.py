@@ -31,7 +31,7 @@ import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import psutil
 
@@ -154,6 +154,10 @@ class JobManager:
         # Orphans of job trees left after their job ended, reaped as they exit.
         self._orphans: Dict[int, psutil.Process] = {}
         self._orphans_checked = 0.0
+        # The process groups of the jobs this process started (a job's root leads its own
+        # session and group): what in them dies as our child, the subreaper's, is reaped even
+        # if it was never seen in a sample (a worker forked and killed between two samples).
+        self._groups: Set[int] = set()
         self._memory_total: Optional[int] = None  # from the engine's latest reading
         self.subreaper = become_subreaper() if subreaper else False
 
@@ -350,6 +354,8 @@ class JobManager:
                 raise ValueError(f"cannot start {plan.argv[0]}: "
                                  f"{e.strerror or one_line(e)}") from None
         job.popen = popen
+        if not WINDOWS:
+            self._groups.add(popen.pid)
         try:
             job.process = psutil.Process(popen.pid)
             create_time: Optional[float] = job.process.create_time()
@@ -607,7 +613,7 @@ class JobManager:
                     self._tick_job(job, now, gpus, events)
                 except Exception:  # one job's trouble must not stop the others' watch
                     log.exception("job %s: watching failed", job.id)
-            if self._orphans and now - self._orphans_checked >= 1.0:
+            if (self._orphans or self._groups) and now - self._orphans_checked >= 1.0:
                 self._orphans_checked = now
                 self._reap_orphans()
         for kind, level, message, job_id, data in events:
@@ -615,6 +621,10 @@ class JobManager:
 
     def _reap_orphans(self) -> None:
         """Reap what ended jobs left behind once it exits (and is ours to reap)."""
+        live_roots = {job.popen.pid for job in self._jobs.values() if job.popen is not None}
+        for group in list(self._groups):
+            if not _reap_group(group, live_roots):
+                self._groups.discard(group)
         for pid, p in list(self._orphans.items()):
             try:
                 if p.is_running():
@@ -1092,6 +1102,9 @@ class JobManager:
         running; the next engine adopts them."""
         with self._lock:
             self._closed = True
+            # What ended jobs left to this process (as their subreaper) is collected now: once
+            # it exits, a zombie would pass to whoever is next up the tree.
+            self._reap_orphans()
             for job in self._jobs.values():
                 if job.server is not None:
                     job.server.close()
@@ -1307,6 +1320,33 @@ def become_subreaper() -> bool:
         return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         return False
+
+
+def _reap_group(group: int, live_roots: Set[int]) -> bool:
+    """Reap this process's exited children in process group ``group`` (a job's tree), but not
+    a live job's root, which its Popen collects. False once nothing of the group is left."""
+    waitid = getattr(os, "waitid", None)
+    if WINDOWS or waitid is None:  # pragma: no cover - no zombies, or no waitid (macOS)
+        return False
+    for _ in range(256):
+        try:
+            # WNOWAIT: look first, so that a job's root is left to its Popen.
+            found = waitid(os.P_PGID, group, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break  # no child of ours in the group
+        if found is None or found.si_pid in live_roots:
+            break
+        try:
+            os.waitpid(found.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # it exists (a member we may not signal)
+    return True
 
 
 def _reap(proc: psutil.Process) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from trayapp.config import ConfigError, parse_size
 from trayapp.probes.snapshot import GpuReading
 from trayapp.runner import protocol
+from trayapp.text import one_line
 
 MIB = 1024 * 1024
 ALLOCATORS = ("bfc", "cuda_malloc_async")
@@ -75,7 +76,11 @@ RESERVED_VARIABLES = (
 
 
 class SpecError(ValueError):
-    """A job spec that cannot run; the message is one line naming the flag or field."""
+    """A job spec that cannot run; the message is one line naming the flag or field (a value
+    quoted in it shows its control characters as escapes)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)
