@@ -14,6 +14,26 @@ import pytest  # noqa: E402
 from trayapp.config import Paths  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def gc_on_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """As the tray does: Python's cycle collector runs on the GUI thread only, so a window left
+    from an earlier test is never destroyed on a request thread."""
+    import gc
+
+    from trayapp.ui.worker import collect_garbage_on_gui_thread
+
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    timer = collect_garbage_on_gui_thread(qapp)
+    yield
+    timer.stop()
+    # What the test deleted (deleteLater) goes now; the rest of its garbage is collected here,
+    # on the GUI thread, so that a problem in it shows in this test and not a later one.
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.enable()
+    gc.collect()
+
+
 @pytest.fixture
 def demo_engine(start_engine):  # type: ignore[no-untyped-def]
     """A real engine in --demo mode (simulated GPUs) on the test's HEADROOM_HOME."""

@@ -39,7 +39,7 @@ from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
 from trayapp.ui.single_instance import WINDOWS, SingleInstance
 from trayapp.ui.tray import TrayController
-from trayapp.ui.worker import CallRunner, EngineWorker
+from trayapp.ui.worker import CallRunner, EngineWorker, collect_garbage_on_gui_thread
 
 log = logging.getLogger("headroom.ui")
 
@@ -130,9 +130,15 @@ class HeadroomApp(QObject):
         if self._dashboard is not None:
             self._dashboard.save_state()
             self._dashboard.close_handler = None
-            self._dashboard.close()
-        for w in self.windows.values():
-            w.close()
+        # Closed and deleted by Qt on the GUI thread, children before parents, rather than left
+        # to Python's cycle collector, which may clear a plot item's attributes while Qt still
+        # calls into it.
+        for w in [self._dashboard, *self.windows.values()]:
+            if w is not None:
+                w.close()
+                w.deleteLater()
+        self._dashboard = None
+        self.windows.clear()
         if self.tray is not None:
             self.tray.hide()
         self.settings.sync()
@@ -426,6 +432,7 @@ def run_tray(args: Any, paths: Paths) -> int:
     app.setApplicationName("headroom")
     app.setApplicationDisplayName("Headroom")
     app.setDesktopFileName("headroom")
+    collect_garbage_on_gui_thread(app)
     single = SingleInstance(paths)
     try:
         primary = single.acquire()

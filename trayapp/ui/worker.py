@@ -3,18 +3,20 @@
 ``EngineWorker`` is a QThread that owns the subscription: it starts the engine when none runs,
 hands the GUI one whole status dict per push, and reconnects when the engine goes away and comes
 back (saying "unreachable" meanwhile). ``CallRunner`` runs requests (menu actions, history) on
-daemon threads and delivers their answers on the GUI thread.
+daemon threads and delivers their answers on the GUI thread. ``collect_garbage_on_gui_thread``
+keeps Python's cycle collector off those threads.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
-from PySide6.QtCore import QObject, QThread, Signal
+from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
 from trayapp.config import Paths
 from trayapp.engine.client import (
@@ -32,6 +34,31 @@ ENGINE_START_SECONDS = 20.0
 REQUEST_SECONDS = 3.0
 # Most pushes handed on at once; older snapshots in a burst are dropped (only the last counts).
 _DRAIN_MAX = 64
+
+
+def collect_garbage_on_gui_thread(parent: QObject, interval_ms: int = 1000) -> QTimer:
+    """Run Python's cycle collector only on the GUI thread, from a timer owned by ``parent``.
+
+    Left automatic, the collector runs in whichever thread happens to allocate when a threshold
+    is crossed, here often an engine thread; a window or model collected there is destroyed off
+    the GUI thread, which Qt warns about and which can crash. Automatic collection is turned off;
+    the timer collects each generation whose threshold its count passed, as Python would.
+    ``gc.enable()`` gives the automatic collector back (tests do, when they end)."""
+    thresholds = gc.get_threshold()
+
+    def collect() -> None:
+        counts = gc.get_count()
+        for generation in (2, 1, 0):
+            if counts[generation] > thresholds[generation]:
+                gc.collect(generation)  # collects the younger generations too
+                break
+
+    gc.disable()
+    timer = QTimer(parent)
+    timer.setObjectName("headroom-gc")
+    timer.timeout.connect(collect)
+    timer.start(interval_ms)
+    return timer
 
 
 class EngineWorker(QThread):
