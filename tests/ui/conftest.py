@@ -20,9 +20,9 @@ def gc_on_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
     from an earlier test is never destroyed on a request thread."""
     import gc
 
-    from trayapp.ui.worker import collect_garbage_on_gui_thread
-
     from PySide6.QtCore import QCoreApplication, QEvent
+
+    from trayapp.ui.worker import collect_garbage_on_gui_thread
 
     timer = collect_garbage_on_gui_thread(qapp)
     yield
