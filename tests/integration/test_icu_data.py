@@ -4,41 +4,23 @@ place of the wheel's) still collates, upper-cases and draws the dashboard."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.conftest import REPO
+from tests.fixtures import load_packaging, pyside_folder
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the Linux wheels ship ICU; elsewhere Qt uses the system's")
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("headroom_icu_data",
-                                                  REPO / "packaging" / "icu_data.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-icu_data = _load()
-
-
-def pyside_folder() -> Path:
-    """The installed PySide6 package's folder (found, not imported)."""
-    spec = importlib.util.find_spec("PySide6")
-    assert spec is not None and spec.origin
-    return Path(spec.origin).parent
+icu_data = load_packaging("icu_data")
 
 
 @pytest.fixture(scope="module")

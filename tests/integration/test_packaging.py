@@ -20,13 +20,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Dict, Iterator, List, Optional
 
 import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.fixtures import load_packaging, pyside_folder
 from trayapp import __version__
 from trayapp.engine.client import EngineClient, EngineUnavailable
 
@@ -46,19 +46,8 @@ linux_only = pytest.mark.skipif(not LINUX, reason="the .deb is built on Linux")
 CONFIG = '[guard]\nmode = "off"\n\n[engine]\nidle_exit_seconds = 2.0\n'
 
 
-def _load(name: str) -> ModuleType:
-    # packaging/ is not a package (and "packaging" is also a PyPI library's name).
-    spec = importlib.util.spec_from_file_location(f"headroom_{name}",
-                                                  REPO / "packaging" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load("build")
-bundle_filter = _load("bundle_filter")
+build = load_packaging("build")
+bundle_filter = load_packaging("bundle_filter")
 
 
 @dataclass
@@ -254,8 +243,6 @@ def test_bundle_leaves_out_what_the_app_does_not_use(built: Built) -> None:
 @packaging_only
 @linux_only
 def test_bundle_holds_trimmed_icu_data(built: Built) -> None:
-    from tests.integration.test_icu_data import pyside_folder
-
     wheel = sorted((pyside_folder() / "Qt" / "lib").glob("libicudata.so.*"))
     if not wheel:
         pytest.skip("this PySide6 wheel ships no ICU data library")

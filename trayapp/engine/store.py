@@ -29,6 +29,9 @@ from trayapp.text import one_line
 
 log = logging.getLogger(__name__)
 
+# A database error's text, as far as it goes into a log line or a stored event.
+REASON_CHARS = 300
+
 # Ranges up to this long are answered from raw samples (when the raw tier still covers them).
 RAW_QUERY_MAX_SECONDS = 6 * 3600.0
 # A sample closer than this to the last one kept for its series is dropped.
@@ -210,9 +213,9 @@ class Store:
             self._start_over(str(e), e.tag)
         except (sqlite3.Error, OSError) as e:
             if _is_transient(e):
-                self._use_memory(f"cannot open {self.path}: {one_line(e, 300)}")
+                self._use_memory(f"cannot open {self.path}: {one_line(e, REASON_CHARS)}")
             else:
-                self._start_over(one_line(e, 300), "corrupt")
+                self._start_over(one_line(e, REASON_CHARS), "corrupt")
         else:
             self._load_state()
 
@@ -227,7 +230,7 @@ class Store:
         try:
             self._conn = self._connect(self.path)
         except (sqlite3.Error, OSError, _Unusable) as e:
-            self._use_memory(f"cannot create {self.path}: {one_line(e, 300)}")
+            self._use_memory(f"cannot create {self.path}: {one_line(e, REASON_CHARS)}")
         else:
             self._load_state()
         self.add_event(
@@ -259,7 +262,7 @@ class Store:
                 try:
                     conn.execute(f"SELECT {columns} FROM {table} LIMIT 0")
                 except sqlite3.OperationalError as e:
-                    raise _Unusable(f"schema does not match: {one_line(e, 300)}") from None
+                    raise _Unusable(f"schema does not match: {one_line(e, REASON_CHARS)}") from None
         except BaseException:
             conn.close()
             raise
@@ -311,7 +314,7 @@ class Store:
         except FileNotFoundError:
             pass
         except OSError as e:
-            log.error("cannot move %s aside: %s", self.path, one_line(e, 300))
+            log.error("cannot move %s aside: %s", self.path, one_line(e, REASON_CHARS))
             return None
         for suffix in ("-wal", "-journal"):
             side = Path(f"{self.path}{suffix}")
@@ -319,7 +322,7 @@ class Store:
                 if side.exists():
                     os.replace(side, Path(f"{target}{suffix}"))
             except OSError as e:
-                log.warning("cannot move %s aside: %s", side, one_line(e, 300))
+                log.warning("cannot move %s aside: %s", side, one_line(e, REASON_CHARS))
         try:
             Path(f"{self.path}-shm").unlink()
         except OSError:
@@ -333,7 +336,7 @@ class Store:
         try:
             self._conn = self._connect(Path(":memory:"))
         except (sqlite3.Error, _Unusable) as e:  # pragma: no cover - needs a broken sqlite3
-            log.error("cannot open an in-memory database either: %s", one_line(e, 300))
+            log.error("cannot open an in-memory database either: %s", one_line(e, REASON_CHARS))
             self._conn = None
         self._load_state()
 
@@ -369,7 +372,7 @@ class Store:
             pass
         self._conn = None
         self._logged.clear()
-        self._start_over(one_line(e, 300), "corrupt")
+        self._start_over(one_line(e, REASON_CHARS), "corrupt")
 
     # -----------------------------------------------------------------------------------------
     # Error reporting
@@ -389,15 +392,15 @@ class Store:
 
     def _read_failed(self, what: str, e: BaseException) -> None:
         self._log_once(f"read:{what}:{e}", "history database: %s failed: %s", what,
-                       one_line(e, 300))
+                       one_line(e, REASON_CHARS))
         if isinstance(e, sqlite3.DatabaseError) and _is_corrupt(e):
             self._recover_at_runtime(e)
 
     def _write_failed(self, what: str, e: BaseException) -> None:
         # Logged when writes start failing, not on every flush while they keep failing.
         if self.write_error is None or self.write_error == self._fallback_reason:
-            log.error("cannot write %s to %s: %s", what, self.path, one_line(e, 300))
-        self.write_error = f"cannot write {what} to {self.path}: {one_line(e, 300)}"
+            log.error("cannot write %s to %s: %s", what, self.path, one_line(e, REASON_CHARS))
+        self.write_error = f"cannot write {what} to {self.path}: {one_line(e, REASON_CHARS)}"
         if isinstance(e, sqlite3.DatabaseError) and _is_corrupt(e):
             self._recover_at_runtime(e)
 
@@ -822,7 +825,7 @@ class Store:
         try:
             data = json.dumps(job, default=str)
         except (TypeError, ValueError) as e:
-            log.error("cannot save job %s: %s", job.get("id"), one_line(e, 300))
+            log.error("cannot save job %s: %s", job.get("id"), one_line(e, REASON_CHARS))
             return
         row = (
             str(job["id"]),
@@ -887,7 +890,7 @@ class Store:
                 try:
                     self._conn.close()
                 except sqlite3.Error as e:  # pragma: no cover - close rarely fails
-                    log.error("closing %s: %s", self.path, one_line(e, 300))
+                    log.error("closing %s: %s", self.path, one_line(e, REASON_CHARS))
                 self._conn = None
 
     def __enter__(self) -> Store:

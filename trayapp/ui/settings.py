@@ -460,8 +460,9 @@ class SettingsDialog(QDialog):
         self._changed()
 
     def _load_failed(self, message: str) -> None:
-        self.status_label.setText(f"The settings cannot be read: {one_line(message)}. They "
-                                  "load as soon as the engine answers.")
+        why = one_line(message).rstrip(".")
+        self.status_label.setText(f"The settings cannot be read: {why}. They load as soon as "
+                                  "the engine answers.")
         self.status_label.setStyleSheet("color: #c0392b;")
 
     def apply_config(self, config: Dict[str, Any], keep_edits: bool = False) -> None:
