@@ -28,6 +28,7 @@ REPO = HERE.parent
 BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_tick": ([], ["--ticks", "500", "--rounds", "3"]),
     "bench_engine": (["--seconds", "60"], ["--seconds", "10"]),
+    "bench_flood": ([], ["--tries", "5"]),
     "bench_store": ([], ["--hours", "2"]),
     "bench_guard": ([], ["--quick"]),
     "bench_runner": ([], ["--quick"]),

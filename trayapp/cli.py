@@ -208,7 +208,7 @@ def local_status(demo: bool) -> Dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace, paths: Any) -> int:
-    from trayapp.engine.client import EngineClient, EngineUnavailable
+    from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable
 
     client = EngineClient(paths, timeout=5.0)
     tty = sys.stdout.isatty()
@@ -216,6 +216,8 @@ def cmd_status(args: argparse.Namespace, paths: Any) -> int:
         while True:
             try:
                 st = client.status()
+            except EngineBusy:
+                raise  # an engine runs: readings of our own would say it does not (exit 3)
             except EngineUnavailable:
                 st = local_status(args.demo)
             if args.json:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any, Dict, List, Optional
 
 from trayapp.config import Paths
@@ -26,12 +27,22 @@ class EngineUnavailable(Exception):
     """No engine answers at this state folder (exit status 3 in the CLI)."""
 
 
+class EngineBusy(EngineUnavailable):
+    """An engine runs at this state folder but did not take this client: it refused the
+    connection (all its places are taken) or did not answer in time. Exit status 3, like
+    EngineUnavailable, but it must never be reported as "no engine is running"."""
+
+
 class EngineError(Exception):
     """The engine answered with an error; the message is one line for the user."""
 
     def __init__(self, message: str, code: str = "error"):
         super().__init__(message)
         self.code = code
+
+
+# A refused connection is tried again for this long (a flood's churn can refuse one by chance).
+BUSY_RETRY_SECONDS = 1.0
 
 
 def _family() -> str:
@@ -45,30 +56,90 @@ def _read_key(paths: Paths) -> bytes:
         raise EngineUnavailable(f"no engine is running for {paths.home}") from None
 
 
-def _open(paths: Paths, timeout: float) -> Connection:
-    key = _read_key(paths)
-    if not WINDOWS and not os.path.exists(paths.control_address):
-        raise EngineUnavailable(f"no engine is running for {paths.home}")
-    result: Dict[str, Any] = {}
+def _busy(paths: Paths) -> EngineBusy:
+    return EngineBusy(f"the engine at {paths.home} is busy and refused the connection; "
+                      "try again")
 
-    # Client() has no timeout of its own; a wedged engine must not hang the caller.
+
+class _Refused(Exception):
+    """The engine took the connection, then closed it before the handshake ended."""
+
+
+def _dial(address: str, key: bytes, sockets: List[Any]) -> Connection:
+    """Connect and authenticate (POSIX). Raises FileNotFoundError/ConnectionRefusedError when
+    nothing listens, _Refused when the engine closes the connection in the handshake,
+    AuthenticationError for a wrong key. The socket goes into ``sockets`` so the caller can
+    cut a handshake that does not end."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sockets.append(sock)
+    sock.connect(address)
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+    except AuthenticationError:
+        conn.close()
+        raise
+    except (EOFError, OSError) as e:
+        conn.close()
+        raise _Refused() from e
+    return conn
+
+
+def _attempt(paths: Paths, key: bytes, timeout: float) -> Connection:
+    """One try at a connection, within ``timeout``. Raises EngineUnavailable (nothing
+    listens, wrong key), EngineBusy (no answer in time) or _Refused."""
+    result: Dict[str, Any] = {}
+    sockets: List[Any] = []
+
+    # The handshake has no timeout of its own; a wedged engine must not hang the caller.
     def attempt() -> None:
         try:
-            result["conn"] = Client(paths.control_address, family=_family(), authkey=key)
+            if WINDOWS:  # pragma: no cover - Windows only
+                result["conn"] = Client(paths.control_address, family=_family(), authkey=key)
+            else:
+                result["conn"] = _dial(paths.control_address, key, sockets)
         except BaseException as e:  # noqa: BLE001 - handed to the caller below
             result["error"] = e
 
     t = threading.Thread(target=attempt, daemon=True)
     t.start()
     t.join(timeout)
+    for sock in sockets:  # the thread's own socket: a stuck handshake ends with it
+        try:
+            if t.is_alive():
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        except OSError:
+            pass
     if t.is_alive():
-        raise EngineUnavailable("the engine does not answer")
+        raise EngineBusy(f"the engine at {paths.home} is busy and did not take the "
+                         f"connection in {timeout:.0f} s; try again")
     err = result.get("error")
     if isinstance(err, AuthenticationError):
         raise EngineUnavailable("the engine refused this client (wrong key)")
+    if isinstance(err, _Refused):
+        raise err
     if err is not None:
         raise EngineUnavailable(f"no engine is running for {paths.home}")
     return result["conn"]
+
+
+def _open(paths: Paths, timeout: float) -> Connection:
+    key = _read_key(paths)
+    if not WINDOWS and not os.path.exists(paths.control_address):
+        raise EngineUnavailable(f"no engine is running for {paths.home}")
+    started = time.monotonic()
+    delay = 0.05
+    while True:
+        try:
+            return _attempt(paths, key, max(0.1, timeout - (time.monotonic() - started)))
+        except _Refused:
+            spent = time.monotonic() - started
+            if spent + delay > min(BUSY_RETRY_SECONDS, timeout):
+                raise _busy(paths) from None
+            time.sleep(delay)
+            delay *= 2
 
 
 class EngineClient:
@@ -101,9 +172,13 @@ class EngineClient:
                     break
                 except (OSError, EOFError):
                     self.close_nolock()
-                    # A connection the engine dropped (restart) gets one fresh try.
-                    if attempt == 1 or op == "shutdown":
+                    # A connection the engine dropped (restart, or cut while idle) gets one
+                    # fresh try; cut again, the engine runs but had no room for this client.
+                    if op == "shutdown":
                         raise EngineUnavailable("the engine went away") from None
+                    if attempt == 1:
+                        raise EngineBusy(f"the engine at {self.paths.home} is busy and cut "
+                                         "the connection; try again") from None
         if not answer.get("ok"):
             raise EngineError(str(answer.get("error", "unknown error")),
                               answer.get("code", "error"))
@@ -115,7 +190,8 @@ class EngineClient:
             left = deadline - time.monotonic()
             if left <= 0 or not conn.poll(left):
                 self.close_nolock()
-                raise EngineUnavailable("the engine did not answer in time")
+                raise EngineBusy(f"the engine at {self.paths.home} did not answer in time; "
+                                 "try again")
             msg = json.loads(conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
             if isinstance(msg, dict) and msg.get("id") in (req_id, None) and "ok" in msg:
                 return msg
@@ -279,6 +355,8 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
     try:
         client.ping()
         return client
+    except EngineBusy:
+        raise  # one runs: starting another would not help
     except EngineUnavailable:
         if not start:
             raise

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 from trayapp import __version__
 from trayapp import config as configmod
 from trayapp.config import Config, ConfigError, Paths
-from trayapp.engine import protocol
+from trayapp.engine import api, protocol
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.engine.history import RecentHistory
 from trayapp.probes.snapshot import GpuReading, Snapshot
@@ -261,7 +261,7 @@ class Engine:
                 log.warning("%s", problem)
             key = secrets.token_bytes(32)
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
-                                        name="control")
+                                        name="control", idle_timeout=api.IDLE_SECONDS)
             self.server.start()
             # The key is written only after the socket exists, so a client that finds the key
             # finds an engine behind it.
