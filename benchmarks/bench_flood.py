@@ -87,7 +87,9 @@ def time_status(home: Path, tries: int) -> Dict[str, Any]:
     return {"times": times, "unanswered": unanswered, "tries": tries}
 
 
-def p95(values: List[float]) -> float:
+def p95(values: List[float]) -> Optional[float]:
+    if not values:
+        return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
@@ -131,19 +133,20 @@ def main() -> int:
                     m = time_status(home, args.tries)
                     c1, t1 = engine.cpu_times(), time.monotonic()
                 cpu = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / (t1 - t0)
-                times = m["times"] or [float("nan")]
-                median = statistics.median(times)
+                times = m["times"]
+                median = statistics.median(times) if times else None
                 if rest_median is None:
                     rest_median = median
                 for stat, value in (("median", median), ("95th percentile", p95(times)),
-                                    ("max", max(times))):
+                                    ("max", max(times) if times else None)):
                     results.append({"name": f"status, {label}: {stat}",
-                                    "value": round(value, 3), "unit": "s", "goal": GOAL_S,
-                                    "ratio": round(value / GOAL_S, 3)})
+                                    "value": None if value is None else round(value, 3),
+                                    "unit": "s", "goal": GOAL_S,
+                                    "ratio": None if value is None else round(value / GOAL_S, 3)})
                 results.append({"name": f"status, {label}: not answered",
                                 "value": m["unanswered"], "unit": f"of {m['tries']}",
                                 "goal": 0})
-                if label != "at rest":
+                if label != "at rest" and median is not None and rest_median:
                     results.append({"name": f"status, {label}: median / median at rest",
                                     "value": round(median / rest_median, 3), "unit": "x"})
                 results.append({"name": f"engine CPU, {label}", "value": round(cpu, 1),

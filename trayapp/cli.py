@@ -215,12 +215,19 @@ def cmd_status(args: argparse.Namespace, paths: Any) -> int:
     try:
         while True:
             try:
-                st = client.status()
-            except EngineBusy:
-                raise  # an engine runs: readings of our own would say it does not (exit 3)
+                st: Optional[Dict[str, Any]] = client.status()
+            except EngineBusy as e:
+                # An engine runs: readings of our own would say it does not. Once: exit 3;
+                # watching: say so and try again at the next refresh.
+                if not args.watch:
+                    raise
+                print(f"headroom: {one_line(e)}", file=sys.stderr, flush=True)
+                st = None
             except EngineUnavailable:
                 st = local_status(args.demo)
-            if args.json:
+            if st is None:
+                pass
+            elif args.json:
                 print(json.dumps(st), flush=True)
             else:
                 text = format_status(st)

@@ -72,12 +72,26 @@ def status_tries(tries: int = TRIES) -> List[str]:
 @pytest.mark.parametrize("kind, count", [("idle", 64), ("reconnect", 200), ("stall", 200)])
 def test_status_is_answered_during_a_flood(engine: EngineProcess, kind: str,
                                            count: int) -> None:
-    with flood(engine.paths.control_address, kind, count, engine.paths.key_file) as counts:
-        failures = status_tries()
+    address = engine.paths.control_address
+    started = time.monotonic()
+    with flood(address, kind, count, engine.paths.key_file) as counts:
+        silent = _accepted(address)  # one more that never authenticates
+        try:
+            failures = status_tries()
+            # The handshake deadline holds in the middle of the flood.
+            silent.settimeout(30)
+            assert silent.recv(64) == b"", "a silent connection was never cut"
+        finally:
+            silent.close()
+    seconds = time.monotonic() - started
     assert not failures, f"{len(failures)} of {TRIES} failed: {failures[:3]}"
     assert counts["opened"] >= count  # the flood held on all along
     with engine.client() as c:
         assert c.ping()["pid"] == engine.proc.pid
+    # What the engine refused or cut is logged in one line a second at most.
+    lines = [line for line in engine.paths.log_file.read_text().splitlines()
+             if " headroom.api: " in line]
+    assert len(lines) <= seconds + 3, "\n".join(lines[-10:])
 
 
 def test_a_flood_on_a_jobs_channel_starves_neither_clients_nor_the_guard(
@@ -166,6 +180,20 @@ def test_a_refused_client_says_the_engine_is_busy(limited: Any) -> None:
     try:
         _busy(run_cli("status", "--json", timeout=60))
         _busy(run_cli("jobs", timeout=60))
+        # Watching, it says so and goes on; it shows the status once there is room.
+        with subprocess.Popen([sys.executable, "-m", "trayapp", "status", "--json", "--watch",
+                               "0.5"], cwd=str(REPO), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, HEADROOM_HOME=str(eng.paths.home))) as watch:
+            try:
+                assert watch.stdout is not None and watch.stderr is not None
+                assert "busy and refused the connection" in watch.stderr.readline()
+                held.close()
+                st = json.loads(watch.stdout.readline())
+                assert st["engine"]["running"], st["guard"]["reasons"]
+            finally:
+                watch.kill()
+                watch.communicate(timeout=10)
     finally:
         held.close()
     # The one place for a client is a subscriber's, which is never cut for another client.

@@ -56,6 +56,23 @@ def _read_key(paths: Paths) -> bytes:
         raise EngineUnavailable(f"no engine is running for {paths.home}") from None
 
 
+def _open(paths: Paths, timeout: float) -> Connection:
+    key = _read_key(paths)
+    if not WINDOWS and not os.path.exists(paths.control_address):
+        raise EngineUnavailable(f"no engine is running for {paths.home}")
+    started = time.monotonic()
+    delay = 0.05
+    while True:
+        try:
+            return _attempt(paths, key, max(0.1, timeout - (time.monotonic() - started)))
+        except _Refused:
+            spent = time.monotonic() - started
+            if spent + delay > min(BUSY_RETRY_SECONDS, timeout):
+                raise _busy(paths) from None
+            time.sleep(delay)
+            delay *= 2
+
+
 def _busy(paths: Paths) -> EngineBusy:
     return EngineBusy(f"the engine at {paths.home} is busy and refused the connection; "
                       "try again")
@@ -123,23 +140,6 @@ def _attempt(paths: Paths, key: bytes, timeout: float) -> Connection:
     if err is not None:
         raise EngineUnavailable(f"no engine is running for {paths.home}")
     return result["conn"]
-
-
-def _open(paths: Paths, timeout: float) -> Connection:
-    key = _read_key(paths)
-    if not WINDOWS and not os.path.exists(paths.control_address):
-        raise EngineUnavailable(f"no engine is running for {paths.home}")
-    started = time.monotonic()
-    delay = 0.05
-    while True:
-        try:
-            return _attempt(paths, key, max(0.1, timeout - (time.monotonic() - started)))
-        except _Refused:
-            spent = time.monotonic() - started
-            if spent + delay > min(BUSY_RETRY_SECONDS, timeout):
-                raise _busy(paths) from None
-            time.sleep(delay)
-            delay *= 2
 
 
 class EngineClient:
