@@ -253,3 +253,39 @@ def test_idle_clients_are_cut_and_come_back_unaware(limited: Any) -> None:
             watch.kill()
             watch.communicate(timeout=10)
     raw.close()
+
+
+def test_a_client_being_answered_is_never_cut_for_another(tmp_path: Path) -> None:
+    """One client place, taken by a request still being answered: a newcomer is refused,
+    and the request is answered whole."""
+    import threading
+    from multiprocessing.connection import Client
+
+    from trayapp.engine.api import ChannelServer
+
+    release = threading.Event()
+
+    def handler(peer: Any, data: bytes) -> Dict[str, Any]:
+        release.wait(30)
+        return {"id": 1, "ok": True, "result": data.decode()}
+
+    key = os.urandom(32)
+    server = ChannelServer(str(tmp_path / "s.sock"), key, handler, name="test", max_peers=1)
+    server.start()
+    try:
+        first = Client(server.address, family="AF_UNIX", authkey=key)
+        first.send_bytes(b"slow")
+        wait_for(lambda: any(p.handling for p in server.peers), 10, "the request being answered")
+        with pytest.raises((EOFError, OSError)):
+            Client(server.address, family="AF_UNIX", authkey=key)
+        release.set()
+        assert json.loads(first.recv_bytes())["result"] == "slow"
+        first.close()
+        # Idle now, the place goes to the next client.
+        second = Client(server.address, family="AF_UNIX", authkey=key)
+        second.send_bytes(b"next")
+        assert json.loads(second.recv_bytes())["result"] == "next"
+        second.close()
+    finally:
+        release.set()
+        server.close()

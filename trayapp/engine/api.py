@@ -432,7 +432,8 @@ class ChannelServer:
                 try:
                     if not conn.poll(1.0):
                         if self._idle_too_long(peer):
-                            self._tally.note("idle clients cut")
+                            # Routine: its client connects again when it next asks.
+                            log.debug("%s: client %d idle; disconnected", self.name, peer.id)
                             return
                         continue
                     peer.busy_since = time.monotonic()
