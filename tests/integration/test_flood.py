@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO, EngineProcess, run_cli, wait_for
 from trayapp.config import Paths
-from trayapp.engine.client import EngineClient, Subscription
+from trayapp.engine.client import EngineClient, EngineError, Subscription
 
 FLOOD = str(REPO / "tests" / "scripts" / "flood.py")
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
@@ -74,9 +74,13 @@ def test_status_is_answered_during_a_flood(engine: EngineProcess, kind: str,
                                            count: int) -> None:
     address = engine.paths.control_address
     started = time.monotonic()
-    with flood(address, kind, count, engine.paths.key_file) as counts:
+    with flood(address, kind, count, engine.paths.key_file) as counts, \
+            engine.client() as c:
+        first = c.status()["time"]
         failures = status_tries()
         assert not failures, f"{len(failures)} of {TRIES} failed: {failures[:3]}"
+        # The engine's loop (the guard's readings) goes on meanwhile.
+        wait_for(lambda: c.status()["time"] >= first + 2.5, 30, "readings during the flood")
         # The handshake deadline holds in the middle of the flood.
         silent = _accepted(address)  # one more that never authenticates
         try:
@@ -203,6 +207,14 @@ def test_a_refused_client_says_the_engine_is_busy(limited: Any) -> None:
     assert not status_tries(1)
     log = eng.paths.log_file.read_text()
     assert "refused" in log
+
+
+def test_subscribers_leave_room_for_clients_that_ask(limited: Any) -> None:
+    eng = limited(MAX_CLIENTS=2)
+    with Subscription(eng.paths, snapshots=True, events=False):
+        with pytest.raises(EngineError, match="subscribed clients"):
+            Subscription(eng.paths, snapshots=True, events=False)
+        assert not status_tries(2)
 
 
 def test_an_idle_client_gives_way_to_a_new_one(limited: Any) -> None:

@@ -9,8 +9,9 @@ error answer and the connection is closed. Nothing a client sends can stop the s
 A flood of connections cannot lock the user's clients out. Connections still in their handshake
 and authenticated ones have separate limits; when the handshake places are full, the oldest
 connection that has had its chance gives its place to the newcomer; when the client places are
-full, a client that proves the key takes the place of the client idle the longest (never a
-subscriber's, never one whose request is being answered). New connections are taken at a
+full, a client that proves the key takes the place of the client that has gone the longest
+without progress (never a subscriber's, never one whose request is being answered), and
+subscribers may not take the last places. New connections are taken at a
 bounded rate (the rest wait in the kernel's queue, costing nothing), so a flood on one channel
 cannot starve the others or the guard. Refusals and cuts are logged at most once a second, with
 counts.
@@ -182,20 +183,22 @@ class _Tally:
 
     def note(self, reason: str, serious: bool = False) -> None:
         with self._lock:
+            if not self._counts:
+                self._since = time.monotonic()
             self._counts[reason] = self._counts.get(reason, 0) + 1
             self._serious = self._serious or serious
         self.flush()
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
         now = time.monotonic()
         with self._lock:
-            if not self._counts or now - self._logged < self.every:
+            if not self._counts or (now - self._logged < self.every and not force):
                 return
             counts, serious, since = self._counts, self._serious, self._since
             self._counts, self._serious, self._since, self._logged = {}, False, now, now
-        text = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
-        log.log(logging.WARNING if serious else logging.INFO, "%s: %s (in %.1f s)", self.name,
-                text, max(now - since, 0.0))
+        text = ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items()))
+        log.log(logging.WARNING if serious else logging.INFO, "%s, in the last %.1f s: %s",
+                self.name, max(now - since, 0.0), text)
 
 
 class ChannelServer:
@@ -290,6 +293,7 @@ class ChannelServer:
                 pass
         for p in list(self.peers):
             p.close()
+        self._tally.flush(force=True)
 
     @property
     def client_count(self) -> int:
@@ -371,7 +375,7 @@ class ChannelServer:
             if len(pending) >= self.max_pending:
                 oldest = min(pending, key=lambda p: p.connected_at)
                 if time.monotonic() - oldest.connected_at < self.evict_after:
-                    self._tally.note("connections refused (handshake places full)",
+                    self._tally.note("connections refused (every handshake place taken)",
                                      serious=True)
                     return False
                 victim = oldest
@@ -422,7 +426,7 @@ class ChannelServer:
                 answer_challenge(conn, self.authkey)
             except (AuthenticationError, EOFError, OSError, ValueError) as e:
                 if not peer.closed:
-                    self._tally.note(f"clients did not authenticate ({type(e).__name__})")
+                    self._tally.note(f"handshakes failed ({type(e).__name__})")
                 return
             peer.authenticated = True
             peer.last_active = self.last_activity = time.monotonic()
