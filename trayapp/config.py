@@ -503,12 +503,19 @@ def save_value(path: Path, name: str, value: Any, version: Optional[str] = None)
     if setting is None:
         raise ConfigError(f"unknown setting {_named(name)}")
     checked = setting.check(value)
-    if version is not None and file_version(path) != version:
+    raw: Optional[bytes] = None
+    try:
+        raw = _read_capped(path)  # read once: what is compared is what is edited
+    except (OSError, ConfigError):
+        pass
+    if version is not None and (_digest(raw) if raw is not None else "") != version:
         raise ConfigConflict(f"{path} changed since these settings were read; nothing was saved")
     doc: Any
     if path.exists():
         try:
-            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+            if raw is None:
+                raise ConfigError("cannot be read")
+            doc = tomlkit.parse(raw.decode("utf-8"))
         except Exception:  # tomlkit raises several types for broken files
             aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
             os.replace(path, aside)

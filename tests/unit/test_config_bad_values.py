@@ -6,6 +6,7 @@ engine's policy can be built from what was loaded."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,28 @@ def test_save_value_refuses_a_file_changed_since_it_was_read(tmp_path: Path) -> 
     c = cfg.load(p)
     assert c["guard.pause_available"] == "9%" and c["guard.warn_available"] == "20%"
     assert c["guard.mode"] == "off"
+
+
+def test_an_edit_is_noticed_by_its_stamp_or_within_the_clock_tick_by_its_bytes(
+        tmp_path: Path) -> None:
+    p = tmp_path / "config.toml"
+    p.write_text("[guard]\nmode = \"off\"\n")
+    c = cfg.load(p)
+    assert not cfg.changed_since(c)
+    p.write_text("[guard]\nmode = \"act\"\n# a longer file\n")
+    assert cfg.changed_since(c)
+    c = cfg.load(p)
+    assert not cfg.changed_since(c)
+    # An edit in the same tick of the file clock keeps the stamp: the bytes tell, while the
+    # file's time is recent.
+    racy = cfg.Config(path=p, stamp=c.stamp, version="not these bytes")
+    assert cfg.changed_since(racy)
+    old = 1_000_000_000 * 10**9
+    os.utime(p, ns=(old, old))
+    settled = cfg.load(p)
+    assert not cfg.changed_since(cfg.Config(path=p, stamp=settled.stamp, version="other"))
+    p.unlink()
+    assert cfg.changed_since(settled)  # removed: the defaults again
 
 
 # -- at random ------------------------------------------------------------------------------------

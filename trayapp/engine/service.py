@@ -353,9 +353,9 @@ class Engine:
         mono = time.monotonic()
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
             self._last_flush = mono
+            self.config_watch.poll()  # a hand edit of config.toml: one stat a second
             self.store.flush()
             self._report_store_health()
-            self.config_watch.poll()  # a hand edit of config.toml: one stat a second
         if self.server is not None and \
                 mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
             self._last_publish = mono
