@@ -593,7 +593,8 @@ class SettingsDialog(QDialog):
     def _refreshed(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
         status, config = result
         self.apply_status(status)
-        self.set_config(config)
+        if str(config.get("version") or "") != self.version:  # the same bytes, the same values
+            self.set_config(config)
 
     # -- editing ----------------------------------------------------------------------------------
 
@@ -690,8 +691,12 @@ class SettingsDialog(QDialog):
         box.setDefaultButton(keep)
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
 
+        def closed(*_: Any) -> None:
+            if self.conflict_box is box:
+                self.conflict_box = None
+
         def answered(button: Any) -> None:
-            self.conflict_box = None
+            closed()
             if button is keep:
                 for name in conflicts:
                     self._set_quietly(name, self.loaded[name])
@@ -703,6 +708,7 @@ class SettingsDialog(QDialog):
                 self.apply_changes(self.changes())
 
         box.buttonClicked.connect(answered)
+        box.finished.connect(closed)
         self.conflict_box = box
         box.open()
 
