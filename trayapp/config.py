@@ -13,6 +13,7 @@ import math
 import os
 import re
 import reprlib
+import stat
 import sys
 import tempfile
 import time
@@ -411,7 +412,11 @@ def _digest(data: bytes) -> str:
 
 
 def _read_capped(path: Path) -> bytes:
-    with open(path, "rb") as f:
+    # Non-blocking, so a FIFO put in the file's place cannot hang the engine's tick.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError("it is not a regular file")
         data = f.read(CONFIG_MAX_BYTES + 1)
     if len(data) > CONFIG_MAX_BYTES:
         raise ConfigError(f"it is larger than {CONFIG_MAX_BYTES // 1024} KiB")

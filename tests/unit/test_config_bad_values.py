@@ -135,6 +135,16 @@ def test_a_huge_file_is_not_read_whole(tmp_path: Path) -> None:
     usable(c)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_the_files_place_does_not_hang(tmp_path: Path) -> None:
+    p = tmp_path / "config.toml"
+    os.mkfifo(p)
+    c = cfg.load(p)
+    assert len(c.problems) == 1 and "not a regular file" in c.problems[0]
+    assert not cfg.changed_since(c)
+    usable(c)
+
+
 def test_save_value_refuses_out_of_range_numbers(tmp_path: Path) -> None:
     p = tmp_path / "config.toml"
     p.write_text("[guard]\nmode = \"off\"\n")
