@@ -193,6 +193,16 @@ def test_an_edit_is_noticed_by_its_stamp_or_within_the_clock_tick_by_its_bytes(
     assert cfg.changed_since(settled)  # removed: the defaults again
 
 
+def test_the_status_shows_a_few_problems_and_counts_the_rest() -> None:
+    from trayapp.engine.config_watch import STATUS_PROBLEMS, shown_problems
+
+    c = cfg.from_mapping({"guard": {f"k{i}": i for i in range(5000)}})
+    assert len(c.problems) == 5000
+    shown = shown_problems(c.problems)
+    assert len(shown) == STATUS_PROBLEMS and "4991 more" in shown[-1]
+    assert shown_problems(c.problems[:2]) == c.problems[:2]
+
+
 # -- at random ------------------------------------------------------------------------------------
 
 huge_numbers = (st.floats() | st.integers() | st.integers(min_value=2**63, max_value=10**500)

@@ -19,6 +19,16 @@ from trayapp.config import Config
 log = logging.getLogger("headroom.engine")
 
 PROBLEMS_SHOWN = 3  # problems spelled out in one event; the rest are counted
+STATUS_PROBLEMS = 10  # in every status push; config_get has them all
+
+
+def shown_problems(problems: List[str]) -> List[str]:
+    """The problems for the status: the first few, then how many more."""
+    if len(problems) <= STATUS_PROBLEMS:
+        return list(problems)
+    more = len(problems) - STATUS_PROBLEMS + 1
+    return list(problems[:STATUS_PROBLEMS - 1]) + [
+        f"config: and {more} more problems (see the settings)"]
 
 
 class ConfigWatcher:

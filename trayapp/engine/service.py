@@ -21,7 +21,7 @@ from trayapp import config as configmod
 from trayapp.config import Config, ConfigConflict, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.api import ChannelServer, Peer
-from trayapp.engine.config_watch import ConfigWatcher
+from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.history import RecentHistory
 from trayapp.probes.snapshot import GpuReading, Snapshot
 
@@ -440,7 +440,7 @@ class Engine:
                 "sample_interval": self.next_interval(),
                 "clients": self.server.client_count if self.server is not None else 0,
                 "store_error": getattr(self.store, "write_error", None),
-                "config_problems": list(self.config.problems),
+                "config_problems": shown_problems(self.config.problems),
             },
         }
 
