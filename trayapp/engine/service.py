@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from trayapp import __version__
 from trayapp import config as configmod
-from trayapp.config import Config, ConfigError, Paths
+from trayapp.config import Config, ConfigConflict, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.api import ChannelServer, Peer
+from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.history import RecentHistory
 from trayapp.probes.snapshot import GpuReading, Snapshot
 
@@ -197,6 +198,7 @@ class Engine:
         self._idle_since = time.monotonic()
         self._exit_reason = "stopped"
         self._store_error: Optional[str] = None
+        self.config_watch = ConfigWatcher(self)
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
             "status": lambda peer, a: self.status(),
@@ -257,8 +259,7 @@ class Engine:
             for note in harden_process():
                 log.info("%s", note)
             self._open_parts()
-            for problem in self.config.problems:
-                log.warning("%s", problem)
+            self.config_watch.report_start()
             key = secrets.token_bytes(32)
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
                                         name="control")
@@ -352,6 +353,7 @@ class Engine:
         mono = time.monotonic()
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
             self._last_flush = mono
+            self.config_watch.poll()  # a hand edit of config.toml: one stat a second
             self.store.flush()
             self._report_store_health()
         if self.server is not None and \
@@ -438,6 +440,7 @@ class Engine:
                 "sample_interval": self.next_interval(),
                 "clients": self.server.client_count if self.server is not None else 0,
                 "store_error": getattr(self.store, "write_error", None),
+                "config_problems": shown_problems(self.config.problems),
             },
         }
 
@@ -451,6 +454,8 @@ class Engine:
             return protocol.error(req_id, f"{op} is not available in this engine", "bad_request")
         try:
             return protocol.ok(req_id, handler(peer, args))
+        except ConfigConflict as e:
+            return protocol.error(req_id, str(e), "conflict")
         except (ConfigError, ValueError, KeyError, LookupError) as e:
             message = e.args[0] if e.args else str(e)
             return protocol.error(req_id, str(message), "refused")
@@ -486,13 +491,17 @@ class Engine:
         return {"subscribed": sorted(kinds), "status": self.status()}
 
     def _config_json(self) -> Dict[str, Any]:
-        return {"path": str(self.paths.config_file), "values": self.config.to_json(),
-                "problems": list(self.config.problems)}
+        config = self.config
+        return {"path": str(self.paths.config_file), "values": config.to_json(),
+                "problems": list(config.problems), "version": config.version}
 
     def _op_config_set(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        name, value = args["name"], args["value"]
-        checked = configmod.save_value(self.paths.config_file, name, value)
-        self.reload_config()
+        """Save one setting. With ``version`` (``config_get``'s), a file edited since is refused
+        ("conflict") instead of written over."""
+        name, value, version = args["name"], args["value"], args.get("version")
+        if version is not None and not isinstance(version, str):
+            raise ValueError("config_set: version must be the text config_get gave")
+        checked = self.config_watch.save(name, value, version)
         self.emit_event("config_changed", f"setting {name} = {checked!r}",
                         data={"name": name, "value": checked})
         return self._config_json()
@@ -501,9 +510,7 @@ class Engine:
         return self._op_config_set(peer, {"name": "guard.mode", "value": args["mode"]})
 
     def reload_config(self) -> None:
-        with self._state_lock:
-            self.config = configmod.load(self.paths.config_file)
-        self.wake()
+        self.config_watch.reload(cause="save")
 
     def _op_shutdown(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         active = self.jobs.active_count() if self.jobs is not None else 0
