@@ -22,6 +22,7 @@ from trayapp.config import Config, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.engine.history import RecentHistory
+from trayapp.engine.parts import Parts
 from trayapp.probes.snapshot import GpuReading, Snapshot
 
 log = logging.getLogger("headroom.engine")
@@ -197,6 +198,7 @@ class Engine:
         self._idle_since = time.monotonic()
         self._exit_reason = "stopped"
         self._store_error: Optional[str] = None
+        self._parts = Parts(log)  # the parts of a tick, each on its own
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
             "status": lambda peer, a: self.status(),
@@ -336,27 +338,41 @@ class Engine:
         return Snapshot(now, memory, self._gpus, self._gpu_backend.status)
 
     def tick(self) -> None:
+        """One reading, then each part on its own (``Parts``): job bookkeeping, the guard,
+        history, the store, the push to clients. A part that fails is logged and the others
+        still run, the guard's ladder above all."""
         snap = self.read_snapshot(gpus_now=self.guard is not None and self.guard.wants_gpus())
         with self._state_lock:
             self.latest = snap
+        parts = self._parts
         if self.jobs is not None:
-            self.jobs.tick(snap)
+            parts.run("job bookkeeping", self.jobs.tick, snap)
         if self.guard is not None:
-            self.guard.step(snap)
+            parts.run("the guard", self.guard.step, snap)
         # History keeps one sample a second; at the guard's fast rate the rest are not built.
         if self.recent.due(snap.time):
-            jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
-            values = sample_values(snap, jobs)
-            self.recent.add(snap.time, values)
-            self.store.add_sample(snap.time, values)
+            parts.run("history", self._record_sample, snap)
         mono = time.monotonic()
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
             self._last_flush = mono
-            self.store.flush()
-            self._report_store_health()
+            parts.run("the store", self._flush_store)
         if self.server is not None and \
                 mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
             self._last_publish = mono
+            parts.run("the snapshot push", self._publish_snapshot)
+
+    def _record_sample(self, snap: Snapshot) -> None:
+        jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
+        values = sample_values(snap, jobs)
+        self.recent.add(snap.time, values)
+        self.store.add_sample(snap.time, values)
+
+    def _flush_store(self) -> None:
+        self.store.flush()
+        self._report_store_health()
+
+    def _publish_snapshot(self) -> None:
+        if self.server is not None:
             self.server.broadcast("snapshot", self.status())
 
     def _report_store_health(self) -> None:
@@ -400,7 +416,11 @@ class Engine:
         """Record an event in the store and push it to subscribers; returns the event."""
         event = None
         if self.store is not None:
-            event = self.store.add_event(kind, message, level=level, job_id=job_id, data=data)
+            try:
+                event = self.store.add_event(kind, message, level=level, job_id=job_id,
+                                             data=data)
+            except Exception as e:  # the event is still logged and pushed
+                self._parts.failed("the event store", e)
         if event is None:
             event = {"id": None, "time": self.clock(), "kind": kind, "level": level,
                      "message": message, "job_id": job_id, "data": data}
