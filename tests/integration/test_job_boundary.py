@@ -154,7 +154,7 @@ def test_the_ladder_acts_when_the_rest_of_the_tick_fails(engine_in_process: Any,
         assert progress_mib(progress) <= 400
         # The guard's own status (published at the end of the tick that acted) says so too.
         wait_for(lambda: engine.guard.state_json()["state"] == "pause", 10, "the guard's status")
-        assert engine.guard.state_json()["paused_by_guard"].keys() == {hog["id"]}
+        assert engine.guard.state_json()["paused_by_guard"].keys() == {f"job:{hog['id']}"}
     finally:
         monkeypatch.undo()
         with contextlib.suppress(psutil.Error):
