@@ -123,8 +123,8 @@ def job_messages(draw: Any) -> Dict[str, Any]:
     return msg
 
 
-def _control_arg(types: tuple) -> Any:
-    """Values of the right type now and then (so handlers run), nasty ones the rest."""
+def _control_arg(types: tuple, typed: bool) -> Any:
+    """A value of the right type (so the handler runs and judges it), or a nasty one."""
     right: List[Any] = []
     if int in types:
         right.append(st.integers(-5, 10**12))
@@ -132,10 +132,14 @@ def _control_arg(types: tuple) -> Any:
         right.append(st.floats(-1e12, 2e9))
     if str in types:
         right.append(nasty_text)
+    if bool in types:
+        right.append(st.booleans())
     if list in types:
-        right.append(st.lists(nasty_text | st.integers(), max_size=4))
+        right.append(st.lists(nasty_text, max_size=4))
     if dict in types:
         right.append(st.dictionaries(nasty_text, nasty, max_size=6))
+    if typed and right:
+        return st.one_of(*right)
     return st.one_of(*right, nasty) if right else nasty
 
 
@@ -146,13 +150,14 @@ SAFE_CONFIG_NAMES = ["ui.notifications", "history.keep_days", "guard.budget_warn
 
 @st.composite
 def control_requests(draw: Any) -> Dict[str, Any]:
-    op = draw(st.sampled_from(sorted(REQUESTS)) | nasty_text)
+    op = draw(st.sampled_from(sorted(REQUESTS)) if draw(st.integers(0, 9)) else nasty_text)
     spec = REQUESTS.get(op, {})
+    typed = draw(st.booleans())  # half the requests well typed: their handlers judge them
     args: Dict[str, Any] = {}
-    for name, (types, _) in spec.items():
-        if draw(st.booleans()):
-            args[name] = draw(_control_arg(types))
-    if draw(st.integers(0, 4)) == 0:
+    for name, (types, required) in spec.items():
+        if (typed and required) or draw(st.booleans()):
+            args[name] = draw(_control_arg(types, typed))
+    if not typed and draw(st.integers(0, 3)) == 0:
         args[draw(nasty_text)] = draw(nasty)
     if op == "shutdown":
         args.pop("force", None)  # asked by hand, with jobs running: refused
@@ -160,8 +165,9 @@ def control_requests(draw: Any) -> Dict[str, Any]:
         args["name"] = draw(st.sampled_from(SAFE_CONFIG_NAMES))
     elif op == "guard_mode" and args.get("mode") in ("off", "dry-run"):
         args["mode"] = "act"
-    request: Dict[str, Any] = {"id": draw(st.integers(0, 2**31) | huge), "op": op}
-    if draw(st.integers(0, 5)):
+    request: Dict[str, Any] = {"id": draw(st.integers(0, 2**31) if typed else
+                                          st.integers(0, 2**31) | huge), "op": op}
+    if typed or draw(st.integers(0, 5)):
         request["args"] = args
     else:
         request["args"] = draw(nasty)

@@ -226,6 +226,7 @@ class GuardService:
             return ()
         try:
             records: Sequence[Any] = manager.guard_jobs()
+            self._parts.worked("guard: the job list")
         except Exception as e:
             self._parts.failed("guard: the job list", e)
             records = self._last_input.jobs if self._last_input is not None else ()

@@ -9,6 +9,7 @@ log), and once more when it works again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, Dict, List
 
@@ -27,6 +28,7 @@ class Parts:
         self.quiet = quiet
         self.clock = clock
         self._failing: Dict[str, List[float]] = {}  # part -> [last report, failures since]
+        self._lock = threading.Lock()  # events are recorded from the channels' threads too
 
     def run(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         try:
@@ -34,10 +36,16 @@ class Parts:
         except Exception as e:  # the whole point: the next part runs whatever this one did
             self.failed(name, e)
             return False
-        if name in self._failing:
-            del self._failing[name]
-            self.log.info("%s works again", name)
+        self.worked(name)
         return True
+
+    def worked(self, name: str) -> None:
+        """``name`` worked this time: said once if it had failed."""
+        if name in self._failing:
+            with self._lock:
+                recovered = self._failing.pop(name, None) is not None
+            if recovered:
+                self.log.info("%s works again", name)
 
     def failing(self) -> List[str]:
         """The parts whose last run failed."""
@@ -46,13 +54,19 @@ class Parts:
     def failed(self, name: str, error: Exception) -> None:
         """Report that ``name`` failed with ``error`` (at the rate described above)."""
         now = self.clock()
-        entry = self._failing.get(name)
-        if entry is None:
-            self._failing[name] = [now, 0]
+        with self._lock:
+            entry = self._failing.get(name)
+            if entry is None:
+                self._failing[name] = [now, 0]
+                first, count, since = True, 0, 0.0
+            else:
+                entry[1] += 1
+                first, count, since = False, int(entry[1]), now - entry[0]
+                if since < self.quiet:
+                    return
+                entry[0], entry[1] = now, 0
+        if first:
             self.log.error("%s failed; the rest of the tick goes on", name, exc_info=error)
-            return
-        entry[1] += 1
-        if now - entry[0] >= self.quiet:
-            self.log.error("%s still fails (%d times in %.0f s): %s", name, int(entry[1]),
-                           now - entry[0], one_line(error, 300))
-            entry[0], entry[1] = now, 0
+        else:
+            self.log.error("%s still fails (%d times in %.0f s): %s", name, count, since,
+                           one_line(error, 300))

@@ -300,8 +300,9 @@ class Engine:
             started = time.monotonic()
             try:
                 self.tick()
-            except Exception:  # the guard must outlive any one bad reading
-                log.exception("sampling failed; trying again")
+                self._parts.worked("sampling")
+            except Exception as e:  # the guard must outlive any one bad reading
+                self._parts.failed("sampling", e)
             interval = self.next_interval()
             self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
             self._wake.clear()
@@ -419,6 +420,7 @@ class Engine:
             try:
                 event = self.store.add_event(kind, message, level=level, job_id=job_id,
                                              data=data)
+                self._parts.worked("the event store")
             except Exception as e:  # the event is still logged and pushed
                 self._parts.failed("the event store", e)
         if event is None:
