@@ -23,6 +23,7 @@ from trayapp.engine import protocol
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.history import RecentHistory
+from trayapp.engine.parts import Parts
 from trayapp.probes.snapshot import GpuReading, Snapshot
 
 log = logging.getLogger("headroom.engine")
@@ -199,6 +200,7 @@ class Engine:
         self._exit_reason = "stopped"
         self._store_error: Optional[str] = None
         self.config_watch = ConfigWatcher(self)
+        self._parts = Parts(log)  # the parts of a tick, each on its own
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
             "status": lambda peer, a: self.status(),
@@ -299,8 +301,9 @@ class Engine:
             started = time.monotonic()
             try:
                 self.tick()
-            except Exception:  # the guard must outlive any one bad reading
-                log.exception("sampling failed; trying again")
+                self._parts.worked("sampling")
+            except Exception as e:  # the guard must outlive any one bad reading
+                self._parts.failed("sampling", e)
             interval = self.next_interval()
             self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
             self._wake.clear()
@@ -337,28 +340,43 @@ class Engine:
         return Snapshot(now, memory, self._gpus, self._gpu_backend.status)
 
     def tick(self) -> None:
+        """One reading, then each part on its own (``Parts``): job bookkeeping, the guard,
+        history, the store, the push to clients. A part that fails is logged and the others
+        still run, the guard's ladder above all."""
         snap = self.read_snapshot(gpus_now=self.guard is not None and self.guard.wants_gpus())
         with self._state_lock:
             self.latest = snap
+        parts = self._parts
         if self.jobs is not None:
-            self.jobs.tick(snap)
+            parts.run("job bookkeeping", self.jobs.tick, snap)
         if self.guard is not None:
-            self.guard.step(snap)
+            parts.run("the guard", self.guard.step, snap)
         # History keeps one sample a second; at the guard's fast rate the rest are not built.
         if self.recent.due(snap.time):
-            jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
-            values = sample_values(snap, jobs)
-            self.recent.add(snap.time, values)
-            self.store.add_sample(snap.time, values)
+            parts.run("history", self._record_sample, snap)
         mono = time.monotonic()
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
             self._last_flush = mono
-            self.config_watch.poll()  # a hand edit of config.toml: one stat a second
-            self.store.flush()
-            self._report_store_health()
+            # A hand edit of config.toml: one stat a second.
+            parts.run("the config file", self.config_watch.poll)
+            parts.run("the store", self._flush_store)
         if self.server is not None and \
                 mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
             self._last_publish = mono
+            parts.run("the snapshot push", self._publish_snapshot)
+
+    def _record_sample(self, snap: Snapshot) -> None:
+        jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
+        values = sample_values(snap, jobs)
+        self.recent.add(snap.time, values)
+        self.store.add_sample(snap.time, values)
+
+    def _flush_store(self) -> None:
+        self.store.flush()
+        self._report_store_health()
+
+    def _publish_snapshot(self) -> None:
+        if self.server is not None:
             self.server.broadcast("snapshot", self.status())
 
     def _report_store_health(self) -> None:
@@ -402,7 +420,12 @@ class Engine:
         """Record an event in the store and push it to subscribers; returns the event."""
         event = None
         if self.store is not None:
-            event = self.store.add_event(kind, message, level=level, job_id=job_id, data=data)
+            try:
+                event = self.store.add_event(kind, message, level=level, job_id=job_id,
+                                             data=data)
+                self._parts.worked("the event store")
+            except Exception as e:  # the event is still logged and pushed
+                self._parts.failed("the event store", e)
         if event is None:
             event = {"id": None, "time": self.clock(), "kind": kind, "level": level,
                      "message": message, "job_id": job_id, "data": data}
