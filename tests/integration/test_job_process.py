@@ -138,6 +138,8 @@ def test_a_fast_spew_is_capped_with_its_head_and_tail(home: Path, tmp_path: Path
             peak = int(report.read_text())
             text = log.read_text()
             tail = c.job_log(job["id"])["data"]
+            # A follower that was further on than the trimmed log goes on at the marker.
+            follower = c.job_log(job["id"], offset=50 * MiB)
         finally:
             kill_quietly(engine, job["id"])
     lines = text.splitlines()
@@ -154,6 +156,7 @@ def test_a_fast_spew_is_capped_with_its_head_and_tail(home: Path, tmp_path: Path
     # The cap holds while the job prints, not only once it has ended.
     assert peak <= MiB + MiB // 4, f"the log reached {peak} bytes"
     assert tail.rstrip("\n").endswith(lines[-1])
+    assert follower["start"] == MiB // 8 and follower["data"].startswith("\n[headroom: ")
 
 
 # -- a full disk --------------------------------------------------------------------------------

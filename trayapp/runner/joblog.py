@@ -255,7 +255,8 @@ class SafeWriter(io.RawIOBase):
             view = view[n:]
 
     def write(self, b):
-        data = bytes(b)
+        view = memoryview(b).cast("B")
+        n = len(view)
         out = self._output
         if out.dropped:
             note = (
@@ -265,15 +266,19 @@ class SafeWriter(io.RawIOBase):
                 self._write_all(note)
                 out.dropped = 0
             except OSError as e:
-                out.lost(len(data), e)
-                return len(data)
+                out.lost(n, e)
+                return n
+        done = 0
         try:
-            self._write_all(data)
+            done = os.write(self._fd, view)
+            while done < n:
+                done += os.write(self._fd, view[done:])
         except OSError as e:
-            out.lost(len(data), e)
-            return len(data)
-        out.wrote(self._fd, len(data))
-        return len(data)
+            out.lost(n - done, e)
+            return n
+        if out.every:
+            out.wrote(self._fd, n)
+        return n
 
     def close(self):
         # Mark closed without closing the descriptor.
