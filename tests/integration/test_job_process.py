@@ -171,7 +171,7 @@ def test_a_job_lives_on_when_its_log_disk_fills(small_disk: Path, tmp_path: Path
         with engine.client(timeout=30) as c:
             job = c.job_start(spec("chatty.py", after, progress, 40, 0.02, 7, cwd=tmp_path))
             job_id = job["id"]
-            wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 5, 30,
+            wait_for(lambda: progress.exists() and int(progress.read_text()) >= 5, 30,
                      "the job to print")
             fill(small_disk)
             at_fill = int(progress.read_text())

@@ -14,8 +14,9 @@ while time.monotonic() < deadline:
     i += 1
     print(f"line {i} " + "y" * 200, flush=True)
     sys.stderr.write(f"err {i}\n")
-    with open(progress, "w") as f:
+    with open(progress + ".tmp", "w") as f:
         f.write(str(i))
+    os.replace(progress + ".tmp", progress)
     if more is None and os.path.exists(after):
         more = count
     if more is not None:
