@@ -133,7 +133,7 @@ def test_a_fast_spew_is_capped_with_its_head_and_tail(home: Path, tmp_path: Path
             done = wait_for(lambda: ended(c, job["id"]), 120, "the spew to end")
             assert done["state"] == "finished", done
             log = Path(done["log_path"])
-            # The last bytes may wait for the engine's next look (a quarter of a second).
+            # The last bytes may wait for the engine's next look (a tenth of a second).
             wait_for(lambda: log.stat().st_size <= MiB, 10, "the log within its cap")
             peak = int(report.read_text())
             text = log.read_text()
@@ -215,6 +215,22 @@ def test_a_full_disk_at_start_says_why(small_disk: Path, tmp_path: Path) -> None
     finally:
         assert engine.proc.poll() is None, engine.stderr
         engine.stop()
+
+
+def test_a_start_whose_folder_cannot_be_made_says_why(home: Path, tmp_path: Path,
+                                                       start_engine: Callable[..., EngineProcess]
+                                                       ) -> None:
+    (home / "config.toml").write_text(QUIET)
+    engine = start_engine()
+    jobs = engine.paths.jobs_dir
+    jobs.rmdir()
+    jobs.write_text("not a folder")  # every write under it fails, though the disk has room
+    with engine.client(timeout=30) as c:
+        with pytest.raises(EngineError) as refused:
+            c.job_start(spec("forker.py", tmp_path / "a", tmp_path / "b", cwd=tmp_path))
+        assert c.jobs() == []
+    assert refused.value.code == "refused"
+    assert str(refused.value) == f"cannot start the job: not a directory under {jobs}"
 
 
 # -- the store's warnings -----------------------------------------------------------------------

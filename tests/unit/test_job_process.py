@@ -43,7 +43,13 @@ def marker_count(data: bytes) -> List[int]:
 
 
 @posix_only
-def test_a_trim_keeps_the_head_and_the_tail_and_counts_the_rest(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "buffer"])
+def test_a_trim_keeps_the_head_and_the_tail_and_counts_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_copy: bool) -> None:
+    if not kernel_copy:
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    elif not hasattr(os, "copy_file_range"):
+        pytest.skip("no copy_file_range here")
     cap = 256 * KiB
     log = tmp_path / "log"
     original = numbered(20000)  # about 1 MiB

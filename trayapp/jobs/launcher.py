@@ -147,9 +147,8 @@ def _refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 known = set(self._jobs) | set(self._ended)
             for name in _folders(self.paths.jobs_dir) - before - known:
                 _remove_folder(self.paths.jobs_dir / name)
-            where = f" under {self.paths.jobs_dir}"
-            raise ValueError(f"cannot start the job: {(e.strerror or one_line(e)).lower()}"
-                             f"{where}") from None
+            raise ValueError(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
+                             f"under {self.paths.jobs_dir}") from None
 
     return wrapper
 
@@ -159,7 +158,6 @@ def _folders(folder: Path) -> Set[str]:
         return {p.name for p in folder.iterdir()}
     except OSError:
         return set()
-
 
 
 class JobManager:

@@ -1,8 +1,8 @@
-"""The engine's part of the job logs' cap: a thread that looks at each running job's log a few
-times a second and trims one that has gone further over its cap than the runner lets it go
-(output that bypasses Python: TensorFlow's C++ logs, child processes), and trims a job's log once
-more when the job has ended. The trim itself is ``trayapp.runner.joblog.trim``, the one the
-runner uses inside the job.
+"""The engine's part of the job logs' cap: a thread that looks at each running job's log ten
+times a second (fifty while one grows fast enough to need trims), trims one that has gone
+further over its cap than the runner lets it go (output that bypasses Python: TensorFlow's C++
+logs, child processes), and trims a job's log once more when the job has ended. The trim itself
+is ``trayapp.runner.joblog.trim``, the one the runner uses inside the job.
 
 Its own thread, so the guard's loop never waits on a log's disk.
 """
@@ -17,7 +17,9 @@ from trayapp.runner import joblog
 
 log = logging.getLogger("headroom.jobs")
 
-CHECK_INTERVAL = 0.25  # seconds between two looks at the running jobs' logs
+CHECK_INTERVAL = 0.1  # seconds between two looks at the running jobs' logs (a stat each)
+FAST_INTERVAL = 0.02  # ... while a log is growing fast enough to need trims
+IDLE_INTERVAL = 1.0  # ... while no job runs
 
 # (log path, cap in bytes) of each running job.
 Logs = Callable[[], Iterable[Tuple[str, int]]]
@@ -51,36 +53,44 @@ class LogKeeper:
         self.check()  # the logs of jobs that ended since the last look
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.check()
+        wait = self._interval
+        while not self._stop.wait(wait):
+            trimmed = self.check()
+            # A log that needed a trim is growing fast: look again sooner.
+            wait = FAST_INTERVAL if trimmed else self._interval if self._running else \
+                IDLE_INTERVAL
 
-    def check(self) -> None:
-        """One look at every log (the thread's work, callable directly)."""
+    def check(self) -> bool:
+        """One look at every log (the thread's work, callable directly); True when a running
+        job's log needed a trim."""
         try:
             running = dict(self._logs())
         except Exception:  # the job list is the manager's; its trouble is not ours to raise
             log.exception("cannot list the jobs' logs")
-            return
+            return False
         with self._lock:
             ended = {p: c for p, c in self._running.items() if p not in running}
             self._running = running
+        trimmed = False
         for path, cap in running.items():
-            self._trim(path, cap, joblog.engine_slack(cap))
+            trimmed = self._trim(path, cap, joblog.engine_slack(cap)) or trimmed
         for path, cap in ended.items():
             self._trim(path, cap, 0)
+        return trimmed
 
-    def _trim(self, path: str, cap: int, slack: int) -> None:
+    def _trim(self, path: str, cap: int, slack: int) -> bool:
         try:
             dropped = joblog.trim(path, cap, slack)
         except FileNotFoundError:
-            return
+            return False
         except OSError as e:
             # Once per log and error: a full disk must not fill engine.log instead.
             reason = e.strerror or str(e)
             if self._failed.get(path) != reason:
                 self._failed[path] = reason
                 log.warning("cannot trim the job log %s: %s", path, reason)
-            return
+            return False
         self._failed.pop(path, None)
         if dropped:
             log.debug("trimmed %d bytes from the middle of %s", dropped, path)
+        return dropped > 0

@@ -6,7 +6,7 @@ every write lands at the file's new end. The cap keeps the log's head (the first
 cap: the script's start, TensorFlow's set-up) and its tail (the last half), with one line between
 them that says how many bytes were dropped there. Two parties trim: the runner, inside the job's
 own writes (so even a job printing as fast as it can stays near its cap, and no write of its
-races the trim), and the engine, every quarter of a second, once a log is further over its cap
+races the trim), and the engine, ten times a second, once a log is further over its cap
 than the runner lets it go (what bypasses Python: TensorFlow's C++ logs, child processes), and
 once more when the job has ended. An exclusive flock, taken without waiting, keeps two trims
 apart; writers never lock. Bytes another process appends in the instant between a trim's last
@@ -39,7 +39,8 @@ SUPPORTED = os.name == "posix" and fcntl is not None
 HEAD_SHARE = 8  # the head kept is the first 1/8 of the cap
 TAIL_SHARE = 2  # after a trim, the tail kept is the last 1/2 of the cap
 LINE_SEARCH = 64 * 1024  # the kept tail starts at a line if one starts this close
-COPY_CHUNK = 1 << 20
+COPY_CHUNK = 8 << 20  # in the kernel (copy_file_range)
+BUFFER_CHUNK = 1 << 20  # through a buffer, where the kernel cannot
 MARKER_MAX = 400
 _MARKER = re.compile(rb"\n\[headroom: ([0-9]{1,20}) bytes of output dropped here[^\n]{0,300}\]\n")
 
@@ -99,6 +100,31 @@ def _pwrite_all(fd, data, offset):
         offset += n
 
 
+def _move(fd, src, dst, n):
+    """Copy ``n`` bytes of ``fd`` from ``src`` to ``dst`` (< ``src``) in place; returns the
+    bytes copied (fewer at an early end of file). In the kernel where it can
+    (copy_file_range, in pieces that do not overlap), through a buffer where it cannot."""
+    gap = src - dst
+    done = 0
+    fast = hasattr(os, "copy_file_range")
+    while done < n:
+        want = min(COPY_CHUNK if fast else BUFFER_CHUNK, n - done, gap)
+        if fast:
+            try:
+                got = os.copy_file_range(fd, fd, want, src + done, dst + done)
+            except OSError:
+                fast = False
+                continue
+        else:
+            chunk = os.pread(fd, want, src + done)
+            _pwrite_all(fd, chunk, dst + done)
+            got = len(chunk)
+        if got <= 0:
+            break
+        done += got
+    return done
+
+
 def _trim_locked(fd, size, max_bytes):
     head = head_bytes(max_bytes)
     start, before = head, 0  # the dropped part starts after the head (and an earlier marker)
@@ -123,13 +149,12 @@ def _trim_locked(fd, size, max_bytes):
         end = os.fstat(fd).st_size
         if src >= end:
             break
-        while src < end:
-            chunk = os.pread(fd, min(COPY_CHUNK, end - src), src)
-            if not chunk:
-                break
-            _pwrite_all(fd, chunk, dst)
-            src += len(chunk)
-            dst += len(chunk)
+        want = end - src
+        moved = _move(fd, src, dst, want)
+        src += moved
+        dst += moved
+        if moved < want:
+            break  # the file got shorter under us
     os.ftruncate(fd, dst)
     return tail_from - start
 
