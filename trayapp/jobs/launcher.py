@@ -38,7 +38,10 @@ import psutil
 from trayapp import config as configmod
 from trayapp.config import Paths
 from trayapp.engine.api import ChannelServer, Peer
+from trayapp.jobs import messages
+from trayapp.jobs.logcap import LogKeeper
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.runner import joblog
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 
@@ -130,6 +133,34 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
+def _refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A start whose files cannot be written (disk full, read-only, quota) is refused with the
+    reason in one line, and leaves no half-made job folder behind."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(self: JobManager, *args: Any, **kwargs: Any) -> Any:
+        before = _folders(self.paths.jobs_dir)
+        try:
+            return fn(self, *args, **kwargs)
+        except OSError as e:
+            with self._lock:
+                known = set(self._jobs) | set(self._ended)
+            for name in _folders(self.paths.jobs_dir) - before - known:
+                _remove_folder(self.paths.jobs_dir / name)
+            raise ValueError(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
+                             f"under {self.paths.jobs_dir}") from None
+
+    return wrapper
+
+
+def _folders(folder: Path) -> Set[str]:
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return set()
+
+
 class JobManager:
     """The engine's jobs. See the module docstring for threads and life cycle.
 
@@ -159,7 +190,11 @@ class JobManager:
         # if it was never seen in a sample (a worker forked and killed between two samples).
         self._groups: Set[int] = set()
         self._memory_total: Optional[int] = None  # from the engine's latest reading
+        self._drops = messages.DropLog()  # what jobs sent that was not taken, per job
         self.subreaper = become_subreaper() if subreaper else False
+        # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
+        self._log_keeper = LogKeeper(self._running_logs)
+        self._log_keeper.start()
 
     # -- the engine's calls -------------------------------------------------------------------
 
@@ -189,6 +224,20 @@ class JobManager:
                     out[k] = v
         return sorted(out.values(), key=lambda j: -(j.get("started") or 0))
 
+    def guard_jobs(self) -> List[Dict[str, Any]]:
+        """What the guard's ladder reads of each live or parked job: only fields the engine
+        keeps itself (state, pids, memory, budgets, who paused it), never a job's messages, so
+        nothing a job sends can make this fail. A record that cannot be read is left out (and
+        logged); the others still come back."""
+        out = []
+        with self._lock:
+            for job in list(self._jobs.values()):
+                try:
+                    out.append(_guard_fields(job.info))
+                except Exception:  # pragma: no cover - the fields are the engine's own
+                    log.exception("job %s: its record cannot be read", job.id)
+        return out
+
     def active_count(self) -> int:
         """Jobs with a process (parked ones have none)."""
         with self._lock:
@@ -206,6 +255,7 @@ class JobManager:
 
     # -- starting -----------------------------------------------------------------------------
 
+    @_refused_on_disk_errors
     def start(self, spec_json: Dict[str, Any],
               environ: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Validate the spec and launch it. Returns the new job's dict (state "starting").
@@ -218,6 +268,7 @@ class JobManager:
 
         if self._closed:
             raise ValueError("the engine is shutting down")
+        _check_free_space(self.paths.jobs_dir)
         if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in environ.items()):
             raise ValueError("job_start: environ must map names to strings")
@@ -325,27 +376,34 @@ class JobManager:
 
     def _launch(self, job: _Job, spec: Any, *, append: bool) -> None:
         """Build the plan and start the process in its own session, output to the log."""
-        from trayapp.jobs.plan import build_launch
+        from trayapp.jobs.plan import JobProcess, build_launch
 
         folder = self.paths.jobs_dir / job.id
+        log_path = Path(job.info["log_path"])
+        process = JobProcess.from_config(self._config())
         try:
             plan = build_launch(spec, job_id=job.id, address=self.paths.job_address(job.id),
                                 keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
-                                base_env=_job_environ(folder), runner_dir=self.runner_dir)
+                                base_env=_job_environ(folder), runner_dir=self.runner_dir,
+                                process=process, log_path=str(log_path))
         except Exception as e:  # SpecError and friends: a plan that cannot be made
             raise ValueError(one_line(e)) from None
         kwargs: Dict[str, Any] = {}
         if WINDOWS:  # pragma: no cover - Windows only
             kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
-                                       | subprocess.CREATE_NO_WINDOW)  # type: ignore
+                                       | subprocess.CREATE_NO_WINDOW  # type: ignore
+                                       | (subprocess.BELOW_NORMAL_PRIORITY_CLASS  # type: ignore
+                                          if process.nice > 0 else 0))
         else:
             kwargs["start_new_session"] = True
-        log_path = Path(job.info["log_path"])
-        with open(log_path, "ab") as out:
+        with _open_job_log(log_path) as out:
             if append:
-                out.write(f"\n--- resumed from checkpoint {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                          " ---\n".encode())
-                out.flush()
+                try:
+                    out.write(f"\n--- resumed from checkpoint "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+                    out.flush()
+                except OSError:
+                    pass  # a full disk costs the log this line, not the job its relaunch
             try:
                 popen = subprocess.Popen(list(plan.argv), env=dict(plan.env), cwd=plan.cwd,
                                          stdin=subprocess.DEVNULL, stdout=out,
@@ -354,6 +412,8 @@ class JobManager:
                 raise ValueError(f"cannot start {plan.argv[0]}: "
                                  f"{e.strerror or one_line(e)}") from None
         job.popen = popen
+        job.info["process"] = {"nice": process.nice, "oom_score_adj": process.oom_score_adj,
+                               "log_max_bytes": process.log_max_bytes}
         if not WINDOWS:
             self._groups.add(popen.pid)
         try:
@@ -395,6 +455,10 @@ class JobManager:
                     key = (self.paths.jobs_dir / job_id / "key").read_bytes()
                 except OSError:
                     key = b""
+                reset = messages.clean_record(saved)
+                if reset:
+                    log.warning("job %s: its saved %s did not pass the checks; reset", job_id,
+                                ", ".join(reset))
                 job = _Job(saved, key)
                 state = job.state
                 if state == "parked":
@@ -430,54 +494,78 @@ class JobManager:
     # -- the channel --------------------------------------------------------------------------
 
     def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
+        # Parsed before anything is kept: a job's script can send anything on this channel.
+        msg: Optional[messages.JobMessage]
         try:
-            msg = rp.decode(data, rp.JOB_MESSAGES)
+            msg, dropped = messages.parse(data)
         except rp.ProtocolError as e:
-            log.info("job %s: ignored a message: %s", job_id, e)
-            return None
+            msg, dropped = None, [f"a message: {one_line(e, 200)}"]
         events: List[_Event] = []
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            try:
-                self._dispatch(job, peer, msg, events)
-            except Exception:  # a bad message must never cost the job its channel
-                log.exception("job %s: handling %s failed", job_id, msg.get("type"))
+            if msg is not None:
+                try:
+                    self._dispatch(job, peer, msg, events)
+                except Exception:  # a bad message must never cost the job its channel
+                    if not self._drops.count(job_id):
+                        log.exception("job %s: handling a message failed", job_id)
+                    dropped.append(f"{type(msg).__name__.lower()}: handling it failed")
+            if dropped:
+                self._note_dropped(job, dropped, events)
         self._flush_events(events)
         return None
 
-    def _dispatch(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[_Event]) -> None:
-        kind = msg["type"]
-        if kind == rp.HELLO:
+    def _note_dropped(self, job: _Job, dropped: List[str], events: List[_Event]) -> None:
+        """Count what was dropped from a job's messages; say so the first time, then at most
+        once a minute (the log and the job's events)."""
+        due = self._drops.add(job.id, len(dropped))
+        job.info["dropped_fields"] = self._drops.count(job.id)
+        job.dirty = True
+        if due is None:
+            return
+        first, since = due
+        text = messages.summary(dropped)
+        if first:
+            message = f"job {job.id}: dropped what its messages held that Headroom does not " \
+                      f"take ({text})"
+        else:
+            message = f"job {job.id}: {since} more dropped from its messages (last: {text})"
+        events.append(("job_bad_message", "warn", message, job.id, {"dropped": since}))
+
+    def _dispatch(self, job: _Job, peer: Peer, msg: messages.JobMessage,
+                  events: List[_Event]) -> None:
+        if isinstance(msg, messages.Hello):
             self._on_hello(job, peer, msg, events)
-        elif kind == rp.PROGRESS:
+        elif isinstance(msg, messages.Progress):
             self._on_progress(job, msg)
-        elif kind == rp.STATE:
+        elif isinstance(msg, messages.State):
             self._on_state(job, msg, events)
-        elif kind == rp.CHECKPOINTED:
-            job.info["checkpoint"] = {"path": msg.get("path"), "epoch": msg.get("epoch"),
-                                      "time": _now()}
-            self._save(job)
-        elif kind == rp.NOTE:
+        elif isinstance(msg, messages.Checkpointed):
+            if msg.path is not None:
+                job.info["checkpoint"] = {"path": msg.path, "epoch": msg.epoch, "time": _now()}
+                self._save(job)
+        elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
-        elif kind == rp.BYE:
-            job.info["bye"] = {k: v for k, v in msg.items() if k != "type"}
+        elif isinstance(msg, messages.Bye):
+            job.info["bye"] = msg.to_json()
             self._save(job)
 
-    def _on_hello(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[_Event]) -> None:
+    def _on_hello(self, job: _Job, peer: Peer, msg: messages.Hello,
+                  events: List[_Event]) -> None:
         if job.peer is not None and job.peer is not peer:
             job.peer.close()
         job.peer = peer
         peer.context["job"] = job.id
         info = job.info
-        info["hello"] = {k: v for k, v in msg.items() if k != "type"}
+        info["hello"] = msg.to_json()
         # "installed": keras.Model.fit is patched, so pause, park and stop land at a batch end.
-        info["hooked"] = msg.get("fit_hook") == "installed" or bool(msg.get("hooked"))
+        info["hooked"] = msg.fit_hook == "installed" or bool(msg.hooked)
         info["connected"] = True
         if info["state"] == "starting":
             info["state"] = "running"
-        runner_state = msg.get("state")
+        runner_state = msg.state
         if runner_state == "paused" and info["state"] in ("running", "pausing"):
             self._set_paused(job, info.get("paused_by") or "user", info.get("pause_reason") or "",
                              "cooperative", events)
@@ -491,27 +579,26 @@ class JobManager:
             info.update(state="running", pause_mode=None, paused_by=None, pause_reason=None)
         self._save(job)
 
-    def _on_progress(self, job: _Job, msg: Dict[str, Any]) -> None:
+    def _on_progress(self, job: _Job, msg: messages.Progress) -> None:
         info = job.info
         for field in ("epoch", "epochs", "step", "steps"):
-            value = msg.get(field)
-            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-                if field in msg:
-                    info[field] = value
-        logs = msg.get("logs")
-        if isinstance(logs, dict):
-            info["metrics"] = {k: v for k, v in logs.items()
-                               if isinstance(v, (int, float, str)) or v is None}
-        if "tf_memory" in msg:
-            info["tf_memory"] = msg.get("tf_memory")
+            if field in msg.given:
+                info[field] = getattr(msg, field)
+        if "logs" in msg.given:
+            info["metrics"] = dict(msg.logs)
+        if "tf_memory" in msg.given:
+            info["tf_memory"] = None if msg.tf_memory is None else \
+                [m.to_json() for m in msg.tf_memory]
         if info["state"] == "starting":
             info["state"] = "running"
         self._update_eta(job)
         job.dirty = True
 
-    def _on_state(self, job: _Job, msg: Dict[str, Any], events: List[_Event]) -> None:
+    def _on_state(self, job: _Job, msg: messages.State, events: List[_Event]) -> None:
         info = job.info
-        state = msg.get("state")
+        state = msg.state
+        if state is None:
+            return  # dropped: not a state the runner has
         if state == "paused":
             # The runner pauses only when asked; after a resume a late "paused" is followed by
             # "running" as soon as the resume arrives, so only a pause under way counts.
@@ -532,9 +619,8 @@ class JobManager:
             self._save(job)
         info["runner_state"] = state
 
-    def _on_note(self, job: _Job, msg: Dict[str, Any], events: List[_Event]) -> None:
-        level = msg.get("level") if msg.get("level") in ("info", "warn", "error") else "info"
-        text = str(msg.get("message") or "")[:500]
+    def _on_note(self, job: _Job, msg: messages.Note, events: List[_Event]) -> None:
+        level, text = msg.level, msg.message  # one line, control characters escaped
         notes = job.info.setdefault("notes", [])
         notes.append({"time": _now(), "level": level, "message": text})
         del notes[:-MAX_NOTES]
@@ -1100,6 +1186,7 @@ class JobManager:
     def close(self) -> None:
         """The engine exits: close every job's channel and save its state. The jobs keep
         running; the next engine adopts them."""
+        self._log_keeper.close()
         with self._lock:
             self._closed = True
             # What ended jobs left to this process (as their subreaper) is collected now: once
@@ -1186,8 +1273,8 @@ class JobManager:
                 size = f.tell()
                 tail = offset is None
                 start = max(0, size - LOG_TAIL_BYTES) if offset is None else offset
-                if start > size:  # the log was replaced: read it from the top
-                    start = 0
+                if start > size:  # trimmed (at its marker) or replaced (from the top)
+                    start = joblog.marker_offset(f.fileno(), self._log_cap(info)) or 0
                 f.seek(start)
                 data = f.read(min(limit, size - start))
         except FileNotFoundError:
@@ -1201,6 +1288,21 @@ class JobManager:
         keep = _complete_utf8(data)
         text = data[skip:keep].decode("utf-8", errors="replace")
         return {"data": text, "offset": start + keep, "size": size, "start": start + skip}
+
+    def _log_cap(self, info: Dict[str, Any]) -> int:
+        """The cap a job's log was launched with (the setting for one launched before)."""
+        process = info.get("process")
+        cap = process.get("log_max_bytes") if isinstance(process, dict) else None
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+            return cap
+        return int(self._setting("jobs.log_max_mb", 32)) * 1024 * 1024
+
+    def _running_logs(self) -> List[Tuple[str, int]]:
+        """(log path, cap) of every job with a process, for the log keeper's thread."""
+        with self._lock:
+            return [(str(j.info["log_path"]), self._log_cap(j.info))
+                    for j in self._jobs.values()
+                    if j.state in LIVE_STATES and j.info.get("log_path")]
 
     # -- the control channel's job_action -----------------------------------------------------
 
@@ -1378,6 +1480,21 @@ def _same_process(pid: Any, create_time: Any) -> Optional[psutil.Process]:
         return None
 
 
+_GUARD_FIELDS = ("id", "name", "state", "pid", "pids", "rss_bytes", "vram_bytes", "hooked",
+                 "checkpoint_dir", "ram_budget_bytes", "vram_budget_bytes", "paused_by",
+                 "auto_resume", "park_by")
+
+
+def _guard_fields(info: Dict[str, Any]) -> Dict[str, Any]:
+    """The part of a job's record that ``guard_jobs`` gives the guard (the engine's own
+    fields; the pids copied, the spec reduced to its ``auto_resume``)."""
+    out = {name: info.get(name) for name in _GUARD_FIELDS}
+    out["pids"] = list(info.get("pids") or ())
+    spec = info.get("spec")
+    out["spec"] = {"auto_resume": spec.get("auto_resume")} if isinstance(spec, dict) else {}
+    return out
+
+
 def _progress_units(info: Dict[str, Any]) -> Tuple[Optional[float], Optional[float]]:
     """(done, total) training steps over all epochs, from the runner's 1-based epoch and the
     steps done in it; (None, None) when the runner does not know."""
@@ -1410,6 +1527,33 @@ def _budget(spec: Any, name: str) -> Optional[int]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value * 1024 * 1024) if attr.endswith("_mb") else int(value)
     return None
+
+
+def _open_job_log(path: Path) -> Any:
+    """The job's log, opened to append (the job's stdout and stderr: O_APPEND, so writes land at
+    the end after the log keeper trims it). Raises ValueError saying why it cannot be opened."""
+    try:
+        return open(path, "ab")
+    except OSError as e:
+        raise ValueError(f"cannot start the job: cannot open its log {path}: "
+                         f"{e.strerror or one_line(e)}") from None
+
+
+MIN_FREE_BYTES = 1024 * 1024  # what a new job's folder needs at least: key, spec, first output
+
+
+def _check_free_space(folder: Path) -> None:
+    """Refuse (ValueError, one line) a start on a disk with (almost) no room left."""
+    statvfs = getattr(os, "statvfs", None)
+    if statvfs is None:  # pragma: no cover - Windows: the writes themselves say it
+        return
+    try:
+        st = statvfs(folder)
+    except OSError:
+        return  # the folder's own trouble is reported by the writes
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        raise ValueError(f"cannot start the job: no space left on device under {folder} "
+                         f"({configmod.format_bytes(st.f_bavail * st.f_frsize)} free)")
 
 
 def _remove_folder(folder: Path) -> None:
