@@ -14,15 +14,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
-from trayapp import __version__
+from trayapp import __version__, private
 from trayapp import config as configmod
 from trayapp.config import Config, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.engine.history import RecentHistory
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.text import one_line
 
 log = logging.getLogger("headroom.engine")
 
@@ -38,11 +39,12 @@ class EngineLock:
 
     def __init__(self, path: Path):
         self.path = path
-        self._file: Optional[TextIO] = None
+        self._file: Optional[IO[str]] = None
 
     def acquire(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")
+        # No link followed: a planted engine.lock -> file must not get that file truncated.
+        f = private.open_private_file(self.path, "r+")
         try:
             if sys.platform == "win32":  # pragma: no cover
                 import msvcrt
@@ -65,7 +67,7 @@ class EngineLock:
 
     def holder_pid(self) -> Optional[int]:
         try:
-            return int(self.path.read_text().strip() or 0) or None
+            return int(private.read_private(self.path, limit=64).strip() or 0) or None
         except (OSError, ValueError):
             return None
 
@@ -527,13 +529,21 @@ def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.I
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     for h in list(root.handlers):
         root.removeHandler(h)
+    class PrivateRotatingFileHandler(RotatingFileHandler):
+        # The log is opened without following a link, 0600, like the rest of the state.
+        def _open(self) -> Any:
+            return private.open_private_file(self.baseFilename, self.mode.replace("b", ""),
+                                             encoding=self.encoding, errors=self.errors)
+
     try:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = RotatingFileHandler(log_file, maxBytes=1_000_000, backupCount=3, encoding="utf-8")
+        fh = PrivateRotatingFileHandler(log_file, maxBytes=1_000_000, backupCount=3,
+                                        encoding="utf-8")
         fh.setFormatter(fmt)
         root.addHandler(fh)
-    except OSError as e:
-        print(f"headroom: cannot write the log file {log_file} ({e.strerror})", file=sys.stderr)
+    except (OSError, private.UnsafePath) as e:
+        why = e.strerror if isinstance(e, OSError) else one_line(e)
+        print(f"headroom: cannot write the log file {log_file} ({why})", file=sys.stderr)
     if to_stderr:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidge
 
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.private import UnsafePath
 from trayapp.text import one_line
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
@@ -423,7 +424,7 @@ def run_tray(args: Any, paths: Paths) -> int:
         return 2
     try:
         paths.ensure()
-    except (OSError, ConfigError) as e:
+    except (OSError, ConfigError, UnsafePath) as e:
         print(f"headroom: cannot use the state folder {one_line(str(paths.home))}: "
               f"{one_line(e)}", file=sys.stderr)
         return 1
