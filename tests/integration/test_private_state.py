@@ -167,11 +167,12 @@ def test_status_refuses_a_runtime_folder_planted_by_another_user(planted: Dict[s
 def test_run_sends_nothing_to_a_planted_runtime_folder(planted: Dict[str, Any]) -> None:
     r = run_cli("run", "--env", f"API_KEY={SECRET}", str(JOBS / "exit_with.py"), "0",
                 env={"SHELL_TOKEN": "shell-secret-value"}, timeout=60)
+    sent = planted["log"].read_text()
+    assert SECRET not in sent and "shell-secret-value" not in sent
+    assert sent == ""  # not even a connection
     assert r.returncode == 3, r.stdout + r.stderr
     line = one_line(r.stderr)
     assert str(planted["top"]) in line and "nobody" in line
-    sent = planted["log"].read_text()
-    assert sent == "" and SECRET not in sent and "shell-secret-value" not in sent
     assert not planted["paths"].lock_file.exists()  # and no engine was started there
 
 
