@@ -24,7 +24,7 @@ import shlex
 import stat
 import sys
 from pathlib import Path
-from typing import IO, Iterator, List, Optional, Tuple
+from typing import IO, Any, Iterator, List, Optional, Tuple
 
 from trayapp.text import one_line
 
@@ -41,7 +41,8 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 # The engine's own files in the state folder, checked (no link, the user's) before it starts.
 STATE_FILES = ("engine.lock", "engine.log", "engine.log.1", "engine.log.2", "engine.log.3",
                "headroom.db", "headroom.db-wal", "headroom.db-shm", "headroom.db-journal",
-               "crash.log", "tray.lock")
+               "crash.log", "tray.lock", "tray.log", "tray.log.1", "tray.log.2",
+               "launch-recent.json")
 
 _user_umask: Optional[int] = None
 
@@ -109,6 +110,28 @@ def _mode(st: os.stat_result) -> str:
     return f"{stat.S_IMODE(st.st_mode):04o}"
 
 
+def _writable_by_others(st: os.stat_result) -> bool:
+    if st.st_mode & 0o002:
+        return True
+    return bool(st.st_mode & 0o020) and not _group_is_only_yours(st.st_gid)
+
+
+def _group_is_only_yours(gid: int) -> bool:
+    """A user private group (the default of Debian, Ubuntu and Fedora, with umask 002): the
+    user's own primary group, named after the user, with no other member. Write access for it
+    is write access for the user alone (as Debian's OpenSSH also judges it)."""
+    try:
+        import grp
+        import pwd
+
+        me = pwd.getpwuid(os.getuid())
+        group = grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return gid == me.pw_gid and group.gr_name == me.pw_name and \
+        set(group.gr_mem) <= {me.pw_name}
+
+
 def _link(path: os.PathLike | str) -> UnsafePath:
     return UnsafePath(path, "is a symbolic link, and Headroom follows no link in its state",
                       f"remove it: rm {_q(path)}")
@@ -130,7 +153,7 @@ def _check(path: os.PathLike | str, st: os.stat_result, *, folder: bool, private
                          "Headroom uses only what is yours: remove it, or set HEADROOM_HOME to a "
                          "folder of your own")
     fix = f"fix: chmod {'700' if folder else '600'} {_q(path)}"
-    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+    if _writable_by_others(st) and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         raise UnsafePath(path, f"can be written by other users (mode {_mode(st)})", fix)
     if private and st.st_mode & 0o077:
         raise UnsafePath(path, f"can be read by other users (mode {_mode(st)})", fix)
@@ -182,6 +205,20 @@ def open_private_file(path: os.PathLike | str, mode: str = "ab",
     except BaseException:
         os.close(fd)
         raise
+
+
+def rotating_log_handler(path: os.PathLike | str, max_bytes: int, backups: int) -> Any:
+    """A ``logging.handlers.RotatingFileHandler`` (UTF-8) whose file is opened through
+    ``open_private``: no link followed, 0600. Raises OSError or UnsafePath."""
+    from logging.handlers import RotatingFileHandler
+
+    class PrivateRotatingFileHandler(RotatingFileHandler):
+        def _open(self) -> Any:
+            return open_private_file(self.baseFilename, self.mode.replace("b", ""),
+                                     encoding=self.encoding, errors=self.errors)
+
+    return PrivateRotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
+                                      encoding="utf-8")
 
 
 def read_private(path: os.PathLike | str, limit: int = 1 << 20) -> bytes:
@@ -379,9 +416,14 @@ def ensure_state(home: Path, data_dir: Path, config_file: Path, jobs_dir: Path,
         runtime_dir.mkdir(parents=True, exist_ok=True)
         return
     make_private_dir(data_dir, follow=True)
-    if config_file.parent != data_dir:
-        make_private_dir(config_file.parent, follow=True)
-    check_config(config_file)
+    in_home = config_file.parent == data_dir
+    if not in_home:
+        # The platform's config folder, or one named with --config (the user's dotfiles, or
+        # /etc): made when missing, checked, never chmodded.
+        if not config_file.parent.exists():
+            make_private_dir(config_file.parent)
+        check_dir(config_file.parent, private=False, follow=True, root_ok=True)
+    check_config(config_file, tighten_it=in_home)
     make_private_dir(jobs_dir)
     for name in STATE_FILES:
         tighten(data_dir / name)
@@ -393,10 +435,10 @@ def ensure_state(home: Path, data_dir: Path, config_file: Path, jobs_dir: Path,
                 tighten(entry.path)
 
 
-def check_config(config_file: Path) -> None:
+def check_config(config_file: Path, tighten_it: bool = True) -> None:
     """``config.toml`` must be the user's (or root's) and writable by no one else; it may be a
-    link (to the user's dotfiles, say) to such a file. One of the user's that others can read
-    is made 0600. Missing: nothing to check. Raises UnsafePath."""
+    link (to the user's dotfiles, say) to such a file. With ``tighten_it``, one of the user's
+    that others can read is made 0600. Missing: nothing to check. Raises UnsafePath."""
     if not POSIX:  # pragma: no cover - Windows
         return
     try:
@@ -404,7 +446,7 @@ def check_config(config_file: Path) -> None:
     except FileNotFoundError:
         return
     check_file(config_file, private=False, follow=True, root_ok=True)
-    if not stat.S_ISLNK(lst.st_mode) and lst.st_uid == os.getuid():
+    if tighten_it and not stat.S_ISLNK(lst.st_mode) and lst.st_uid == os.getuid():
         tighten(config_file)
 
 

@@ -205,7 +205,8 @@ def private_home(home: Path) -> Path:
     return home
 
 
-@pytest.mark.parametrize("name", ["engine.lock", "engine.log", "headroom.db", "headroom.db-wal"])
+@pytest.mark.parametrize("name", ["engine.lock", "engine.log", "headroom.db", "headroom.db-wal",
+                                  "tray.log"])
 def test_a_link_planted_at_a_state_file_is_not_written_through(private_home: Path,
                                                                tmp_path: Path, name: str) -> None:
     victim = tmp_path / "victim.txt"

@@ -186,10 +186,24 @@ def test_make_private_dir_tightens_a_readable_folder_and_refuses_a_writable_one(
     os.chmod(d, 0o755)
     private.make_private_dir(d)
     assert mode(d) == 0o700
-    os.chmod(d, 0o775)
-    with pytest.raises(private.UnsafePath, match=r"chmod 700 .*home"):
+    os.chmod(d, 0o757)
+    with pytest.raises(private.UnsafePath, match=r"\(mode 0757\); fix: chmod 700 .*home"):
         private.make_private_dir(d)
-    assert mode(d) == 0o775
+    assert mode(d) == 0o757
+
+
+@as_root
+def test_group_write_is_refused_unless_the_group_is_the_users_alone(tmp_path: Path) -> None:
+    d = tmp_path / "home"
+    d.mkdir()
+    # umask 002 with a user private group (root's group here): the group is the user alone.
+    os.chmod(d, 0o775)
+    private.make_private_dir(d)
+    assert mode(d) == 0o700
+    os.chown(d, 0, NOBODY)  # a group with other users in it
+    os.chmod(d, 0o770)
+    with pytest.raises(private.UnsafePath, match=r"can be written by other users \(mode 0770\)"):
+        private.make_private_dir(d)
 
 
 def test_a_config_link_to_the_users_own_file_is_allowed(tmp_path: Path) -> None:
@@ -264,3 +278,21 @@ def test_an_environ_file_others_can_read_is_not_used(tmp_path: Path) -> None:
     envfile.save(tmp_path, {"PATH": "/bin"}, ())
     os.chmod(tmp_path / envfile.FILE_NAME, 0o644)
     assert envfile.load(tmp_path) == (None, {})
+
+
+def test_a_config_named_elsewhere_is_checked_but_its_folder_left_as_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    os.chmod(dotfiles, 0o755)
+    config = dotfiles / "headroom.toml"
+    config.write_text("")
+    os.chmod(config, 0o644)
+    monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
+    paths = cfg.get_paths(str(config))
+    paths.ensure()
+    assert mode(dotfiles) == 0o755 and mode(config) == 0o644
+    assert mode(paths.home) == 0o700
+    os.chmod(config, 0o646)
+    with pytest.raises(private.UnsafePath, match="can be written by other users"):
+        paths.ensure()

@@ -520,8 +520,6 @@ class Engine:
 
 def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.INFO) -> None:
     """Log to stderr and to a rotating file under the state folder."""
-    from logging.handlers import RotatingFileHandler
-
     # A log file on a full disk must not print a traceback per line: the engine goes on.
     logging.raiseExceptions = False
     root = logging.getLogger("headroom")
@@ -529,16 +527,10 @@ def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.I
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     for h in list(root.handlers):
         root.removeHandler(h)
-    class PrivateRotatingFileHandler(RotatingFileHandler):
-        # The log is opened without following a link, 0600, like the rest of the state.
-        def _open(self) -> Any:
-            return private.open_private_file(self.baseFilename, self.mode.replace("b", ""),
-                                             encoding=self.encoding, errors=self.errors)
-
     try:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = PrivateRotatingFileHandler(log_file, maxBytes=1_000_000, backupCount=3,
-                                        encoding="utf-8")
+        # Opened without following a link, 0600, like the rest of the state.
+        fh = private.rotating_log_handler(log_file, max_bytes=1_000_000, backups=3)
         fh.setFormatter(fmt)
         root.addHandler(fh)
     except (OSError, private.UnsafePath) as e:

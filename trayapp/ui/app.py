@@ -32,6 +32,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, cast
 from PySide6.QtCore import QObject, QSettings, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidget
 
+from trayapp import private
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.private import UnsafePath
@@ -392,8 +393,6 @@ class HeadroomApp(QObject):
 
 def setup_logging(paths: Paths) -> None:
     """The tray's log: everything to ``tray.log`` in the state folder, warnings to stderr."""
-    from logging.handlers import RotatingFileHandler
-
     logger = logging.getLogger("headroom.ui")
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -401,11 +400,11 @@ def setup_logging(paths: Paths) -> None:
         logger.removeHandler(h)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        fh = RotatingFileHandler(paths.data_dir / "tray.log", maxBytes=1_000_000,
-                                 backupCount=2, encoding="utf-8")
+        fh = private.rotating_log_handler(paths.data_dir / "tray.log", max_bytes=1_000_000,
+                                          backups=2)  # no link followed, 0600
         fh.setFormatter(fmt)
         logger.addHandler(fh)
-    except OSError as e:
+    except (OSError, UnsafePath) as e:
         print(f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({one_line(e)})",
               file=sys.stderr)
     sh = logging.StreamHandler(sys.stderr)
