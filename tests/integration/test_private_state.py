@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -422,3 +423,40 @@ def test_the_state_a_new_home_gets_is_private(tmp_path: Path,
     finally:
         stop_engine_of(get_paths())
         end_processes_of(home)
+
+
+def db_bytes(paths: Paths) -> bytes:
+    out = b""
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(f"{paths.db_file}{suffix}")
+        if p.exists():
+            out += p.read_bytes()
+    return out
+
+
+def test_env_values_an_older_engine_saved_leave_the_database(paths: Paths,
+                                                            start_engine: Any) -> None:
+    from trayapp.engine.store import Store
+
+    # As an older Headroom left it: the value in the saved spec, spec.json and a flat environ.
+    paths.ensure()
+    spec = {"script": str(JOBS / "ticker.py"), "args": ["1"], "env": [["API_KEY", SECRET]]}
+    folder = paths.jobs_dir / "0ld0b123"
+    folder.mkdir()
+    (folder / "spec.json").write_text(json.dumps(spec))
+    (folder / "environ.json").write_text(json.dumps({"PATH": "/usr/bin"}))
+    store = Store(paths.db_file)
+    now = time.time()
+    store.save_job({"id": "0ld0b123", "name": "old", "state": "finished", "started": now - 60,
+                    "ended": now - 50, "spec": spec, "exit_code": 0})
+    store.close()
+    assert SECRET.encode() in db_bytes(paths)
+    engine = start_engine()
+    with engine.client() as c:
+        (old,) = [j for j in c.jobs(all=True) if j["id"] == "0ld0b123"]
+    assert old["spec"]["env"] == [["API_KEY", None]]
+    assert SECRET.encode() not in db_bytes(paths)
+    assert SECRET not in (folder / "spec.json").read_text()
+    from trayapp.jobs import envfile
+
+    assert envfile.load(folder) == ({"PATH": "/usr/bin"}, {"API_KEY": SECRET})

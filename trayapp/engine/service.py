@@ -235,6 +235,10 @@ class Engine:
 
         self.jobs = JobManager(self.paths, self.store, emit=self.emit_event,
                                gpus=lambda: self._gpus, config=lambda: self.config)
+        from trayapp.jobs.envfile import hide_stored
+
+        if hide_stored(self.store, self.paths.jobs_dir):  # saved by an older Headroom
+            log.info("environment values of older jobs moved out of the database")
         self.handlers.update(self.jobs.handlers())
         self.jobs.adopt()
 

@@ -869,6 +869,35 @@ class Store:
                 self._rollback()
                 self._write_failed(f"job {row[0]}", e)
 
+    def rewrite_jobs(self, change: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> int:
+        """Save ``change(job)`` for every saved job it returns a dict for (None: keep it). What
+        is replaced is zeroed in the file (secure_delete) and the WAL emptied afterwards, so the
+        old text leaves no copy on disk. Returns how many changed; a database error is logged."""
+        with self._lock:
+            changed = [j for j in (change(job) for job in
+                                   self.list_jobs(include_finished=True, limit=1_000_000))
+                       if j is not None]
+            if not changed or self._conn is None:
+                return 0
+            conn = self._conn
+            try:
+                before = conn.execute("PRAGMA secure_delete").fetchone()[0]
+                conn.execute("PRAGMA secure_delete = ON")
+            except sqlite3.Error:
+                before = None
+            try:
+                for job in changed:
+                    self.save_job(job)
+            finally:
+                try:
+                    if before is not None:
+                        conn.execute(f"PRAGMA secure_delete = {int(before)}")
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                except sqlite3.Error as e:
+                    log.warning("history database: the WAL was not emptied: %s",
+                                one_line(e, REASON_CHARS))
+            return len(changed)
+
     def get_job(self, job_id: str) -> Optional[Dict[str, Any]]:
         """The saved job dict, or None when there is none (or on a database error)."""
         with self._lock:

@@ -98,3 +98,39 @@ def restore(spec_json: Mapping[str, Any], folder: Optional[Path]) -> Dict[str, A
     assert isinstance(env, list)  # hidden_names found pairs in it
     out["env"] = [[p[0], values[p[0]] if p[1] is None else p[1]] for p in env]
     return out
+
+
+def _visible_pairs(spec: Any) -> List[Tuple[str, str]]:
+    env = spec.get("env") if isinstance(spec, dict) else None
+    if isinstance(env, Mapping):
+        env = [[k, v] for k, v in env.items()]
+    if not isinstance(env, list):
+        return []
+    return [(str(p[0]), p[1]) for p in env
+            if isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], str)]
+
+
+def hide_stored(store: Any, jobs_dir: Path) -> int:
+    """Jobs an older Headroom saved with their ``--env`` values in the database (and in
+    ``spec.json``): the values move to the job's private file, where its folder is still
+    there, and the saved spec keeps the names only. Returns how many jobs changed."""
+
+    def change(job: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        pairs = _visible_pairs(job.get("spec"))
+        if not pairs:
+            return None
+        folder = jobs_dir / str(job.get("id"))
+        if folder.is_dir() and not folder.is_symlink():
+            environ, values = load(folder)
+            values.update(pairs)
+            try:
+                save(folder, environ, sorted(values.items()))
+                spec_file = folder / "spec.json"
+                if spec_file.is_file() and not spec_file.is_symlink():
+                    configmod.atomic_write(spec_file,
+                                           json.dumps(hide(job["spec"]), indent=2) + "\n")
+            except OSError:
+                pass  # the values are dropped then: a relaunch asks for them
+        return dict(job, spec=hide(job["spec"]))
+
+    return int(store.rewrite_jobs(change))
