@@ -460,3 +460,12 @@ def test_env_values_an_older_engine_saved_leave_the_database(paths: Paths,
     from trayapp.jobs import envfile
 
     assert envfile.load(folder) == ({"PATH": "/usr/bin"}, {"API_KEY": SECRET})
+
+
+def test_dry_run_shows_the_value_on_the_users_terminal_and_keeps_it_nowhere(home: Path) -> None:
+    # The plan is what the job would get, printed for the user who typed it; nothing is kept.
+    r = run_cli("run", "--dry-run", "--env", f"API_KEY={SECRET}", str(JOBS / "ticker.py"),
+                timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"API_KEY={SECRET}" in r.stdout
+    assert modes_and_holders(home, SECRET.encode())["holders"] == []
