@@ -350,6 +350,12 @@ def test_after_a_job_with_env_everything_is_private_and_the_value_only_in_one_fi
     assert _umask(engine_pid) == 0o077
 
 
+def job_environ(pid: int) -> Dict[str, str]:
+    """The environment of a process just started: /proc shows it once the kernel has set up
+    the new program, a moment after the exec that ``Popen`` waits for."""
+    return wait_for(lambda: psutil.Process(pid).environ(), 10, f"the environment of {pid}")
+
+
 def _umask(pid: int) -> Optional[int]:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Umask:"):
@@ -372,8 +378,7 @@ def test_a_relaunch_from_the_shown_spec_gets_the_value_back(cli_home: Path,
         assert "API_KEY" in str(e.value)
         job = c.job_start(spec, env_from=first["id"])
         try:
-            environ = psutil.Process(job["pid"]).environ()
-            assert environ["API_KEY"] == SECRET
+            assert job_environ(job["pid"])["API_KEY"] == SECRET
             # The job runs with the user's umask (022 here), not the engine's private one.
             assert _umask(job["pid"]) == 0o022
             assert c.job_get(job["id"])["spec"]["env"] == [["API_KEY", None]]
@@ -400,7 +405,7 @@ def test_resume_of_a_parked_job_gets_the_env_value(cli_home: Path, paths: Paths,
             assert c.job_action(job["id"], "park")["state"] == "parked"
             resumed = c.job_action(job["id"], "resume")
             assert resumed["pid"] and resumed["pid"] != job["pid"]
-            assert psutil.Process(resumed["pid"]).environ()["API_KEY"] == SECRET
+            assert job_environ(resumed["pid"])["API_KEY"] == SECRET
         finally:
             try:
                 c.job_action(job["id"], "kill")
@@ -469,3 +474,25 @@ def test_dry_run_shows_the_value_on_the_users_terminal_and_keeps_it_nowhere(home
     assert r.returncode == 0, r.stderr
     assert f"API_KEY={SECRET}" in r.stdout
     assert modes_and_holders(home, SECRET.encode())["holders"] == []
+
+
+def test_a_config_made_writable_by_others_while_the_engine_runs_is_not_applied(
+        paths: Paths, start_engine: Any) -> None:
+    paths.ensure()
+    paths.config_file.write_text('[guard]\nmode = "dry-run"\n')
+    engine = start_engine()
+    with engine.client() as c:
+        assert c.config_get()["values"]["guard"]["mode"] == "dry-run"
+    # Someone opened the file to others, and it now says the guard is off.
+    paths.config_file.write_text('[guard]\nmode = "off"\n')
+    os.chmod(paths.config_file, 0o666)
+
+    def problems() -> List[str]:
+        with engine.client() as c:
+            return [p for p in c.config_get()["problems"] if "can be written by other users" in p]
+
+    (problem,) = wait_for(problems, 30, "the reload to refuse the file")
+    assert str(paths.config_file) in problem and f"chmod 600 {paths.config_file}" in problem
+    with engine.client() as c:  # the settings in use stay; "off" is not applied
+        assert c.config_get()["values"]["guard"]["mode"] == "dry-run"
+        assert c.status()["guard"]["mode"] == "dry-run"
