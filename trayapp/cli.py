@@ -210,7 +210,7 @@ def local_status(demo: bool) -> Dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace, paths: Any) -> int:
-    from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable
+    from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable, UnsafeState
 
     client = EngineClient(paths, timeout=5.0)
     tty = sys.stdout.isatty()
@@ -218,6 +218,8 @@ def cmd_status(args: argparse.Namespace, paths: Any) -> int:
         while True:
             try:
                 st: Optional[Dict[str, Any]] = client.status()
+            except UnsafeState:
+                raise  # an engine folder that cannot be trusted is said, not hidden
             except EngineBusy as e:
                 # An engine runs: readings of our own would say it does not. Once: exit 3;
                 # watching: say so and try again at the next refresh.
@@ -255,8 +257,14 @@ def cmd_status(args: argparse.Namespace, paths: Any) -> int:
 def cmd_engine(args: argparse.Namespace, paths: Any) -> int:
     from trayapp import config as configmod
     from trayapp.engine.service import Engine, setup_logging
+    from trayapp.private import UnsafePath
 
-    paths.ensure()
+    try:
+        paths.ensure()
+    except UnsafePath as e:
+        # Bad input (the state folder): nothing is written to it, not even the log.
+        print(f"headroom: refusing to start the engine: {one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(paths.log_file)
     engine = Engine(paths, configmod.load(paths.config_file), demo=args.demo, stay=args.stay)
     return engine.run()
@@ -266,6 +274,9 @@ def cmd_engine(args: argparse.Namespace, paths: Any) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from trayapp.private import use_private_umask
+
+    use_private_umask()  # whatever Headroom writes is the user's alone
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -313,10 +324,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _save_traceback() -> Optional[str]:
     try:
         from trayapp.config import get_paths
+        from trayapp.private import open_private_file
 
         path = get_paths().data_dir / "crash.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
+        with open_private_file(path, "a", encoding="utf-8") as f:
             f.write(f"--- {time.ctime()} pid {os.getpid()} argv {sys.argv!r}\n")
             f.write(traceback.format_exc())
         return str(path)

@@ -17,6 +17,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any, Dict, List, Optional
 
+from trayapp import private
 from trayapp.config import Paths
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 
@@ -49,11 +50,24 @@ def _family() -> str:
     return "AF_PIPE" if WINDOWS else "AF_UNIX"
 
 
+class UnsafeState(EngineUnavailable):
+    """The runtime folder, the key or the socket is not safe to trust (another user's, a link,
+    open to others): the client refuses to talk through it. Exit status 3, like no engine."""
+
+
 def _read_key(paths: Paths) -> bytes:
+    """The engine's key, once every level of the runtime folder, the key file and the socket
+    proved to be the user's own and closed to others."""
     try:
-        return paths.key_file.read_bytes()
+        private.check_runtime(paths.data_dir, paths.runtime_dir)
+        key = private.read_private(paths.key_file, limit=4096)
+        if not WINDOWS:
+            private.check_file(paths.control_address, private=True)
+    except private.UnsafePath as e:
+        raise UnsafeState(f"refusing to trust the engine's folder: {e}") from None
     except OSError:
         raise EngineUnavailable(f"no engine is running for {paths.home}") from None
+    return key
 
 
 def _open(paths: Paths, timeout: float) -> Connection:
@@ -253,10 +267,12 @@ class EngineClient:
         return self.request("job_get", job=job)
 
     def job_start(self, spec: Dict[str, Any],
-                  environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                  environ: Optional[Dict[str, str]] = None,
+                  env_from: Optional[str] = None) -> Dict[str, Any]:
         """Launch a job; ``environ`` is the environment it starts from (default: the
-        engine's)."""
-        return self.request("job_start", spec=spec, environ=environ,
+        engine's). ``env_from``: the job whose kept ``--env`` values fill ``spec``'s hidden ones
+        (a spec from ``jobs`` shows each value as None)."""
+        return self.request("job_start", spec=spec, environ=environ, env_from=env_from,
                             timeout=max(self.timeout, 30.0))
 
     def job_action(self, job: str, action: str, reason: Optional[str] = None) -> Dict[str, Any]:
@@ -344,7 +360,8 @@ def start_engine(paths: Paths, demo: bool = False, config_file: Optional[str] = 
         kwargs["start_new_session"] = True
     return subprocess.Popen(engine_command(demo, config_file), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            close_fds=True, **kwargs)
+                            close_fds=True, env={**os.environ, **private.umask_env()},
+                            **kwargs)
 
 
 def connect(paths: Paths, start: bool = False, demo: bool = False,
@@ -359,9 +376,18 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
         return client
     except EngineBusy:
         raise  # one runs: starting another would not help
+    except UnsafeState:
+        raise
     except EngineUnavailable:
         if not start:
             raise
+    try:
+        # The engine would refuse this state folder; say why here, where the user reads it.
+        paths.ensure()
+    except private.UnsafePath as e:
+        raise UnsafeState(f"refusing to start an engine: {e}") from None
+    except OSError:
+        pass  # the engine says what it cannot make, in its log
     proc = start_engine(paths, demo=demo, config_file=config_file)
     # The engine outlives this client's purpose but may end while this process runs: reap it
     # then, so it leaves no zombie behind.
@@ -372,6 +398,8 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
         try:
             client.ping()
             return client
+        except UnsafeState:
+            raise
         except EngineUnavailable:
             rc = proc.poll()
             # 0: another engine won the race for the lock; keep trying to reach that one.
