@@ -29,9 +29,12 @@ def gc_on_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
     timer.stop()
     # What the test deleted (deleteLater) goes now; the rest of its garbage is collected here,
     # on the GUI thread, so that a problem in it shows in this test and not a later one.
+    # Collected before the collector is switched back on: a thread the test left running (a
+    # launch dialog's interpreter probe) would otherwise start a collection of that garbage the
+    # moment it is enabled, and destroy Qt objects off the GUI thread.
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-    gc.enable()
     gc.collect()
+    gc.enable()
 
 
 @pytest.fixture
