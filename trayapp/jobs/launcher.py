@@ -32,7 +32,7 @@ import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import psutil
 
@@ -100,6 +100,7 @@ class _Job:
         self.park_note: Tuple[str, str] = ("user", "")
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
         self.exit_seen = False
+        self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
 
     @property
     def id(self) -> str:
@@ -374,6 +375,7 @@ class JobManager:
                 info["warnings"].append(w)
         job.known = {popen.pid: job.process} if job.process is not None else {}
         job.exit_seen = False
+        job.meter = None  # a new tree
         job.stop_stage = 0
         job.pause_deadline = None
         job.rate_ref = None
@@ -589,7 +591,10 @@ class JobManager:
         mem = tree_memory(int(pid), gpus)
         if mem is None:
             return
-        job.info["rss_bytes"] = mem.tree_rss_bytes
+        counted = self._meter(job).sample(mem.tree_pids)
+        # Each page once (PSS) where the system tells, else the summed RSS.
+        job.info["rss_bytes"] = counted if counted is not None else mem.tree_rss_bytes
+        job.info["memory_method"] = job.meter.method
         job.info["vram_bytes"] = mem.vram_bytes
         job.info["pids"] = list(mem.tree_pids)
         for p in mem.tree_pids:
@@ -598,6 +603,25 @@ class JobManager:
                     job.known[p] = psutil.Process(p)
                 except psutil.Error:
                     pass
+
+    @staticmethod
+    def _meter(job: _Job) -> Any:
+        if job.meter is None:
+            from trayapp.probes.processes import TreeMeter
+
+            job.meter = TreeMeter()
+        return job.meter
+
+    def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:
+        """A job's memory now from its processes ``pids``, each page counted once as of the
+        last exact reading (cheap enough for every guard tick); None for a job not watched or
+        no readable process."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            meter = job.meter if job is not None else None
+        if meter is None:
+            return None
+        return meter.read(pids)
 
     # -- the loop -----------------------------------------------------------------------------
 
