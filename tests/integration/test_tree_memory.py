@@ -3,6 +3,7 @@ multiply it, and a RAM budget above what the job really uses does not pause it."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -143,3 +144,25 @@ def test_the_meter_between_exact_readings_follows_new_allocations() -> None:
             proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_without_smaps_rollup_the_meter_is_the_summed_rss(tmp_path: Path) -> None:
+    # An older kernel (or another system): no smaps_rollup, so each member counts at its RSS.
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pid, pages in ((101, 1000), (102, 250)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "statm").write_text(f"5000 {pages} 10 1 0 900 0\n")
+    assert not pss_available(str(tmp_path))
+    meter = TreeMeter(str(tmp_path))
+    assert meter.sample([101, 102, 103]) == 1250 * page  # 103 is gone: left out
+    assert meter.read([101, 102]) == 1250 * page
+    assert meter.method == "rss"
+    # A member whose smaps_rollup cannot be read counts at its RSS too.
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "smaps_rollup").write_text("")
+    (tmp_path / "101" / "smaps_rollup").write_text(
+        "00400000-7fff00000000 ---p 00000000 00:00 0  [rollup]\nRss:  4000 kB\nPss:  1000 kB\n")
+    meter = TreeMeter(str(tmp_path))
+    assert meter.exact_available
+    assert meter.sample([101, 102]) == 1000 * page - (4000 - 1000) * 1024 + 250 * page
+    assert meter.method == "pss"

@@ -11,7 +11,17 @@ import heapq
 import os
 import sys
 import time
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import (
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import psutil
 
@@ -119,11 +129,12 @@ def top_consumers(limit: int = 5) -> List[Tuple[int, str, int]]:
 # A tree's memory with each page counted once
 
 # Exact readings (smaps_rollup) cost about 6 us per resident MB of each member (the kernel walks
-# its page tables), 100 times a statm read and more (benchmarks/bench_tree_memory.py). So they
-# take at most this share of a core on average...
-EXACT_SHARE = 0.05
-# ...and, while the tree keeps changing (a changed tree is read exactly at once), at most this.
-CHANGED_SHARE = 0.2
+# its page tables), hundreds of times a statm read (benchmarks/bench_tree_memory.py). So a pass
+# over the tree is spread over the samples, at most this long in each (at 4 samples a second: 2%
+# of a core while a pass runs)...
+EXACT_SLICE_SECONDS = 0.005
+# ...and passes take at most this share of a core on average (a changed tree starts one at once).
+EXACT_SHARE = 0.01
 EXACT_MIN_SECONDS = 0.25  # a cheap tree is read exactly at most 4 times a second
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _LINUX = sys.platform.startswith("linux")
@@ -185,21 +196,58 @@ def pss_available(proc_root: str = "/proc") -> bool:
     return _LINUX and os.path.exists(f"{proc_root}/self/smaps_rollup")
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _boot_clock() -> float:
+    """Seconds since boot, on the clock /proc/<pid>/stat's start times use."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if _LINUX else 0.0
+
+
+def _origin(pid: int, proc_root: str) -> Optional[Tuple[int, float, bytes]]:
+    """(parent pid, start in seconds since boot, command line) of a process; None if gone."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return int(fields[1]), int(fields[19]) / _TICKS, cmdline
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Record(NamedTuple):
+    """What the meter knows of one member."""
+
+    rss: int  # bytes resident when recorded
+    shared: int  # of them, the part other members count too (RSS - PSS)
+    exact: bool  # measured from smaps_rollup (else a guess until it is)
+    when: float  # seconds since boot when recorded
+    parent: int = 0  # a guess only: the member it was forked from (0: none known)
+    start: float = 0.0  # a guess only: when it started, seconds since boot
+
+
 class TreeMeter:
     """One process tree's memory (a job's), each page counted once, cheaply enough for every
     guard tick.
 
-    ``sample(pids)`` (the launcher, 4 times a second) takes an exact reading, each member's PSS
-    from ``smaps_rollup``, when the set of members changed (forked workers share their parent's
-    pages: counting them at their RSS is what makes a false budget pause) and otherwise as often
-    as ``EXACT_SHARE`` of a core allows. Every other reading (``read``, the guard's fast tick)
-    reads each member's RSS from statm and takes off its shared part as the last exact reading
-    measured it (RSS - PSS): a new allocation counts in full at once, as it should; only pages a
-    member stops sharing (a copy on write) or a sharer's exit, which raise the others' share,
-    wait for the next exact reading. A member not yet in an exact reading, or whose
-    ``smaps_rollup`` cannot be read, counts at its RSS (the upper bound). Without
-    ``smaps_rollup`` (older kernels, Windows, macOS) the meter is the summed RSS (``method``
-    "rss").
+    Exact readings take each member's PSS (and RSS) from ``smaps_rollup``: their sum counts
+    every page once, where the summed RSS counts a page shared by 200 forked workers 200 times.
+    They cost in proportion to what is resident, so ``sample(pids)`` (the launcher, up to 4
+    times a second) spreads a pass over the members across samples (``EXACT_SLICE_SECONDS``
+    each). A pass starts when the tree gains a member (the parents of the new members first,
+    then the new members) and otherwise as often as ``EXACT_SHARE`` of a core allows.
+
+    Every reading (``read``, also the guard's fast tick) is each member's RSS from statm less
+    its shared part (RSS - PSS) as last measured: memory a member allocates counts in full at
+    once; pages a member stops sharing (a copy on write) or a sharer's exit, which raise the
+    others' share, count from the next exact reading. A member not measured yet that was forked
+    (without exec: the same command line as its parent) shares its parent's pages: the same
+    part of its RSS as its parent when the parent was measured since the fork, else up to all
+    the parent has (which the parent then counts in full). Any other member counts at its RSS
+    until measured, as does one whose ``smaps_rollup`` is unreadable. Without ``smaps_rollup``
+    (older kernels, Windows, macOS) the meter is the summed RSS (``method`` "rss").
     """
 
     def __init__(self, proc_root: str = "/proc", *, exact: Optional[bool] = None,
@@ -207,57 +255,106 @@ class TreeMeter:
         self.proc_root = proc_root
         self._clock = clock
         self.exact_available = pss_available(proc_root) if exact is None else exact
-        self._shared: Dict[int, int] = {}  # pid -> RSS - PSS at the last exact reading
-        self._members: FrozenSet[int] = frozenset()
-        self._next_exact = 0.0  # monotonic: when the next exact reading is due
-        self._earliest = 0.0  # monotonic: the soonest one may be taken (a changed tree)
-        self.exact_seconds: Optional[float] = None  # what the last exact reading cost
-        self.method = "rss"  # "pss" once an exact reading counted some member by its PSS
+        # Replaced, never changed in place: a reading on another thread sees one whole version.
+        self._rec: Dict[int, _Record] = {}
+        self._queue: List[int] = []  # members still to measure in this pass
+        self._pass_started = 0.0
+        self._pass_cost = 0.0
+        self._next_pass = 0.0  # monotonic: when the next periodic pass is due
+        self.pass_seconds: Optional[float] = None  # what the last whole pass cost
+        self.method = "rss"  # "pss" once a member was counted by its PSS
 
     def sample(self, pids: Sequence[int]) -> Optional[int]:
-        """The tree's bytes now, exactly when due (see the class); None when no member is
-        readable."""
-        if self.exact_available:
-            now = self._clock()
-            changed = frozenset(pids) != self._members
-            if now >= self._next_exact or (changed and now >= self._earliest):
-                return self._exact(pids, now)
+        """The tree's bytes now (see the class), after this sample's share of exact readings;
+        None when no member is readable."""
+        if not self.exact_available:
+            return self.read(pids)
+        now = self._clock()
+        rec = self._rec
+        new = [p for p in pids if p not in rec]
+        if new:
+            rec = dict(rec)
+            for p in new:
+                rec[p] = self._guess(p, rec)
+            self._rec = rec
+            # Sharing changed for all: a pass over every member, the new ones' parents first,
+            # then those not measured yet.
+            parents = {rec[p].parent for p in new}
+            first = [p for p in pids if p in parents] + [p for p in pids if not rec[p].exact]
+            first = list(dict.fromkeys(first))
+            self._queue = first + [p for p in pids if p not in set(first)]
+            if not self._pass_cost:
+                self._pass_started = now
+        elif not self._queue and now >= self._next_pass:
+            self._queue = [p for p in pids if not rec[p].exact] + \
+                [p for p in pids if rec[p].exact]
+            self._pass_started, self._pass_cost = now, 0.0
+        if self._queue:
+            self._measure(frozenset(pids))
         return self.read(pids)
 
     def read(self, pids: Sequence[int]) -> Optional[int]:
-        """The tree's bytes from each member's RSS less its shared part at the last exact
-        reading; None when no member is readable. One statm read a member."""
-        shared = self._shared
+        """The tree's bytes from each member's RSS less its shared part as last measured (see
+        the class); None when no member is readable. One statm read a member."""
+        rec = self._rec
+        seen: Dict[int, int] = {}
         total, found = 0, False
         for pid in pids:
             rss = rss_bytes(pid, self.proc_root)
             if rss is None:
                 continue
             found = True
-            total += max(0, rss - shared.get(pid, 0))
+            seen[pid] = rss
+            r = rec.get(pid)
+            if r is None:
+                total += rss
+                continue
+            shared = r.shared
+            if not r.exact and r.parent:
+                parent = rec.get(r.parent)
+                if parent is None:
+                    shared = 0
+                elif parent.exact and parent.when >= r.start and parent.rss:
+                    # Measured since the fork: it shares the same part of its pages.
+                    shared = rss * parent.shared // parent.rss
+                else:
+                    shared = seen.get(r.parent, parent.rss)  # all the parent has
+            total += rss - min(rss, shared)
         return total if found else None
 
-    def _exact(self, pids: Sequence[int], start: float) -> Optional[int]:
-        shared: Dict[int, int] = {}
-        total, found = 0, False
-        for pid in pids:
+    def _guess(self, pid: int, rec: Dict[int, _Record]) -> _Record:
+        """A new member's record until it is measured (see the class)."""
+        now = _boot_clock()
+        rss = rss_bytes(pid, self.proc_root) or 0
+        mine = _origin(pid, self.proc_root)
+        if mine is not None and mine[0] in rec:
+            theirs = _origin(mine[0], self.proc_root)
+            if theirs is not None and theirs[2] == mine[2]:
+                return _Record(rss, 0, False, now, parent=mine[0], start=mine[1])
+        return _Record(rss, 0, False, now)
+
+    def _measure(self, members: FrozenSet[int]) -> None:
+        start = self._clock()
+        rec = dict(self._rec)
+        while self._queue:
+            pid = self._queue.pop(0)
+            if pid not in members:
+                continue
+            when = _boot_clock()
             both = rss_pss_bytes(pid, self.proc_root)
             if both is None:
                 rss = rss_bytes(pid, self.proc_root)
-                if rss is not None:
-                    found = True
-                    total += rss
-                continue
-            found = True
-            rss, pss = both
-            total += pss
-            shared[pid] = max(0, rss - pss)
-        cost = max(0.0, self._clock() - start)
-        self.exact_seconds = cost
-        self._shared = shared
-        self._members = frozenset(pids)
-        self._next_exact = start + max(EXACT_MIN_SECONDS, cost / EXACT_SHARE)
-        self._earliest = start + cost / CHANGED_SHARE
-        if shared:
-            self.method = "pss"
-        return total if found else None
+                rec[pid] = _Record(rss or 0, 0, True, when)  # unreadable: counted at its RSS
+            else:
+                rec[pid] = _Record(both[0], max(0, both[0] - both[1]), True, when)
+                self.method = "pss"
+            if self._clock() - start >= EXACT_SLICE_SECONDS:
+                break
+        self._pass_cost += max(0.0, self._clock() - start)
+        if not self._queue:
+            rec = {p: r for p, r in rec.items() if p in members}
+            self.pass_seconds = self._pass_cost
+            self._next_pass = self._pass_started + max(EXACT_MIN_SECONDS,
+                                                       self._pass_cost / EXACT_SHARE)
+            self._pass_cost = 0.0
+        self._rec = rec
