@@ -68,8 +68,8 @@ def job_state(eng: EngineProcess, job_id: str) -> Dict[str, Any]:
         return c.job_get(job_id)
 
 
-def test_stop_checkpoints_skips_the_rest_and_resume_continues(eng: EngineProcess,
-                                                             tmp_path: Path) -> None:
+def test_stop_checkpoints_skips_the_rest_and_resume_continues(
+        eng: EngineProcess, start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
     ckpt, out = tmp_path / "ckpt", tmp_path / "run"
     cli = start_run("--checkpoint-dir", str(ckpt), *job_args(out), log=tmp_path / "run.err")
     try:
@@ -98,6 +98,9 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(eng: EngineProcess
     # stop landed at the end of an epoch).
     assert meta["epoch"] in (begun[-1], begun[-1] + 1), (meta, begun)
 
+    # A later engine knows the stopped job too (from its store).
+    eng.stop()
+    eng = start_engine()
     r = run_cli("resume", jid, timeout=60)
     assert r.returncode == 0, r.stderr
     wait_for(lambda: job_state(eng, jid)["state"] not in ("starting", "running", "stopping"),
