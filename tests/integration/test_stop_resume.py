@@ -8,11 +8,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
 from tests.conftest import REPO, EngineProcess, headroom_cmd, run_cli, wait_for
+from tests.integration.test_runner import Job, TestEngine, of
+from trayapp.jobs.options import JobSpec, MemoryOptions
+from trayapp.runner import protocol
 from trayapp.runner.protocol import STOP_EXIT_CODE
 
 FIT_JOB = str(REPO / "tests" / "scripts" / "runner" / "fit_job.py")
@@ -58,7 +61,7 @@ def start_run(*args: str, log: Path) -> subprocess.Popen:
                                 stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
 
 
-def jobs(eng: EngineProcess, all: bool = False) -> List[Dict[str, Any]]:
+def listed(eng: EngineProcess, all: bool = False) -> List[Dict[str, Any]]:
     with eng.client() as c:
         return c.jobs(all=all)
 
@@ -73,7 +76,7 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     ckpt, out = tmp_path / "ckpt", tmp_path / "run"
     cli = start_run("--checkpoint-dir", str(ckpt), *job_args(out), log=tmp_path / "run.err")
     try:
-        job = wait_for(lambda: (jobs(eng) or [None])[0], 60, "the job")
+        job = wait_for(lambda: (listed(eng) or [None])[0], 60, "the job")
         jid = job["id"]
         wait_for(lambda: (job_state(eng, jid).get("epoch") or 0) >= 4, 120, "epoch 4")
         r = run_cli("stop", jid, timeout=60)
@@ -120,7 +123,7 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     assert r.returncode == 2
     line = one_line(r.stderr)
     assert str(ckpt) in line and "--resume" in line and "--fresh" in line
-    assert len(jobs(eng, all=True)) == 1  # nothing started
+    assert len(listed(eng, all=True)) == 1  # nothing started
 
     fresh = tmp_path / "fresh"
     r = run_cli("run", "--cpu-only", "--fresh", "--checkpoint-dir", str(ckpt),
@@ -136,7 +139,7 @@ def test_stop_without_a_checkpoint_folder_skips_the_rest_too(eng: EngineProcess,
     out = tmp_path / "run"
     cli = start_run(*job_args(out), log=tmp_path / "run.err")
     try:
-        job = wait_for(lambda: (jobs(eng) or [None])[0], 60, "the job")
+        job = wait_for(lambda: (listed(eng) or [None])[0], 60, "the job")
         jid = job["id"]
         wait_for(lambda: (job_state(eng, jid).get("epoch") or 0) >= 2, 120, "epoch 2")
         r = run_cli("stop", jid, timeout=60)
@@ -154,3 +157,42 @@ def test_stop_without_a_checkpoint_folder_skips_the_rest_too(eng: EngineProcess,
     r = run_cli("resume", jid, timeout=30)
     assert r.returncode == 2
     assert "no checkpoint folder" in one_line(r.stderr)
+
+
+@pytest.fixture
+def channel() -> Iterator[TestEngine]:
+    """The engine's end of a job's channel, to drive the runner by hand."""
+    e = TestEngine()
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def test_a_paused_job_that_is_stopped_saves_where_the_pause_holds(tmp_path: Path,
+                                                                  channel: TestEngine) -> None:
+    engine = channel
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    spec = JobSpec(script=FIT_JOB, args=tuple(job_args(out)[1:]), python=sys.executable,
+                   options=MemoryOptions(cpu_only=True), checkpoint_dir=str(ckpt))
+    job = Job(spec, tmp_path, engine)
+    try:
+        _stop_while_paused(engine, job, out, ckpt)
+    finally:
+        job.kill()
+
+
+def _stop_while_paused(engine: TestEngine, job: Job, out: Path, ckpt: Path) -> None:
+    engine.wait_for(lambda m: m["type"] == "progress" and m["epoch"] >= 2)
+    engine.send(protocol.PAUSE)
+    paused = engine.wait_for(of("state", state="paused"))
+    engine.send(protocol.STOP)
+    engine.wait_for(of("state", state="stopping"))
+    saved = engine.wait_for(of("checkpointed", reason="stop"))
+    assert (saved["epoch"] + 1, saved["step"]) == (paused["epoch"], paused["step"])
+    assert job.wait() == STOP_EXIT_CODE, job.output
+    assert engine.wait_for(of("bye"))["reason"] == "stopped"
+    assert not Path(str(out) + ".after-fit").exists()
+    meta = metadata(ckpt)
+    assert (meta["epoch"], meta["headroom"]["batches_done"]) == (saved["epoch"], saved["step"])
+    assert meta["headroom"]["finished"] is False
