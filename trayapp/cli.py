@@ -134,6 +134,8 @@ def format_status(st: Dict[str, Any]) -> str:
     lines.append(f"Headroom {__version__} · {head}")
     for reason in guard.get("reasons") or []:
         lines.append(f"  ! {reason}")
+    for problem in eng.get("config_problems") or []:
+        lines.append(f"  ! {one_line(str(problem))}")
     m = st.get("memory") or {}
     source = m.get("limit_source", "host")
     limit = "cgroup limit" if source == "cgroup" else "host"

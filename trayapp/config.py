@@ -9,8 +9,11 @@ user wrote.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
+import reprlib
+import stat
 import sys
 import tempfile
 import time
@@ -33,6 +36,32 @@ APP_NAME = "headroom"
 
 class ConfigError(ValueError):
     """A value that cannot be used; the message names the problem in one line."""
+
+
+class ConfigConflict(ConfigError):
+    """The file changed since the caller read it; nothing was written."""
+
+
+# A value in a message is shown cut short: a file may hold a megabyte string or a deep array.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 40
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxlong = 1, 3, 2, 30
+
+
+def _shown(value: Any) -> str:
+    return _SHOWN.repr(value)
+
+
+def _named(key: Any) -> str:
+    """A key from the file as it can be printed: one line, cut short."""
+    return one_line(str(key), limit=60)
+
+
+SIZE_MAX_BYTES = 2**63 - 1  # what the kernel and SQLite can count
+
+
+class _TooLarge(ConfigError):
+    pass
 
 
 _SIZE_UNITS = {
@@ -60,12 +89,18 @@ def parse_size(text: Any) -> int:
         raise ConfigError(f"{text!r} is not a size")
     if isinstance(text, (int, float)):
         if text < 0:
-            raise ConfigError(f"{text!r} is negative")
-        return int(text)
-    m = _SIZE_RE.match(str(text))
+            raise ConfigError(f"{_shown(text)} is negative")
+        return _bounded_size(text, text)
+    m = _SIZE_RE.match(str(text)) if isinstance(text, str) else None
     if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ConfigError(f"{text!r} is not a size like \"2048 MiB\" or \"2 GiB\"")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+        raise ConfigError(f"{_shown(text)} is not a size like \"2048 MiB\" or \"2 GiB\"")
+    return _bounded_size(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], text)
+
+
+def _bounded_size(n: float, text: Any) -> int:
+    if not (isinstance(n, int) or math.isfinite(n)) or n > SIZE_MAX_BYTES:
+        raise _TooLarge(f"{_shown(text)} is larger than any memory (8 EiB at most)")
+    return int(n)
 
 
 @dataclass(frozen=True)
@@ -77,20 +112,22 @@ class Threshold:
 
     @classmethod
     def parse(cls, value: Any) -> Threshold:
-        text = str(value).strip()
+        text = value.strip() if isinstance(value, str) else ""
         if text.endswith("%"):
             try:
                 pct = float(text[:-1])
             except ValueError:
-                raise ConfigError(f"{value!r} is not a percentage like \"15%\"") from None
+                raise ConfigError(f"{_shown(value)} is not a percentage like \"15%\"") from None
             if not 0 <= pct <= 100:
-                raise ConfigError(f"{value!r} is not between 0% and 100%")
+                raise ConfigError(f"{_shown(value)} is not between 0% and 100%")
             return cls(percent=pct)
         try:
             return cls(size_bytes=parse_size(value))
+        except _TooLarge:
+            raise
         except ConfigError:
             raise ConfigError(
-                f"{value!r} is not a percentage like \"15%\" or a size like \"2 GiB\""
+                f"{_shown(value)} is not a percentage like \"15%\" or a size like \"2 GiB\""
             ) from None
 
     def bytes_of(self, total_bytes: int) -> int:
@@ -126,19 +163,25 @@ def format_bytes(n: Optional[float], digits: int = 1) -> str:
 
 def _as_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(f"{v!r} is not a number")
-    return float(v)
+        raise ConfigError(f"{_shown(v)} is not a number")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise ConfigError(f"{_shown(v)} is not a finite number")
+    return f
 
 
 def _as_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{v!r} is not a whole number")
+        raise ConfigError(f"{_shown(v)} is not a whole number")
     return v
 
 
 def _as_bool(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise ConfigError(f"{v!r} is not true or false")
+        raise ConfigError(f"{_shown(v)} is not true or false")
     return v
 
 
@@ -150,8 +193,8 @@ def _as_threshold(v: Any) -> Any:
 
 def _choice(*options: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
-        if v not in options:
-            raise ConfigError(f"{v!r} is not one of {', '.join(options)}")
+        if not isinstance(v, str) or v not in options:
+            raise ConfigError(f"{_shown(v)} is not one of {', '.join(options)}")
         return str(v)
 
     return check
@@ -172,11 +215,17 @@ class Setting:
         return f"{self.section}.{self.key}"
 
     def check(self, value: Any) -> Any:
-        v = self.convert(value)
+        try:
+            v = self.convert(value)
+        except ConfigError:
+            raise
+        except (ArithmeticError, ValueError, TypeError, RecursionError):
+            # A converter that meets a value it was not written for refuses it, never raises.
+            raise ConfigError(f"{_shown(value)} cannot be used here") from None
         if self.minimum is not None and v < self.minimum:
-            raise ConfigError(f"{value!r} is below the minimum {self.minimum:g}")
+            raise ConfigError(f"{_shown(value)} is below the minimum {self.minimum:g}")
         if self.maximum is not None and v > self.maximum:
-            raise ConfigError(f"{value!r} is above the maximum {self.maximum:g}")
+            raise ConfigError(f"{_shown(value)} is above the maximum {self.maximum:g}")
         return v
 
 
@@ -267,6 +316,11 @@ class Config:
     rules: List[Dict[str, Any]] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
     path: Optional[Path] = None
+    # The file as it was read: its stat (to notice an edit cheaply), a digest of its bytes ("" for
+    # no file; what a save compares against), and why it could not be read, if it could not.
+    stamp: Optional[Tuple[int, ...]] = None
+    version: str = ""
+    read_error: Optional[str] = None
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -293,8 +347,8 @@ def _check_rules(raw: Any, problems: List[str]) -> List[Dict[str, Any]]:
             continue
         action = r.get("action", "warn")
         if action not in ("warn", "pause", "stop"):
-            problems.append(f"config: guard rule {i + 1}: action {action!r} is not warn, pause or "
-                            "stop; ignored")
+            problems.append(f"config: guard rule {i + 1}: action {_shown(action)} is not warn, "
+                            "pause or stop; ignored")
             continue
         rules.append({"process": r["process"], "action": action})
     return rules
@@ -305,10 +359,10 @@ def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
     cfg = Config(path=path)
     for sec, table in data.items():
         if sec not in SECTIONS:
-            cfg.problems.append(f"config: unknown section [{sec}]; ignored")
+            cfg.problems.append(f"config: unknown section [{_named(sec)}]; ignored")
             continue
         if not isinstance(table, dict):
-            cfg.problems.append(f"config: [{sec}] must be a table; using the defaults")
+            cfg.problems.append(f"config: [{_named(sec)}] must be a table; using the defaults")
             continue
         for key, value in table.items():
             if (sec, key) in FREE_FORM:
@@ -316,15 +370,15 @@ def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
                 continue
             setting = SETTINGS_BY_NAME.get(f"{sec}.{key}")
             if setting is None:
-                cfg.problems.append(f"config: unknown setting {sec}.{key}; ignored")
+                cfg.problems.append(f"config: unknown setting {_named(sec)}.{_named(key)}; ignored")
                 continue
             try:
                 cfg.values[setting.name] = setting.check(value)
             except ConfigError as e:
-                cfg.problems.append(
-                    f"config: {setting.name} = {value!r}: {e}; "
+                cfg.problems.append(one_line(
+                    f"config: {setting.name} = {_shown(value)}: {e}; "
                     f"using the default {setting.default!r}"
-                )
+                ))
     _check_order(cfg)
     return cfg
 
@@ -340,18 +394,81 @@ def _check_order(cfg: Config) -> None:
         cfg.problems.append("config: guard thresholds should satisfy park <= pause <= warn")
 
 
+CONFIG_MAX_BYTES = 1 << 20  # a settings file is a few KiB; more is not a settings file
+
+
+def file_stamp(path: Path) -> Optional[Tuple[int, ...]]:
+    """What changes when the file is edited or replaced (inode, size, mtime, ctime); None when
+    it cannot be looked at. One stat: cheap enough for every slow tick."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_capped(path: Path) -> bytes:
+    # Non-blocking, so a FIFO put in the file's place cannot hang the engine's tick.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigError("it is not a regular file")
+        data = f.read(CONFIG_MAX_BYTES + 1)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError(f"it is larger than {CONFIG_MAX_BYTES // 1024} KiB")
+    return data
+
+
+def file_version(path: Path) -> str:
+    """A digest of the file's bytes, as ``Config.version`` has it ("" when there is none or it
+    cannot be read)."""
+    try:
+        return _digest(_read_capped(path))
+    except (OSError, ConfigError):
+        return ""
+
+
+def changed_since(cfg: Config) -> bool:
+    """Whether ``cfg.path`` differs from what ``cfg`` was loaded from: its stat, and its bytes
+    too while its mtime is within the clock's coarse tick of the load (an edit then may keep
+    the same stamp)."""
+    if cfg.path is None:
+        return False
+    stamp = file_stamp(cfg.path)
+    if stamp != cfg.stamp:
+        return True
+    if stamp is not None and time.time_ns() - stamp[2] < 3 * 10**9:
+        return file_version(cfg.path) != cfg.version
+    return False
+
+
 def load(path: Path) -> Config:
     """Read ``config.toml``; a missing file is the defaults, a broken one is the defaults and a
     message. Never raises."""
+    stamp = file_stamp(path)  # before reading, so an edit during the read is seen next time
     if not path.exists():
-        return Config(path=path)
+        return Config(path=path, stamp=stamp)
+    version = ""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        cfg = Config(path=path)
-        cfg.problems.append(f"config: {path} cannot be read ({one_line(e)}); using the defaults")
-        return cfg
-    return from_mapping(data, path)
+        raw = _read_capped(path)
+        version = _digest(raw)
+        data = tomllib.loads(raw.decode("utf-8"))
+        cfg = from_mapping(data, path)
+    except (OSError, ValueError, RecursionError) as e:
+        if isinstance(e, RecursionError):
+            why = "nested too deeply"
+        elif isinstance(e, OSError):
+            why = one_line(e.strerror or e)
+        else:
+            why = one_line(e, limit=200)
+        cfg = Config(path=path, read_error=why)
+        cfg.problems.append(f"config: {path} cannot be read ({why}); using the defaults")
+    cfg.stamp, cfg.version = stamp, version
+    return cfg
 
 
 def default_text() -> str:
@@ -377,22 +494,33 @@ def default_text() -> str:
     return tomlkit.dumps(doc)
 
 
-def save_value(path: Path, name: str, value: Any) -> Any:
+def save_value(path: Path, name: str, value: Any, version: Optional[str] = None) -> Any:
     """Set one setting in the user's file (comments and other keys kept), atomically.
 
-    Returns the converted value. Raises ConfigError for an unknown name or a bad value; nothing
-    is written then. A file that cannot be parsed is moved aside (its name gets the time) first.
+    Returns the converted value. Raises ConfigError for an unknown name or a bad value, and
+    ConfigConflict when ``version`` is given and the file's bytes are no longer those it names
+    (a hand edit the caller has not seen); nothing is written then. A file that cannot be parsed
+    is moved aside (its name gets the time) first.
     """
     import tomlkit
 
-    setting = SETTINGS_BY_NAME.get(name)
+    setting = SETTINGS_BY_NAME.get(name) if isinstance(name, str) else None
     if setting is None:
-        raise ConfigError(f"unknown setting {name}")
+        raise ConfigError(f"unknown setting {_named(name)}")
     checked = setting.check(value)
+    raw: Optional[bytes] = None
+    try:
+        raw = _read_capped(path)  # read once: what is compared is what is edited
+    except (OSError, ConfigError):
+        pass
+    if version is not None and (_digest(raw) if raw is not None else "") != version:
+        raise ConfigConflict(f"{path} changed since these settings were read; nothing was saved")
     doc: Any
     if path.exists():
         try:
-            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+            if raw is None:
+                raise ConfigError("cannot be read")
+            doc = tomlkit.parse(raw.decode("utf-8"))
         except Exception:  # tomlkit raises several types for broken files
             aside = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
             os.replace(path, aside)

@@ -137,6 +137,16 @@ def guard_events(client: EngineClient, job_id: Optional[str] = None) -> List[Dic
             if e["kind"].startswith("guard_") and (job_id is None or e["job_id"] == job_id)]
 
 
+def pause_event(client: EngineClient, job_id: str) -> Dict[str, Any]:
+    """The guard's one pause event of the job: it is recorded just after the job's state
+    changes, so a client that saw the state may have to wait a moment for it."""
+    def found() -> List[Dict[str, Any]]:
+        return [e for e in guard_events(client, job_id) if e["kind"] == "guard_pause"]
+
+    (pause,) = wait_for(f"the guard's pause event of job {job_id}", found, 10)
+    return pause
+
+
 # -- a job over its own budget ----------------------------------------------------------------
 
 
@@ -151,7 +161,7 @@ def test_a_job_over_its_ram_budget_is_paused_and_resumed_by_hand(
         job_id = run.job(client)["id"]
         job = wait_state(client, job_id, {"paused"}, 30)
         assert job["paused_by"] == "guard"
-        (pause,) = [e for e in guard_events(client, job_id) if e["kind"] == "guard_pause"]
+        pause = pause_event(client, job_id)
         assert "over its budget of 300.0 MiB" in pause["message"]
         assert pause["data"]["cause"] == "budget_ram"
         assert 300 * MiB <= pause["data"]["rss_bytes"] <= 400 * MiB  # paused near its budget
@@ -226,7 +236,7 @@ def test_the_guard_acts_while_clients_flood_the_channel(
                                "ram_budget_mb": 300})
             job = wait_state(c, job["id"], {"paused"}, 30)
             assert job["paused_by"] == "guard"
-            (pause,) = [e for e in guard_events(c, job["id"]) if e["kind"] == "guard_pause"]
+            pause = pause_event(c, job["id"])
             assert pause["data"]["rss_bytes"] <= 400 * MiB
         assert progress_mib(progress) <= 350
         assert sum(answered) > 50  # the channel was busy all along
@@ -269,7 +279,7 @@ def test_a_fast_hog_is_paused_at_the_machine_threshold(
         job_id = run.job(client)["id"]
         job = wait_state(client, job_id, {"paused"}, 30)
         assert job["paused_by"] == "guard"
-        (ev,) = [e for e in guard_events(client, job_id) if e["kind"] == "guard_pause"]
+        ev = pause_event(client, job_id)
         cause = ev["data"]["cause"]
         if predict:
             assert cause in ("mem_predicted", "mem_pause")

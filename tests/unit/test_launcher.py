@@ -311,9 +311,11 @@ def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, event
         assert stopped["exit_code"] == -2  # then SIGINT ended it
     finally:
         conn.close()
-    assert events.kinds() == ["job_started", "job_paused", "job_resumed", "job_note",
-                              "job_stopped"]
-    assert events.seen[3]["level"] == "warn"
+    # The message that was not JSON is counted, and said once in the job's events.
+    assert events.kinds() == ["job_started", "job_bad_message", "job_paused", "job_resumed",
+                              "job_note", "job_stopped"]
+    assert "not JSON" in events.seen[1]["message"] and stopped["dropped_fields"] == 1
+    assert events.seen[4]["level"] == "warn"
 
 
 def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths: Paths,

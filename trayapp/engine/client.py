@@ -159,8 +159,10 @@ class EngineClient:
     def config_get(self) -> Dict[str, Any]:
         return self.request("config_get")
 
-    def config_set(self, name: str, value: Any) -> Dict[str, Any]:
-        return self.request("config_set", name=name, value=value)
+    def config_set(self, name: str, value: Any, version: Optional[str] = None) -> Dict[str, Any]:
+        """Save one setting; with ``version`` (``config_get()["version"]``), an EngineError with
+        code "conflict" when the file changed since then, and nothing is written."""
+        return self.request("config_set", name=name, value=value, version=version)
 
     def guard_mode(self, mode: str) -> Dict[str, Any]:
         return self.request("guard_mode", mode=mode)

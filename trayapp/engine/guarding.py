@@ -37,6 +37,7 @@ from trayapp.engine.guard import (
     ProcessView,
     Rule,
 )
+from trayapp.engine.parts import Parts
 from trayapp.probes.processes import tree_vram
 from trayapp.probes.snapshot import GpuReading, Snapshot
 
@@ -124,6 +125,7 @@ class GuardService:
         self._created: Dict[int, float] = {}
         self._failures: Dict[str, float] = {}
         self._self_pid = os.getpid()
+        self._parts = Parts(log)  # what is not the ladder itself, each part on its own
         self._json: Dict[str, Any] = {"state": "ok", "mode": self.policy().mode, "reasons": [],
                                       "seconds_to_exhaustion": None,
                                       "fill_rate_bytes_per_s": None}
@@ -201,9 +203,9 @@ class GuardService:
         d = guard.decide(inp, self.history, policy, self.state)
         if d.wants_processes and policy.mode != "off" and \
                 time.monotonic() - self._top_at >= TOP_MIN_INTERVAL:
-            self._sample_processes(jobs, policy)
-            inp = replace(inp, processes=self._processes(jobs, policy))
-            d = guard.decide(inp, self.history, policy, self.state)
+            if self._parts.run("guard: the process list", self._sample_processes, jobs, policy):
+                inp = replace(inp, processes=self._processes(jobs, policy))
+                d = guard.decide(inp, self.history, policy, self.state)
         self.state = d.next
         self._last_input = inp
         for action in d.actions:
@@ -211,36 +213,50 @@ class GuardService:
                 self._carry_out(action, inp, policy)
             except Exception:
                 log.exception("guard: %s failed", action.message)
-        self._tend_foreign()
+        self._parts.run("guard: foreign processes", self._tend_foreign)
         self._last_decision = d
-        self._publish(d, policy, inp)
+        self._parts.run("guard: the status", self._publish, d, policy, inp)
 
     def _jobs(self, gpus: Sequence[GpuReading] = ()) -> Tuple[JobView, ...]:
+        """The jobs as the ladder sees them: the manager's own fields of each (never what a job
+        sent), their RSS read again where a budget needs it. When the manager cannot answer,
+        the jobs of the last tick, with their RSS read again."""
         manager = self.engine.jobs
         if manager is None:
             return ()
+        try:
+            records: Sequence[Any] = manager.guard_jobs()
+            self._parts.worked("guard: the job list")
+        except Exception as e:
+            self._parts.failed("guard: the job list", e)
+            records = self._last_input.jobs if self._last_input is not None else ()
         views = []
-        for d in manager.list(include_finished=False):
-            view = job_view(d)
-            # VRAM from this tick's GPU readings (read every tick near a VRAM threshold).
-            if view.vram_budget_bytes and view.pids and gpus:
-                view = replace(view, vram_bytes=tree_vram(view.pids, gpus))
-            # The manager samples trees four times a second; a job with a RAM budget is read
-            # every tick (its known pids only: new children come with the next tree sample),
-            # its shared pages counted once as the manager's last exact reading measured them.
-            if view.ram_budget_bytes and view.state in guard.RUNNING_STATES and view.pids:
-                rss = self._tree_bytes(manager, view)
-                if rss is not None:
-                    if view.rss_bytes is not None and rss < view.rss_bytes // 2:
-                        rss = view.rss_bytes  # members missing from the known pids
-                    view = replace(view, rss_bytes=rss)
-            views.append(view)
+        for d in records:
+            try:
+                views.append(self._job_view(d, gpus))
+            except Exception as e:
+                self._parts.failed("guard: a job's record", e)
         return tuple(views)
 
-    @staticmethod
-    def _tree_bytes(manager: Any, view: JobView) -> Optional[int]:
+    def _job_view(self, d: Any, gpus: Sequence[GpuReading]) -> JobView:
+        view = d if isinstance(d, JobView) else job_view(d)
+        # VRAM from this tick's GPU readings (read every tick near a VRAM threshold).
+        if view.vram_budget_bytes and view.pids and gpus:
+            view = replace(view, vram_bytes=tree_vram(view.pids, gpus))
+        # The manager samples trees four times a second; a job with a RAM budget is read
+        # every tick (its known pids only: new children come with the next tree sample),
+        # its shared pages counted once as the manager's last exact reading measured them.
+        if view.ram_budget_bytes and view.state in guard.RUNNING_STATES and view.pids:
+            rss = self._tree_bytes(view)
+            if rss is not None:
+                if view.rss_bytes is not None and rss < view.rss_bytes // 2:
+                    rss = view.rss_bytes  # members missing from the known pids
+                view = replace(view, rss_bytes=rss)
+        return view
+
+    def _tree_bytes(self, view: JobView) -> Optional[int]:
         """The job's memory now, each page once (the manager's meter), else its summed RSS."""
-        reader = getattr(manager, "tree_bytes", None)
+        reader = getattr(self.engine.jobs, "tree_bytes", None)
         counted = reader(view.id, view.pids) if reader is not None else None
         return counted if counted is not None else pids_rss(view.pids)
 
@@ -252,8 +268,12 @@ class GuardService:
 
     # -- acting -------------------------------------------------------------------------------
 
+    def _emit(self, kind: str, message: str, **kwargs: Any) -> None:
+        # An event that cannot be recorded must not undo the act or its bookkeeping.
+        self._parts.run("guard: an event", self.engine.emit_event, kind, message, **kwargs)
+
     def _carry_out(self, action: Action, inp: GuardInput, policy: Policy) -> None:
-        emit = self.engine.emit_event
+        emit = self._emit
         if not action.acts:
             data = action.data
             if action.job_id is None:

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.runner.protocol import MAX_MESSAGE_BYTES, ProtocolError
 
 __all__ = ["MAX_MESSAGE_BYTES", "ProtocolError", "REQUESTS", "encode", "parse_request",
            "ok", "error", "push"]
+
+# A request nests at most this deep (a job spec is two levels), and every number in it is finite
+# and within this magnitude (exact as a float, and within SQLite's 64-bit integers).
+MAX_DEPTH = 32
+MAX_NUMBER = 2**53
 
 _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
@@ -34,7 +39,8 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
     "subscribe": {"snapshots": ((bool,), False), "events": ((bool,), False),
                   "logs": ((bool,), False)},
     "config_get": {},
-    "config_set": {"name": ((str,), True), "value": ((str, int, float, bool), True)},
+    "config_set": {"name": ((str,), True), "value": ((str, int, float, bool), True),
+                   "version": (_OPT_STR, False)},
     "guard_mode": {"mode": ((str,), True)},
     "shutdown": {"force": ((bool,), False)},
     "jobs": {"all": ((bool,), False)},
@@ -69,8 +75,11 @@ def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
         msg = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("request is not JSON") from None
+    except RecursionError:
+        raise ProtocolError(f"request is nested more than {MAX_DEPTH} deep") from None
     if not isinstance(msg, dict):
         raise ProtocolError("request is not a JSON object")
+    _check_bounds(msg)
     req_id = msg.get("id")
     if not isinstance(req_id, (int, str, type(None))) or isinstance(req_id, bool):
         raise ProtocolError("id must be a number or a string")
@@ -99,6 +108,26 @@ def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
         if isinstance(value, float) and not math.isfinite(value):
             raise ProtocolError(f"{op}: {name} is not a finite number")
     return req_id, op, args
+
+
+def _check_bounds(msg: Dict[str, Any]) -> None:
+    """Raise ProtocolError for a request nested deeper than MAX_DEPTH or holding a number that
+    is not finite or not within MAX_NUMBER. Iterative: a deep request cannot exhaust the stack."""
+    stack: List[Tuple[Any, int]] = [(msg, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise ProtocolError(f"request is nested more than {MAX_DEPTH} deep")
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ProtocolError("request holds a number that is not finite")
+            if abs(value) > MAX_NUMBER:
+                raise ProtocolError("request holds a number out of range")
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_NUMBER:
+            raise ProtocolError("request holds a number out of range")
 
 
 def ok(req_id: Any, result: Any) -> Dict[str, Any]:

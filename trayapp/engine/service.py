@@ -18,10 +18,12 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from trayapp import __version__
 from trayapp import config as configmod
-from trayapp.config import Config, ConfigError, Paths
+from trayapp.config import Config, ConfigConflict, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.api import ChannelServer, Peer
+from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.history import RecentHistory
+from trayapp.engine.parts import Parts
 from trayapp.probes.snapshot import GpuReading, Snapshot
 
 log = logging.getLogger("headroom.engine")
@@ -197,6 +199,8 @@ class Engine:
         self._idle_since = time.monotonic()
         self._exit_reason = "stopped"
         self._store_error: Optional[str] = None
+        self.config_watch = ConfigWatcher(self)
+        self._parts = Parts(log)  # the parts of a tick, each on its own
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
             "status": lambda peer, a: self.status(),
@@ -257,8 +261,7 @@ class Engine:
             for note in harden_process():
                 log.info("%s", note)
             self._open_parts()
-            for problem in self.config.problems:
-                log.warning("%s", problem)
+            self.config_watch.report_start()
             key = secrets.token_bytes(32)
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
                                         name="control")
@@ -298,8 +301,9 @@ class Engine:
             started = time.monotonic()
             try:
                 self.tick()
-            except Exception:  # the guard must outlive any one bad reading
-                log.exception("sampling failed; trying again")
+                self._parts.worked("sampling")
+            except Exception as e:  # the guard must outlive any one bad reading
+                self._parts.failed("sampling", e)
             interval = self.next_interval()
             self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
             self._wake.clear()
@@ -336,27 +340,43 @@ class Engine:
         return Snapshot(now, memory, self._gpus, self._gpu_backend.status)
 
     def tick(self) -> None:
+        """One reading, then each part on its own (``Parts``): job bookkeeping, the guard,
+        history, the store, the push to clients. A part that fails is logged and the others
+        still run, the guard's ladder above all."""
         snap = self.read_snapshot(gpus_now=self.guard is not None and self.guard.wants_gpus())
         with self._state_lock:
             self.latest = snap
+        parts = self._parts
         if self.jobs is not None:
-            self.jobs.tick(snap)
+            parts.run("job bookkeeping", self.jobs.tick, snap)
         if self.guard is not None:
-            self.guard.step(snap)
+            parts.run("the guard", self.guard.step, snap)
         # History keeps one sample a second; at the guard's fast rate the rest are not built.
         if self.recent.due(snap.time):
-            jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
-            values = sample_values(snap, jobs)
-            self.recent.add(snap.time, values)
-            self.store.add_sample(snap.time, values)
+            parts.run("history", self._record_sample, snap)
         mono = time.monotonic()
         if mono - self._last_flush >= STORE_FLUSH_INTERVAL:
             self._last_flush = mono
-            self.store.flush()
-            self._report_store_health()
+            # A hand edit of config.toml: one stat a second.
+            parts.run("the config file", self.config_watch.poll)
+            parts.run("the store", self._flush_store)
         if self.server is not None and \
                 mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
             self._last_publish = mono
+            parts.run("the snapshot push", self._publish_snapshot)
+
+    def _record_sample(self, snap: Snapshot) -> None:
+        jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
+        values = sample_values(snap, jobs)
+        self.recent.add(snap.time, values)
+        self.store.add_sample(snap.time, values)
+
+    def _flush_store(self) -> None:
+        self.store.flush()
+        self._report_store_health()
+
+    def _publish_snapshot(self) -> None:
+        if self.server is not None:
             self.server.broadcast("snapshot", self.status())
 
     def _report_store_health(self) -> None:
@@ -400,7 +420,12 @@ class Engine:
         """Record an event in the store and push it to subscribers; returns the event."""
         event = None
         if self.store is not None:
-            event = self.store.add_event(kind, message, level=level, job_id=job_id, data=data)
+            try:
+                event = self.store.add_event(kind, message, level=level, job_id=job_id,
+                                             data=data)
+                self._parts.worked("the event store")
+            except Exception as e:  # the event is still logged and pushed
+                self._parts.failed("the event store", e)
         if event is None:
             event = {"id": None, "time": self.clock(), "kind": kind, "level": level,
                      "message": message, "job_id": job_id, "data": data}
@@ -438,6 +463,7 @@ class Engine:
                 "sample_interval": self.next_interval(),
                 "clients": self.server.client_count if self.server is not None else 0,
                 "store_error": getattr(self.store, "write_error", None),
+                "config_problems": shown_problems(self.config.problems),
             },
         }
 
@@ -451,6 +477,8 @@ class Engine:
             return protocol.error(req_id, f"{op} is not available in this engine", "bad_request")
         try:
             return protocol.ok(req_id, handler(peer, args))
+        except ConfigConflict as e:
+            return protocol.error(req_id, str(e), "conflict")
         except (ConfigError, ValueError, KeyError, LookupError) as e:
             message = e.args[0] if e.args else str(e)
             return protocol.error(req_id, str(message), "refused")
@@ -486,13 +514,17 @@ class Engine:
         return {"subscribed": sorted(kinds), "status": self.status()}
 
     def _config_json(self) -> Dict[str, Any]:
-        return {"path": str(self.paths.config_file), "values": self.config.to_json(),
-                "problems": list(self.config.problems)}
+        config = self.config
+        return {"path": str(self.paths.config_file), "values": config.to_json(),
+                "problems": list(config.problems), "version": config.version}
 
     def _op_config_set(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        name, value = args["name"], args["value"]
-        checked = configmod.save_value(self.paths.config_file, name, value)
-        self.reload_config()
+        """Save one setting. With ``version`` (``config_get``'s), a file edited since is refused
+        ("conflict") instead of written over."""
+        name, value, version = args["name"], args["value"], args.get("version")
+        if version is not None and not isinstance(version, str):
+            raise ValueError("config_set: version must be the text config_get gave")
+        checked = self.config_watch.save(name, value, version)
         self.emit_event("config_changed", f"setting {name} = {checked!r}",
                         data={"name": name, "value": checked})
         return self._config_json()
@@ -501,9 +533,7 @@ class Engine:
         return self._op_config_set(peer, {"name": "guard.mode", "value": args["mode"]})
 
     def reload_config(self) -> None:
-        with self._state_lock:
-            self.config = configmod.load(self.paths.config_file)
-        self.wake()
+        self.config_watch.reload(cause="save")
 
     def _op_shutdown(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         active = self.jobs.active_count() if self.jobs is not None else 0

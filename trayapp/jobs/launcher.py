@@ -39,6 +39,7 @@ import psutil
 from trayapp import config as configmod
 from trayapp.config import Paths
 from trayapp.engine.api import ChannelServer, Peer
+from trayapp.jobs import messages
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -162,6 +163,7 @@ class JobManager:
         # if it was never seen in a sample (a worker forked and killed between two samples).
         self._groups: Set[int] = set()
         self._memory_total: Optional[int] = None  # from the engine's latest reading
+        self._drops = messages.DropLog()  # what jobs sent that was not taken, per job
         self.subreaper = become_subreaper() if subreaper else False
 
     # -- the engine's calls -------------------------------------------------------------------
@@ -191,6 +193,20 @@ class JobManager:
                 if k not in out or out[k].get("state") in LIVE_STATES:
                     out[k] = v
         return sorted(out.values(), key=lambda j: -(j.get("started") or 0))
+
+    def guard_jobs(self) -> List[Dict[str, Any]]:
+        """What the guard's ladder reads of each live or parked job: only fields the engine
+        keeps itself (state, pids, memory, budgets, who paused it), never a job's messages, so
+        nothing a job sends can make this fail. A record that cannot be read is left out (and
+        logged); the others still come back."""
+        out = []
+        with self._lock:
+            for job in list(self._jobs.values()):
+                try:
+                    out.append(_guard_fields(job.info))
+                except Exception:  # pragma: no cover - the fields are the engine's own
+                    log.exception("job %s: its record cannot be read", job.id)
+        return out
 
     def active_count(self) -> int:
         """Jobs with a process (parked ones have none)."""
@@ -399,6 +415,10 @@ class JobManager:
                     key = (self.paths.jobs_dir / job_id / "key").read_bytes()
                 except OSError:
                     key = b""
+                reset = messages.clean_record(saved)
+                if reset:
+                    log.warning("job %s: its saved %s did not pass the checks; reset", job_id,
+                                ", ".join(reset))
                 job = _Job(saved, key)
                 state = job.state
                 if state == "parked":
@@ -434,54 +454,78 @@ class JobManager:
     # -- the channel --------------------------------------------------------------------------
 
     def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
+        # Parsed before anything is kept: a job's script can send anything on this channel.
+        msg: Optional[messages.JobMessage]
         try:
-            msg = rp.decode(data, rp.JOB_MESSAGES)
+            msg, dropped = messages.parse(data)
         except rp.ProtocolError as e:
-            log.info("job %s: ignored a message: %s", job_id, e)
-            return None
+            msg, dropped = None, [f"a message: {one_line(e, 200)}"]
         events: List[_Event] = []
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            try:
-                self._dispatch(job, peer, msg, events)
-            except Exception:  # a bad message must never cost the job its channel
-                log.exception("job %s: handling %s failed", job_id, msg.get("type"))
+            if msg is not None:
+                try:
+                    self._dispatch(job, peer, msg, events)
+                except Exception:  # a bad message must never cost the job its channel
+                    if not self._drops.count(job_id):
+                        log.exception("job %s: handling a message failed", job_id)
+                    dropped.append(f"{type(msg).__name__.lower()}: handling it failed")
+            if dropped:
+                self._note_dropped(job, dropped, events)
         self._flush_events(events)
         return None
 
-    def _dispatch(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[_Event]) -> None:
-        kind = msg["type"]
-        if kind == rp.HELLO:
+    def _note_dropped(self, job: _Job, dropped: List[str], events: List[_Event]) -> None:
+        """Count what was dropped from a job's messages; say so the first time, then at most
+        once a minute (the log and the job's events)."""
+        due = self._drops.add(job.id, len(dropped))
+        job.info["dropped_fields"] = self._drops.count(job.id)
+        job.dirty = True
+        if due is None:
+            return
+        first, since = due
+        text = messages.summary(dropped)
+        if first:
+            message = f"job {job.id}: dropped what its messages held that Headroom does not " \
+                      f"take ({text})"
+        else:
+            message = f"job {job.id}: {since} more dropped from its messages (last: {text})"
+        events.append(("job_bad_message", "warn", message, job.id, {"dropped": since}))
+
+    def _dispatch(self, job: _Job, peer: Peer, msg: messages.JobMessage,
+                  events: List[_Event]) -> None:
+        if isinstance(msg, messages.Hello):
             self._on_hello(job, peer, msg, events)
-        elif kind == rp.PROGRESS:
+        elif isinstance(msg, messages.Progress):
             self._on_progress(job, msg)
-        elif kind == rp.STATE:
+        elif isinstance(msg, messages.State):
             self._on_state(job, msg, events)
-        elif kind == rp.CHECKPOINTED:
-            job.info["checkpoint"] = {"path": msg.get("path"), "epoch": msg.get("epoch"),
-                                      "time": _now()}
-            self._save(job)
-        elif kind == rp.NOTE:
+        elif isinstance(msg, messages.Checkpointed):
+            if msg.path is not None:
+                job.info["checkpoint"] = {"path": msg.path, "epoch": msg.epoch, "time": _now()}
+                self._save(job)
+        elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
-        elif kind == rp.BYE:
-            job.info["bye"] = {k: v for k, v in msg.items() if k != "type"}
+        elif isinstance(msg, messages.Bye):
+            job.info["bye"] = msg.to_json()
             self._save(job)
 
-    def _on_hello(self, job: _Job, peer: Peer, msg: Dict[str, Any], events: List[_Event]) -> None:
+    def _on_hello(self, job: _Job, peer: Peer, msg: messages.Hello,
+                  events: List[_Event]) -> None:
         if job.peer is not None and job.peer is not peer:
             job.peer.close()
         job.peer = peer
         peer.context["job"] = job.id
         info = job.info
-        info["hello"] = {k: v for k, v in msg.items() if k != "type"}
+        info["hello"] = msg.to_json()
         # "installed": keras.Model.fit is patched, so pause, park and stop land at a batch end.
-        info["hooked"] = msg.get("fit_hook") == "installed" or bool(msg.get("hooked"))
+        info["hooked"] = msg.fit_hook == "installed" or bool(msg.hooked)
         info["connected"] = True
         if info["state"] == "starting":
             info["state"] = "running"
-        runner_state = msg.get("state")
+        runner_state = msg.state
         if runner_state == "paused" and info["state"] in ("running", "pausing"):
             self._set_paused(job, info.get("paused_by") or "user", info.get("pause_reason") or "",
                              "cooperative", events)
@@ -495,27 +539,26 @@ class JobManager:
             info.update(state="running", pause_mode=None, paused_by=None, pause_reason=None)
         self._save(job)
 
-    def _on_progress(self, job: _Job, msg: Dict[str, Any]) -> None:
+    def _on_progress(self, job: _Job, msg: messages.Progress) -> None:
         info = job.info
         for field in ("epoch", "epochs", "step", "steps"):
-            value = msg.get(field)
-            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-                if field in msg:
-                    info[field] = value
-        logs = msg.get("logs")
-        if isinstance(logs, dict):
-            info["metrics"] = {k: v for k, v in logs.items()
-                               if isinstance(v, (int, float, str)) or v is None}
-        if "tf_memory" in msg:
-            info["tf_memory"] = msg.get("tf_memory")
+            if field in msg.given:
+                info[field] = getattr(msg, field)
+        if "logs" in msg.given:
+            info["metrics"] = dict(msg.logs)
+        if "tf_memory" in msg.given:
+            info["tf_memory"] = None if msg.tf_memory is None else \
+                [m.to_json() for m in msg.tf_memory]
         if info["state"] == "starting":
             info["state"] = "running"
         self._update_eta(job)
         job.dirty = True
 
-    def _on_state(self, job: _Job, msg: Dict[str, Any], events: List[_Event]) -> None:
+    def _on_state(self, job: _Job, msg: messages.State, events: List[_Event]) -> None:
         info = job.info
-        state = msg.get("state")
+        state = msg.state
+        if state is None:
+            return  # dropped: not a state the runner has
         if state == "paused":
             # The runner pauses only when asked; after a resume a late "paused" is followed by
             # "running" as soon as the resume arrives, so only a pause under way counts.
@@ -539,9 +582,8 @@ class JobManager:
             job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
         info["runner_state"] = state
 
-    def _on_note(self, job: _Job, msg: Dict[str, Any], events: List[_Event]) -> None:
-        level = msg.get("level") if msg.get("level") in ("info", "warn", "error") else "info"
-        text = str(msg.get("message") or "")[:500]
+    def _on_note(self, job: _Job, msg: messages.Note, events: List[_Event]) -> None:
+        level, text = msg.level, msg.message  # one line, control characters escaped
         notes = job.info.setdefault("notes", [])
         notes.append({"time": _now(), "level": level, "message": text})
         del notes[:-MAX_NOTES]
@@ -924,7 +966,12 @@ class JobManager:
             key = (folder / "key").read_bytes()
         except OSError:
             key = b""
-        job = _Job(copy.deepcopy(saved), key)
+        info = copy.deepcopy(saved)
+        reset = messages.clean_record(info)  # it may come from the store: checked as adopted
+        if reset:
+            log.warning("job %s: its saved %s did not pass the checks; reset", job_id,
+                        ", ".join(reset))
+        job = _Job(info, key)
         self._relaunch(job, by, reason)
         self._ended.pop(job_id, None)
         self._jobs[job_id] = job
@@ -1433,6 +1480,21 @@ def _same_process(pid: Any, create_time: Any) -> Optional[psutil.Process]:
         return proc
     except psutil.Error:
         return None
+
+
+_GUARD_FIELDS = ("id", "name", "state", "pid", "pids", "rss_bytes", "vram_bytes", "hooked",
+                 "checkpoint_dir", "ram_budget_bytes", "vram_budget_bytes", "paused_by",
+                 "auto_resume", "park_by")
+
+
+def _guard_fields(info: Dict[str, Any]) -> Dict[str, Any]:
+    """The part of a job's record that ``guard_jobs`` gives the guard (the engine's own
+    fields; the pids copied, the spec reduced to its ``auto_resume``)."""
+    out = {name: info.get(name) for name in _GUARD_FIELDS}
+    out["pids"] = list(info.get("pids") or ())
+    spec = info.get("spec")
+    out["spec"] = {"auto_resume": spec.get("auto_resume")} if isinstance(spec, dict) else {}
+    return out
 
 
 def _progress_units(info: Dict[str, Any]) -> Tuple[Optional[float], Optional[float]]:

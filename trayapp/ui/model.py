@@ -288,6 +288,7 @@ _NOTIFY_TITLES = {
     "guard_park": "Job parked to free memory",
     "job_finished": "Training finished",
     "job_failed": "Training failed",
+    "config_problem": "A problem in the settings file",
 }
 
 

@@ -4,6 +4,11 @@ prediction horizons and mode, sampling, notifications, start at login, and histo
 Values come from the engine (``config_get``) and go back through it (``config_set`` per changed
 value), which writes ``config.toml``. A value that is not valid shows its reason under the field
 and is not sent; one the engine refuses shows the engine's reason the same way.
+
+The file may be edited by hand while the dialog is open. Fields the user has not touched then
+take the file's new values; a field the user changed that the file changed too is a conflict,
+and saving asks which to keep. Every save names the version of the file it was based on, so
+the engine refuses to write over an edit the dialog has not seen.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from PySide6.QtCore import QRectF, QSize, QTimer, Signal
+from PySide6.QtCore import QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPainter, QPen, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -24,6 +29,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QPushButton,
     QSizePolicy,
     QTabWidget,
@@ -305,6 +311,12 @@ class SettingsDialog(QDialog):
         self._runner = CallRunner(client_factory, workers=1, parent=self)
         self.fields: Dict[str, Field] = {}
         self.loaded: Dict[str, Any] = {}
+        self.version = ""  # the file's version the fields were loaded from (config_get's)
+        # Fields the user changed that the file then changed too: name -> the file's value.
+        self.file_changed: Dict[str, Any] = {}
+        self.conflict_box: Optional[QMessageBox] = None
+        self._retries = 0
+        self._loading = False
         self.loaded_ok = False
         self.total_bytes: Optional[int] = None
         self.available_bytes: Optional[int] = None
@@ -443,6 +455,7 @@ class SettingsDialog(QDialog):
 
     def _load(self) -> None:
         self.loaded_ok = False
+        self._loading = True
         self._set_enabled(False)
         set_message(self.error_label, None)
         self.status_label.setText("Reading the settings from the engine…")
@@ -452,6 +465,7 @@ class SettingsDialog(QDialog):
 
     def _loaded(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
         config, status = result
+        self._loading = False
         self.apply_config(config)
         self.apply_status(status)
         self.loaded_ok = True
@@ -460,6 +474,7 @@ class SettingsDialog(QDialog):
         self._changed()
 
     def _load_failed(self, message: str) -> None:
+        self._loading = False
         why = one_line(message).rstrip(".")
         self.status_label.setText(f"The settings cannot be read: {why}. They load as soon as "
                                   "the engine answers.")
@@ -470,6 +485,9 @@ class SettingsDialog(QDialog):
         ``keep_edits``, a field the user changed keeps the user's value."""
         values = config.get("values") or {}
         edited = set(self.changes()) if keep_edits else set()
+        if not keep_edits:
+            self.file_changed = {}
+        self.version = str(config.get("version") or "")
         self.loaded = {}
         for name, f in self.fields.items():
             s = f.setting
@@ -513,8 +531,40 @@ class SettingsDialog(QDialog):
 
     def set_config(self, config: Dict[str, Any]) -> None:
         if self.loaded_ok and not self._saving:
+            self._note_file_changes(config)
             self.apply_config(config, keep_edits=True)
             self._changed()
+            self._show_conflicts()
+
+    def _file_value(self, config: Dict[str, Any], name: str) -> Any:
+        s = self.fields[name].setting
+        if name == "ui.start_at_login":
+            return self.loaded.get(name)  # the autostart entry decides, not the file
+        return ((config.get("values") or {}).get(s.section) or {}).get(s.key, s.default)
+
+    def _note_file_changes(self, config: Dict[str, Any]) -> None:
+        """Before ``config`` replaces what the fields were loaded from: remember each field the
+        user changed whose value the file changed too (to something else than the user's)."""
+        if str(config.get("version") or "") == self.version:
+            return
+        for name, mine in self.changes().items():
+            theirs = self._file_value(config, name)
+            if not _same(theirs, self.loaded[name]) and not _same(theirs, mine):
+                self.file_changed[name] = theirs
+
+    def _conflicts(self) -> Dict[str, Any]:
+        """The user's changes that the file changed too since: name -> the file's value."""
+        changes = self.changes()
+        self.file_changed = {n: v for n, v in self.file_changed.items() if n in changes}
+        return dict(self.file_changed)
+
+    def _show_conflicts(self) -> None:
+        conflicts = self._conflicts()
+        if conflicts:
+            names = ", ".join(LABELS.get(n, n) for n in conflicts)
+            self.status_label.setText(f"The settings file changed while this window was open "
+                                      f"({names}); saving asks which values to keep.")
+            self.status_label.setStyleSheet(WARNING_STYLE)
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         if not reachable:
@@ -526,7 +576,9 @@ class SettingsDialog(QDialog):
             if self.loaded_ok:
                 # Back after a gap: the engine's values again, the user's edits kept.
                 self._runner.submit(lambda c: c.config_get(), self.set_config, lambda _m: None)
-            else:
+            elif not self._loading:
+                # (A load already on its way would land after the user began editing and
+                # reset the fields.)
                 self._load()
 
     def _refresh_memory(self) -> None:
@@ -534,7 +586,15 @@ class SettingsDialog(QDialog):
         if time.monotonic() - self._snapshot_at < 5.0:
             return
         if self._runner.pending() == 0:
-            self._runner.submit(lambda c: c.status(), self.apply_status, lambda _m: None)
+            # The settings too: a hand edit of the file shows up here without the app's pushes.
+            self._runner.submit(lambda c: (c.status(), c.config_get()), self._refreshed,
+                                lambda _m: None)
+
+    def _refreshed(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
+        status, config = result
+        self.apply_status(status)
+        if str(config.get("version") or "") != self.version:  # the same bytes, the same values
+            self.set_config(config)
 
     # -- editing ----------------------------------------------------------------------------------
 
@@ -594,7 +654,12 @@ class SettingsDialog(QDialog):
     # -- saving -----------------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Send every changed, valid value to the engine; close when all were saved."""
+        """Send every changed, valid value to the engine; close when all were saved. When the
+        file changed a value the user changed too, ask first which to keep."""
+        self._retries = 1
+        self._save()
+
+    def _save(self) -> None:
         if not self.loaded_ok or self._saving:
             return
         bad = self.invalid()
@@ -605,7 +670,47 @@ class SettingsDialog(QDialog):
         if not changes:
             self.accept()
             return
+        conflicts = self._conflicts()
+        if conflicts:
+            self._ask(conflicts)
+            return
         self.apply_changes(changes)
+
+    def _ask(self, conflicts: Dict[str, Any]) -> None:
+        """Which to keep, the file's values or the user's (``conflict_box``, not blocking)."""
+        changes = self.changes()
+        lines = [f"{LABELS.get(n, n)}: the file says {v!r}, this window {changes[n]!r}"
+                 for n, v in conflicts.items()]
+        box = QMessageBox(QMessageBox.Icon.Question, window_title("Settings"),
+                          "The settings file changed since this window read it:\n\n"
+                          + "\n".join(lines) + "\n\nWhich values should it keep?",
+                          QMessageBox.StandardButton.NoButton, self)
+        keep = box.addButton("Keep the file's values", QMessageBox.ButtonRole.AcceptRole)
+        mine = box.addButton("Overwrite with mine", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(keep)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+
+        def closed(*_: Any) -> None:
+            if self.conflict_box is box:
+                self.conflict_box = None
+
+        def answered(button: Any) -> None:
+            closed()
+            if button is keep:
+                for name in conflicts:
+                    self._set_quietly(name, self.loaded[name])
+                self.file_changed = {}
+                self._changed()
+                self._save()  # the other changes, if any
+            elif button is mine:
+                self.file_changed = {}
+                self.apply_changes(self.changes())
+
+        box.buttonClicked.connect(answered)
+        box.finished.connect(closed)
+        self.conflict_box = box
+        box.open()
 
     def apply_changes(self, changes: Dict[str, Any]) -> None:
         """``config_set`` each of ``changes`` off the GUI thread; reasons for refused values
@@ -615,19 +720,44 @@ class SettingsDialog(QDialog):
         set_message(self.error_label, None)
         self.status_label.setText("Saving…")
 
-        def send(client: EngineClient) -> Tuple[Dict[str, Optional[str]], Dict[str, Any]]:
+        version: Optional[str] = self.version
+
+        def send(client: EngineClient) -> Tuple[Dict[str, Optional[str]], Dict[str, Any], bool]:
             refused: Dict[str, Optional[str]] = {}
             config = None
+            v = version
             for name, value in changes.items():
                 try:
-                    config = client.config_set(name, value)
+                    config = client.config_set(name, value, version=v)
+                    v = config.get("version")
                     refused[name] = None
                 except EngineError as e:
+                    if e.code == "conflict":  # edited under us: nothing more is written
+                        return refused, client.config_get(), True
                     refused[name] = one_line(e)
-            return refused, config if config is not None else client.config_get()
+            return refused, config if config is not None else client.config_get(), False
 
-        self._runner.submit(send, lambda result: self._saved(changes, *result),
-                            self._save_failed)
+        def done(result: Tuple[Dict[str, Optional[str]], Dict[str, Any], bool]) -> None:
+            refused, config, conflict = result
+            if conflict:
+                self._conflicted(config)
+            else:
+                self._saved(changes, refused, config)
+
+        self._runner.submit(send, done, self._save_failed)
+
+    def _conflicted(self, config: Dict[str, Any]) -> None:
+        """The engine found the file changed since the dialog read it: take the file's values
+        where the user changed nothing, then save again (asking if the file changed the user's
+        own changes)."""
+        self._saving = False
+        self.set_config(config)
+        if self._conflicts() or self._retries > 0:
+            self._retries -= 1
+            self._save()
+            return
+        self.status_label.setText("Not saved: the settings file keeps changing.")
+        set_message(self.error_label, "The settings file changed while saving; save again.")
 
     def _saved(self, kept: Dict[str, Any], refused: Dict[str, Optional[str]],
                config: Dict[str, Any]) -> None:
