@@ -534,6 +534,8 @@ class JobManager:
             self._send(job, rp.PAUSE)
         elif info["state"] == "parking":
             self._send(job, rp.PARK)
+        elif info["state"] == "stopping" and job.stop_stage == 1:
+            self._send(job, rp.STOP)
         elif info["state"] == "paused" and info.get("pause_mode") == "cooperative" \
                 and runner_state == "running":
             info.update(state="running", pause_mode=None, paused_by=None, pause_reason=None)
