@@ -32,6 +32,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_store": ([], ["--hours", "2"]),
     "bench_guard": ([], ["--quick"]),
     "bench_runner": ([], ["--quick"]),
+    "bench_joblog": ([], ["--size-mb", "256"]),
     "bench_tray": (["--seconds", "60"], ["--seconds", "10"]),
     "bench_dashboard": ([], []),
     "bench_bundle": ([], []),

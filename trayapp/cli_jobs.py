@@ -95,13 +95,17 @@ def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _dry_run(spec: Any, paths: Paths, gpus: tuple) -> int:
-    from trayapp.jobs.plan import build_launch, format_plan
+    from trayapp import config as configmod
+    from trayapp.jobs.plan import JobProcess, build_launch, format_plan
 
     job_id = "dry-run"
+    # The engine reads the same file: the priority and the log cap it would give the job.
+    process = JobProcess.from_config(configmod.load(paths.config_file))
     try:
         plan = build_launch(spec, job_id=job_id, address=paths.job_address(job_id),
                             keyfile=str(paths.jobs_dir / job_id / "key"), gpus=gpus,
-                            base_env=dict(os.environ))
+                            base_env=dict(os.environ), process=process,
+                            log_path=str(paths.jobs_dir / job_id / "log"))
     except ValueError as e:
         raise UsageError(one_line(e)) from None
     print(format_plan(plan))

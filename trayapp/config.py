@@ -295,6 +295,18 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("guard", "rate_window_seconds", 3.0, _as_float,
             "Seconds of recent samples the fill rate is fitted to (least squares): longer is "
             "steadier, shorter notices a change sooner.", 0.5, 60),
+    # [jobs]
+    Setting("jobs", "nice", 0, _as_int,
+            "CPU priority of a job, as a nice value from 0 (the desktop's normal priority) to "
+            "19 (the nicest): a job never runs above the desktop (Windows: above 0 is the "
+            "below-normal priority class).", 0, 19),
+    Setting("jobs", "oom_score_adj", 500, _as_int,
+            "How readily the kernel's OOM killer picks a job, from 0 (like the desktop) to "
+            "1000 (first): if the kernel must kill, it takes the training, which a checkpoint "
+            "brings back, and not the desktop (Linux only).", 0, 1000),
+    Setting("jobs", "log_max_mb", 32, _as_int,
+            "Most MB of output a job's log keeps: past it, the first eighth and the last half "
+            "are kept, with a line saying how much was dropped between them.", 1, 1024 * 1024),
     # [ui]
     Setting("ui", "notifications", True, _as_bool, "Show desktop notifications."),
     Setting("ui", "show_dashboard_at_start", False, _as_bool,

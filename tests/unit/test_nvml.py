@@ -84,7 +84,7 @@ def test_error_gives_none_and_is_logged_once(fake: ModuleType, nv: Nvml,
                                              capsys: pytest.CaptureFixture) -> None:
     fake.fail("nvmlDeviceGetPowerUsage", fake.NVML_ERROR_NOT_SUPPORTED)
     handle = nv.call("nvmlDeviceGetHandleByIndex", 0)
-    with caplog.at_level(logging.DEBUG, logger="trayapp.probes.nvml"):
+    with caplog.at_level(logging.DEBUG, logger="headroom.nvml"):
         assert nv.call("nvmlDeviceGetPowerUsage", handle) is None
         assert nv.call("nvmlDeviceGetPowerUsage", handle) is None
         assert nv.call("nvmlDeviceGetPowerUsage", handle) is None
@@ -101,7 +101,7 @@ def test_lost_gpu_sets_the_flag_and_warns(fake: ModuleType, nv: Nvml,
                                          caplog: pytest.LogCaptureFixture) -> None:
     handle = nv.call("nvmlDeviceGetHandleByIndex", 1)
     fake.lose(1)
-    with caplog.at_level(logging.INFO, logger="trayapp.probes.nvml"):
+    with caplog.at_level(logging.INFO, logger="headroom.nvml"):
         assert nv.call("nvmlDeviceGetTemperature", handle, 0) is None
     assert nv.lost
     assert nv.last_error == fake.NVML_ERROR_GPU_IS_LOST
@@ -148,7 +148,7 @@ def test_first_gives_none_when_no_version_exists(fake: ModuleType, nv: Nvml,
     fake.fake.driver_lacks.update({"nvmlDeviceGetComputeRunningProcesses_v3",
                                    "nvmlDeviceGetComputeRunningProcesses_v2"})
     handle = nv.call("nvmlDeviceGetHandleByIndex", 0)
-    with caplog.at_level(logging.INFO, logger="trayapp.probes.nvml"):
+    with caplog.at_level(logging.INFO, logger="headroom.nvml"):
         assert nv.first(COMPUTE, handle) is None
         assert nv.first(COMPUTE, handle) is None
     assert len([r for r in caplog.records if r.levelno >= logging.INFO]) == 1

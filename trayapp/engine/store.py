@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from trayapp.text import one_line
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("headroom.store")
 
 # A database error's text, as far as it goes into a log line or a stored event.
 REASON_CHARS = 300

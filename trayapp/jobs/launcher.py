@@ -40,7 +40,9 @@ from trayapp import config as configmod
 from trayapp.config import Paths
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.jobs import messages
+from trayapp.jobs.logcap import LogKeeper
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.runner import joblog
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 
@@ -134,6 +136,34 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
+def _refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A start whose files cannot be written (disk full, read-only, quota) is refused with the
+    reason in one line, and leaves no half-made job folder behind."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(self: JobManager, *args: Any, **kwargs: Any) -> Any:
+        before = _folders(self.paths.jobs_dir)
+        try:
+            return fn(self, *args, **kwargs)
+        except OSError as e:
+            with self._lock:
+                known = set(self._jobs) | set(self._ended)
+            for name in _folders(self.paths.jobs_dir) - before - known:
+                _remove_folder(self.paths.jobs_dir / name)
+            raise ValueError(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
+                             f"under {self.paths.jobs_dir}") from None
+
+    return wrapper
+
+
+def _folders(folder: Path) -> Set[str]:
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return set()
+
+
 class JobManager:
     """The engine's jobs. See the module docstring for threads and life cycle.
 
@@ -165,6 +195,9 @@ class JobManager:
         self._memory_total: Optional[int] = None  # from the engine's latest reading
         self._drops = messages.DropLog()  # what jobs sent that was not taken, per job
         self.subreaper = become_subreaper() if subreaper else False
+        # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
+        self._log_keeper = LogKeeper(self._running_logs)
+        self._log_keeper.start()
 
     # -- the engine's calls -------------------------------------------------------------------
 
@@ -225,6 +258,7 @@ class JobManager:
 
     # -- starting -----------------------------------------------------------------------------
 
+    @_refused_on_disk_errors
     def start(self, spec_json: Dict[str, Any],
               environ: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Validate the spec and launch it. Returns the new job's dict (state "starting").
@@ -237,6 +271,7 @@ class JobManager:
 
         if self._closed:
             raise ValueError("the engine is shutting down")
+        _check_free_space(self.paths.jobs_dir)
         if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in environ.items()):
             raise ValueError("job_start: environ must map names to strings")
@@ -344,27 +379,34 @@ class JobManager:
 
     def _launch(self, job: _Job, spec: Any, *, append: bool) -> None:
         """Build the plan and start the process in its own session, output to the log."""
-        from trayapp.jobs.plan import build_launch
+        from trayapp.jobs.plan import JobProcess, build_launch
 
         folder = self.paths.jobs_dir / job.id
+        log_path = Path(job.info["log_path"])
+        process = JobProcess.from_config(self._config())
         try:
             plan = build_launch(spec, job_id=job.id, address=self.paths.job_address(job.id),
                                 keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
-                                base_env=_job_environ(folder), runner_dir=self.runner_dir)
+                                base_env=_job_environ(folder), runner_dir=self.runner_dir,
+                                process=process, log_path=str(log_path))
         except Exception as e:  # SpecError and friends: a plan that cannot be made
             raise ValueError(one_line(e)) from None
         kwargs: Dict[str, Any] = {}
         if WINDOWS:  # pragma: no cover - Windows only
             kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
-                                       | subprocess.CREATE_NO_WINDOW)  # type: ignore
+                                       | subprocess.CREATE_NO_WINDOW  # type: ignore
+                                       | (subprocess.BELOW_NORMAL_PRIORITY_CLASS  # type: ignore
+                                          if process.nice > 0 else 0))
         else:
             kwargs["start_new_session"] = True
-        log_path = Path(job.info["log_path"])
-        with open(log_path, "ab") as out:
+        with _open_job_log(log_path) as out:
             if append:
-                out.write(f"\n--- resumed from checkpoint {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                          " ---\n".encode())
-                out.flush()
+                try:
+                    out.write(f"\n--- resumed from checkpoint "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+                    out.flush()
+                except OSError:
+                    pass  # a full disk costs the log this line, not the job its relaunch
             try:
                 popen = subprocess.Popen(list(plan.argv), env=dict(plan.env), cwd=plan.cwd,
                                          stdin=subprocess.DEVNULL, stdout=out,
@@ -373,6 +415,8 @@ class JobManager:
                 raise ValueError(f"cannot start {plan.argv[0]}: "
                                  f"{e.strerror or one_line(e)}") from None
         job.popen = popen
+        job.info["process"] = {"nice": process.nice, "oom_score_adj": process.oom_score_adj,
+                               "log_max_bytes": process.log_max_bytes}
         if not WINDOWS:
             self._groups.add(popen.pid)
         try:
@@ -1206,6 +1250,7 @@ class JobManager:
     def close(self) -> None:
         """The engine exits: close every job's channel and save its state. The jobs keep
         running; the next engine adopts them."""
+        self._log_keeper.close()
         with self._lock:
             self._closed = True
             # What ended jobs left to this process (as their subreaper) is collected now: once
@@ -1292,8 +1337,8 @@ class JobManager:
                 size = f.tell()
                 tail = offset is None
                 start = max(0, size - LOG_TAIL_BYTES) if offset is None else offset
-                if start > size:  # the log was replaced: read it from the top
-                    start = 0
+                if start > size:  # trimmed (at its marker) or replaced (from the top)
+                    start = joblog.marker_offset(f.fileno(), self._log_cap(info)) or 0
                 f.seek(start)
                 data = f.read(min(limit, size - start))
         except FileNotFoundError:
@@ -1307,6 +1352,21 @@ class JobManager:
         keep = _complete_utf8(data)
         text = data[skip:keep].decode("utf-8", errors="replace")
         return {"data": text, "offset": start + keep, "size": size, "start": start + skip}
+
+    def _log_cap(self, info: Dict[str, Any]) -> int:
+        """The cap a job's log was launched with (the setting for one launched before)."""
+        process = info.get("process")
+        cap = process.get("log_max_bytes") if isinstance(process, dict) else None
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+            return cap
+        return int(self._setting("jobs.log_max_mb", 32)) * 1024 * 1024
+
+    def _running_logs(self) -> List[Tuple[str, int]]:
+        """(log path, cap) of every job with a process, for the log keeper's thread."""
+        with self._lock:
+            return [(str(j.info["log_path"]), self._log_cap(j.info))
+                    for j in self._jobs.values()
+                    if j.state in LIVE_STATES and j.info.get("log_path")]
 
     # -- the control channel's job_action -----------------------------------------------------
 
@@ -1536,6 +1596,33 @@ def _budget(spec: Any, name: str) -> Optional[int]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value * 1024 * 1024) if attr.endswith("_mb") else int(value)
     return None
+
+
+def _open_job_log(path: Path) -> Any:
+    """The job's log, opened to append (the job's stdout and stderr: O_APPEND, so writes land at
+    the end after the log keeper trims it). Raises ValueError saying why it cannot be opened."""
+    try:
+        return open(path, "ab")
+    except OSError as e:
+        raise ValueError(f"cannot start the job: cannot open its log {path}: "
+                         f"{e.strerror or one_line(e)}") from None
+
+
+MIN_FREE_BYTES = 1024 * 1024  # what a new job's folder needs at least: key, spec, first output
+
+
+def _check_free_space(folder: Path) -> None:
+    """Refuse (ValueError, one line) a start on a disk with (almost) no room left."""
+    statvfs = getattr(os, "statvfs", None)
+    if statvfs is None:  # pragma: no cover - Windows: the writes themselves say it
+        return
+    try:
+        st = statvfs(folder)
+    except OSError:
+        return  # the folder's own trouble is reported by the writes
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        raise ValueError(f"cannot start the job: no space left on device under {folder} "
+                         f"({configmod.format_bytes(st.f_bavail * st.f_frsize)} free)")
 
 
 def _remove_folder(folder: Path) -> None:

@@ -31,7 +31,70 @@ from trayapp.jobs.options import (
 from trayapp.probes.snapshot import GpuReading
 from trayapp.runner import protocol
 
-__all__ = ["LaunchPlan", "REMOVED", "build_launch", "default_runner_dir", "format_plan"]
+__all__ = ["JobProcess", "LaunchPlan", "REMOVED", "build_launch", "default_runner_dir",
+           "format_plan"]
+
+MiB = 1024 * 1024
+WINDOWS = sys.platform == "win32"
+
+
+@dataclass(frozen=True)
+class JobProcess:
+    """How the job's process runs beside the desktop (the ``[jobs]`` settings): its nice value
+    (0 is the desktop's normal priority; never below it), its ``oom_score_adj`` (raised, so a
+    kernel that must kill takes the training, which a checkpoint brings back, and not the
+    desktop), and its log's cap. The runner applies them before the script's code; on Windows
+    a nice value above 0 is the BELOW_NORMAL priority class, and there is no OOM score."""
+
+    nice: int = 0
+    oom_score_adj: int = 500
+    log_max_bytes: int = 32 * MiB
+
+    @classmethod
+    def from_config(cls, config: Any) -> JobProcess:
+        """From a ``Config`` (or anything with ``config["jobs.nice"]``); defaults where a
+        value is missing."""
+        def get(name: str, default: int) -> int:
+            try:
+                return int(config[name])
+            except (KeyError, TypeError, ValueError):
+                return default
+
+        return cls(nice=get("jobs.nice", 0), oom_score_adj=get("jobs.oom_score_adj", 500),
+                   log_max_bytes=get("jobs.log_max_mb", 32) * MiB)
+
+    def to_json(self, log_path: str = "") -> Dict[str, Any]:
+        """What the runner reads (``protocol.ENV_PROCESS``)."""
+        out: Dict[str, Any] = {"nice": self.nice, "log_max_bytes": self.log_max_bytes}
+        if not WINDOWS:
+            out["oom_score_adj"] = self.oom_score_adj
+        if log_path:
+            out["log"] = log_path
+        return out
+
+
+def process_lines(process: JobProcess, platform: str = sys.platform) -> List[str]:
+    """The job's process settings in words (``--dry-run``, the jobs window)."""
+    from trayapp.runner import joblog
+
+    if platform == "win32":
+        cpu = (f"CPU priority: below normal (nice {process.nice}: the BELOW_NORMAL priority "
+               "class)" if process.nice > 0 else
+               "CPU priority: normal (the desktop's; the engine's own is not passed on)")
+        oom = "OOM killer: no OOM score on Windows"
+    else:
+        cpu = (f"CPU priority: nice {process.nice} (0 is the desktop's normal priority; the "
+               "engine's own nice -5 is not passed on)")
+        oom = (f"OOM killer: oom_score_adj {process.oom_score_adj:+d} (the desktop's is 0: a "
+               "kernel that must kill takes the training, which a checkpoint brings back)")
+    cap = process.log_max_bytes
+    if platform == "win32":
+        logline = f"Log: not capped on Windows (jobs.log_max_mb = {cap // MiB})"
+    else:
+        logline = (f"Log: capped at {cap / MiB:.1f} MiB (its first "
+                   f"{joblog.head_bytes(cap) / MiB:.1f} MiB and its last "
+                   f"{joblog.tail_bytes(cap) / MiB:.1f} MiB kept)")
+    return [cpu, oom, logline]
 
 
 @dataclass(frozen=True)
@@ -43,6 +106,7 @@ class LaunchPlan:
     settings: Tuple[Tuple[str, str, str], ...]
     runner_options: Dict[str, Any]  # what the runner applies inside TensorFlow (JSON)
     warnings: Tuple[str, ...] = field(default=())
+    process: JobProcess = field(default=JobProcess())
 
 
 def default_runner_dir() -> Path:
@@ -127,6 +191,8 @@ def build_launch(
     runner_dir: Optional[Path] = None,
     frozen: Optional[bool] = None,
     bundle_dir: Optional[str] = None,
+    process: Optional[JobProcess] = None,
+    log_path: str = "",
 ) -> LaunchPlan:
     """The launch plan of ``spec``; starts nothing. Raises SpecError for a spec that cannot run.
 
@@ -135,6 +201,8 @@ def build_launch(
     the job channel; without an address the job runs without one. The preset, if any, is applied
     (it is idempotent; the launcher may have applied it already with the RAM total).
     ``frozen``/``bundle_dir`` default to what this process is (tests pass them).
+    ``process``: priority, OOM score and log cap (default: the settings' defaults);
+    ``log_path``: the job's log, which the runner keeps under its cap.
     """
     if spec.preset:
         spec = apply_preset(spec, spec.preset, gpus)
@@ -241,6 +309,13 @@ def build_launch(
         json.dumps(runner_options, sort_keys=True, separators=(",", ":")),
         "what the runner applies inside TensorFlow before the script's code",
     )
+    process = process if process is not None else JobProcess()
+    set_(
+        protocol.ENV_PROCESS,
+        json.dumps(process.to_json(log_path), sort_keys=True, separators=(",", ":")),
+        "the job's CPU priority, OOM score and log cap, which the runner sets before the "
+        "script's code",
+    )
     environment_changes = {name for name, _, _ in settings_list}
     for name, value in spec.env:
         if name in settings and settings[name][0] != value and name not in environment_changes:
@@ -254,6 +329,7 @@ def build_launch(
         settings=tuple((name, value, why) for name, (value, why) in settings.items()),
         runner_options=runner_options,
         warnings=tuple(warnings),
+        process=process,
     )
 
 
@@ -331,6 +407,8 @@ def format_plan(plan: LaunchPlan) -> str:
     for name, value, why in plan.settings:
         lines.append(f"  unset {name}" if value == REMOVED else f"  {name}={shlex.quote(value)}")
         lines.append(f"      # {why}")
+    lines += ["", "Process:"]
+    lines += [f"  {line}" for line in process_lines(plan.process)]
     lines += ["", "Inside TensorFlow, before the script's code:"]
     steps = runner_steps(plan.runner_options)
     if steps:

@@ -14,7 +14,7 @@ import threading
 from types import ModuleType
 from typing import Any, Dict, Optional, Sequence, Set
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("headroom.nvml")
 
 # Error codes of the NVML C API (nvml.h); the module's own constants are used when present.
 NVML_ERROR_UNINITIALIZED = 1

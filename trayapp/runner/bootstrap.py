@@ -12,7 +12,7 @@ import os
 import sys
 
 _PACKAGE = "_headroom_runner"
-_MODULES = ("protocol", "channel", "hooks", "tfoptions", "training", "job")
+_MODULES = ("protocol", "channel", "hooks", "tfoptions", "training", "priority", "joblog", "job")
 
 
 def _load():

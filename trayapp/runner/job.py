@@ -17,13 +17,14 @@ The script behaves as under ``python script.py``: ``sys.argv``, ``sys.path[0]``,
 exception, and KeyboardInterrupt ending the process the way Python does.
 """
 
+import json
 import os
 import runpy
 import signal
 import sys
 import threading
 
-from . import hooks, protocol, tfoptions, training
+from . import hooks, joblog, priority, protocol, tfoptions, training
 from .channel import Channel, NullChannel
 
 RUNNER_VERSION = 1
@@ -364,12 +365,44 @@ def run_script(session, script, args, bootstrap_file=None):
     session.finish(0)
 
 
+def process_settings(text):
+    """The job's process settings from ``protocol.ENV_PROCESS`` (JSON): ``nice``,
+    ``oom_score_adj``, ``log``, ``log_max_bytes``, each None when absent or out of range. Never
+    raises: a job runs even when they cannot be read."""
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+
+    def whole(key, low, high):
+        v = data.get(key)
+        ok = isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+        return v if ok else None
+
+    log = data.get("log")
+    return {
+        "nice": whole("nice", 0, 19),
+        "oom_score_adj": whole("oom_score_adj", -1000, 1000),
+        "log": log if isinstance(log, str) and log else None,
+        "log_max_bytes": whole("log_max_bytes", 1, 1 << 50),
+    }
+
+
 def main(argv, bootstrap_file=None):
     """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]``."""
     if not argv:
         sys.stderr.write("usage: python bootstrap.py SCRIPT [ARGS...]\n")
         sys.exit(2)
     script, args = argv[0], argv[1:]
+    # First, before any thread starts (threads and children take these from their creator):
+    # the job's place below the desktop, and output that a full disk cannot turn into a crash.
+    process = process_settings(os.environ.get(protocol.ENV_PROCESS))
+    problems = priority.apply(process["nice"], process["oom_score_adj"])
+    output = joblog.guard_output(process["log"], process["log_max_bytes"])
+    for problem in problems:
+        sys.stderr.write(f"headroom: {problem}\n")
     try:
         options = tfoptions.read_options(os.environ.get(protocol.ENV_OPTIONS))
     except tfoptions.OptionError as e:
@@ -387,6 +420,9 @@ def main(argv, bootstrap_file=None):
         session.channel.start()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=session.forked)
+    for problem in problems:
+        session.note("warn", problem)
+    output.on_drop = lambda message: session.note("warn", message)
 
     missing = tfoptions.missing_requirement(options)
     if missing:

@@ -17,6 +17,8 @@ ENV_JOB_ID = "HEADROOM_JOB_ID"
 ENV_ADDRESS = "HEADROOM_JOB_ADDRESS"
 ENV_KEYFILE = "HEADROOM_JOB_KEYFILE"
 ENV_OPTIONS = "HEADROOM_JOB_OPTIONS"  # JSON: the options the runner applies inside TensorFlow
+# JSON: {nice, oom_score_adj, log, log_max_bytes}, what the runner sets before the script runs.
+ENV_PROCESS = "HEADROOM_JOB_PROCESS"
 
 # Exit status of a job that was parked: checkpointed, training stopped, process ended on purpose.
 # 75 is EX_TEMPFAIL in sysexits.h: "try again later", which is what a parked job means.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -239,6 +240,25 @@ def _plain(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, default=str)
     return str(value)
+
+
+def process_rows(process: Any) -> List[Tuple[str, str]]:
+    """(what, value) of how the job's process runs beside the desktop: its CPU priority, its
+    OOM score, its log's cap; empty for a job launched before they were recorded."""
+    if not isinstance(process, dict):
+        return []
+    rows = []
+    nice, oom, cap = process.get("nice"), process.get("oom_score_adj"), \
+        process.get("log_max_bytes")
+    if isinstance(nice, int):
+        rows.append(("CPU priority", f"nice {nice}" + (" (the desktop's normal priority)"
+                                                       if nice == 0 else " (below the desktop)")))
+    if isinstance(oom, int) and sys.platform != "win32":
+        rows.append(("OOM score", f"oom_score_adj {oom:+d} (the kernel's OOM killer takes it "
+                                  "before the desktop)" if oom > 0 else f"oom_score_adj {oom}"))
+    if isinstance(cap, int):
+        rows.append(("Log", f"capped at {format_bytes(cap)} (its head and its tail kept)"))
+    return rows
 
 
 def applied_lines(hello: Optional[Dict[str, Any]]) -> List[str]:
@@ -804,7 +824,8 @@ class JobsWindow(QWidget):
     def _fill_options(self, job: JobDict) -> None:
         tree = self.options_tree
         key = json.dumps([job.get("hello"), job.get("warnings"), job.get("notes"),
-                          job.get("checkpoint")], default=str, sort_keys=True)
+                          job.get("checkpoint"), job.get("process")], default=str,
+                         sort_keys=True)
         if tree.property("filled_for") == f"{job.get('id')}:{key}":
             return
         tree.setProperty("filled_for", f"{job.get('id')}:{key}")
@@ -843,6 +864,9 @@ class JobsWindow(QWidget):
                                  "tf_version", "keras_version", "hooked", "job_id", "pid")}
             if rest:
                 section("Reported by the runner", [(k, _plain(v)) for k, v in rest.items()])
+        rows = process_rows(job.get("process"))
+        if rows:
+            section("Process", rows)
         if job.get("checkpoint"):
             ck = job["checkpoint"]
             section("Checkpoint", [("last", f"{ck.get('path')} (epoch {ck.get('epoch')})")])

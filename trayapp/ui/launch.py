@@ -1278,14 +1278,18 @@ class LaunchDialog(QDialog):
         """The dry-run plan of the current spec, or why there is none."""
         if self.spec is None:
             return "No plan: " + (self.error or "the form is not complete") + "."
+        from trayapp.config import load as load_config
         from trayapp.jobs import plan as planmod
 
         try:
             # The job's id is only known once the engine starts it: "new" stands in for it.
+            # The priority and log cap: from the settings file the engine reads.
+            process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
             plan = planmod.build_launch(
                 self.spec, job_id="new", address=self.paths.job_address("new"),
                 keyfile=str(self.paths.jobs_dir / "new" / "key"),
-                gpus=tuple(gpu_views(self.gpus())), base_env=dict(os.environ))
+                gpus=tuple(gpu_views(self.gpus())), base_env=dict(os.environ),
+                process=process, log_path=str(self.paths.jobs_dir / "new" / "log"))
             return planmod.format_plan(plan)
         except Exception as e:  # a plan that cannot be made says why, in one line
             return f"No plan: {one_line(e)}"

@@ -106,6 +106,9 @@ LABELS: Dict[str, str] = {
     "guard.cooldown_seconds": "No predicted-shortage pause after a resume for",
     "engine.idle_exit_seconds": "Engine exits when idle for",
     "engine.publish_hz": "Updates a second to the tray",
+    "jobs.nice": "Jobs' CPU priority (nice, 0 = the desktop's)",
+    "jobs.oom_score_adj": "Jobs' OOM score (the kernel kills higher first)",
+    "jobs.log_max_mb": "Keep at most this much of a job's output",
 }
 
 SUFFIXES: Dict[str, str] = {
@@ -114,6 +117,7 @@ SUFFIXES: Dict[str, str] = {
     "engine.publish_hz": " per s",
     "guard.psi_full_threshold": " %",
     "guard.psi_pause_threshold": " %",
+    "jobs.log_max_mb": " MB",
 }
 
 
