@@ -196,3 +196,25 @@ def _stop_while_paused(engine: TestEngine, job: Job, out: Path, ckpt: Path) -> N
     meta = metadata(ckpt)
     assert (meta["epoch"], meta["headroom"]["batches_done"]) == (saved["epoch"], saved["step"])
     assert meta["headroom"]["finished"] is False
+
+
+def test_a_runner_that_answers_gets_the_time_to_reach_its_batch(eng: EngineProcess,
+                                                               tmp_path: Path) -> None:
+    # Batches of 7 s: longer than a runner that does not answer is given before SIGINT.
+    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
+    with eng.client() as c:
+        job = c.job_start(JobSpec(script=FIT_JOB, args=(str(out), "--epochs", "3", "--steps",
+                                                        "3", "--sleep", "7"),
+                                  python=sys.executable, cwd=str(REPO),
+                                  options=MemoryOptions(cpu_only=True),
+                                  checkpoint_dir=str(ckpt)).to_json())
+    jid = job["id"]
+    wait_for(lambda: job_state(eng, jid).get("hooked") and Path(str(out) + ".epochs").exists(),
+             120, "the first epoch")
+    with eng.client() as c:
+        c.job_action(jid, "stop")
+    done = wait_for(lambda: (lambda j: j if j["state"] == "stopped" else None)(
+        job_state(eng, jid)), 60, "the stop")
+    assert done["exit_code"] == STOP_EXIT_CODE, done  # ended by its runner, not by a signal
+    assert not Path(str(out) + ".after-fit").exists()
+    assert metadata(ckpt)["headroom"]["finished"] is False

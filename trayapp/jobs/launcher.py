@@ -69,7 +69,8 @@ RECENT_ENDED = 50
 
 # Stop escalation, seconds spent at each step before the next one.
 # The runner's own stop checkpoints, ends fit() at the next batch and exits; a runner that
-# answers "stopping" (a fit() runs) gets the longer time, to reach the batch and save.
+# answers "stopping" (a fit() runs) gets the longer time to reach the batch and save, unless the
+# guard asked (its last resort when memory runs out).
 STOP_ASK_SECONDS = 5.0
 STOP_RUNNER_SECONDS = 60.0
 STOP_INT_SECONDS = 3.0  # SIGINT (CTRL_BREAK_EVENT on Windows)
@@ -623,8 +624,10 @@ class JobManager:
         elif state == "parking" and info["state"] in ("running", "pausing", "paused"):
             info["state"] = "parking"
             self._save(job)
-        elif state == "stopping" and info["state"] == "stopping" and job.stop_stage == 1:
+        elif state == "stopping" and info["state"] == "stopping" and job.stop_stage == 1 \
+                and job.stop_note[0] != "guard":
             # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
+            # (The guard's stop is its last resort when memory runs out: it does not wait.)
             job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
         info["runner_state"] = state
 
