@@ -175,6 +175,13 @@ def rss_pss_bytes(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int
     later). PSS counts each page a 1/n share where n processes map it, so PSS summed over a tree
     counts every page once. None when the file is missing or unreadable (another user's
     process, an older kernel, not Linux) or the process is gone."""
+    both = rollup_bytes(pid, proc_root)
+    return None if both is None else (both[0], both[1])
+
+
+def rollup_bytes(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int, int]]:
+    """(RSS, PSS, USS) of a process from ``smaps_rollup``, USS being its private pages; None as
+    for ``rss_pss_bytes``."""
     try:
         fd = os.open(f"{proc_root}/{pid}/smaps_rollup", os.O_RDONLY)
     except OSError:
@@ -188,7 +195,8 @@ def rss_pss_bytes(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int
     rss, pss = _field_kb(data, b"Rss:"), _field_kb(data, b"Pss:")
     if rss is None or pss is None:
         return None
-    return rss, pss
+    uss = (_field_kb(data, b"Private_Clean:") or 0) + (_field_kb(data, b"Private_Dirty:") or 0)
+    return rss, pss, min(uss, pss)
 
 
 def pss_available(proc_root: str = "/proc") -> bool:
@@ -224,8 +232,16 @@ class _Record(NamedTuple):
     shared: int  # of them, the part other members count too (RSS - PSS)
     exact: bool  # measured from smaps_rollup (else a guess until it is)
     when: float  # seconds since boot when recorded
-    parent: int = 0  # a guess only: the member it was forked from (0: none known)
-    start: float = 0.0  # a guess only: when it started, seconds since boot
+    parent: int = 0  # the member it was forked from (0: none known)
+    start: float = 0.0  # when it started, seconds since boot
+    uss: int = 0  # measured: its private pages (its PSS less its share of the shared ones)
+    parent_share: int = 0  # measured: its parent's share of shared pages (PSS - USS) then...
+    parent_when: float = 0.0  # ...as the parent was last measured before (0.0: not measured)
+
+    @property
+    def share(self) -> int:
+        """Its share of the pages it shares (PSS - USS); 0 when not measured."""
+        return max(0, self.rss - self.shared - self.uss) if self.exact else 0
 
 
 class TreeMeter:
@@ -242,10 +258,12 @@ class TreeMeter:
     Every reading (``read``, also the guard's fast tick) is each member's RSS from statm less
     its shared part (RSS - PSS) as last measured: memory a member allocates counts in full at
     once; pages a member stops sharing (a copy on write) or a sharer's exit, which raise the
-    others' share, count from the next exact reading. A member not measured yet that was forked
-    (without exec: the same command line as its parent) shares its parent's pages: the same
-    part of its RSS as its parent when the parent was measured since the fork, else up to all
-    the parent has (which the parent then counts in full). Any other member counts at its RSS
+    others' share, count from the next exact reading; but when a member's parent is measured
+    again and its share of their shared pages (PSS less its private pages) fell, more sharers
+    came, and the member's share falls as much. A member not measured yet that was forked
+    (without exec: the same command line as its parent) shares its parent's pages: it counts
+    the parent's share of them when the parent was measured since the fork, else nothing of
+    what the parent has (the parent counts those in full). Any other member counts at its RSS
     until measured, as does one whose ``smaps_rollup`` is unreadable. Without ``smaps_rollup``
     (older kernels, Windows, macOS) the meter is the summed RSS (``method`` "rss").
     """
@@ -310,15 +328,20 @@ class TreeMeter:
                 total += rss
                 continue
             shared = r.shared
+            parent = rec.get(r.parent) if r.parent else None
             if not r.exact and r.parent:
-                parent = rec.get(r.parent)
                 if parent is None:
                     shared = 0
-                elif parent.exact and parent.when >= r.start and parent.rss:
-                    # Measured since the fork: it shares the same part of its pages.
-                    shared = rss * parent.shared // parent.rss
+                elif parent.exact and parent.when >= r.start:
+                    # Measured since the fork: it holds the parent's share of their pages.
+                    shared = rss - min(rss, parent.share)
                 else:
                     shared = seen.get(r.parent, parent.rss)  # all the parent has
+            elif parent is not None and parent.exact and parent.when > r.parent_when \
+                    and r.parent_when:
+                # The parent was measured again since: more sharers of their pages lowered its
+                # share, and every sharer's alike (never raised here: that waits for a pass).
+                shared += max(0, r.parent_share - parent.share)
             total += rss - min(rss, shared)
         return total if found else None
 
@@ -341,12 +364,19 @@ class TreeMeter:
             if pid not in members:
                 continue
             when = _boot_clock()
-            both = rss_pss_bytes(pid, self.proc_root)
-            if both is None:
+            old = rec.get(pid)
+            link = old.parent if old is not None else 0
+            parent = rec.get(link) if link else None
+            then = (parent.share, parent.when) if parent is not None and parent.exact \
+                else (0, 0.0)
+            got = rollup_bytes(pid, self.proc_root)
+            if got is None:
                 rss = rss_bytes(pid, self.proc_root)
                 rec[pid] = _Record(rss or 0, 0, True, when)  # unreadable: counted at its RSS
             else:
-                rec[pid] = _Record(both[0], max(0, both[0] - both[1]), True, when)
+                rss, pss, uss = got
+                rec[pid] = _Record(rss, max(0, rss - pss), True, when, link,
+                                   old.start if old is not None else 0.0, uss, *then)
                 self.method = "pss"
             if self._clock() - start >= EXACT_SLICE_SECONDS:
                 break
