@@ -210,17 +210,28 @@ def local_status(demo: bool) -> Dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace, paths: Any) -> int:
-    from trayapp.engine.client import EngineClient, EngineUnavailable
+    from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable, UnsafeState
 
     client = EngineClient(paths, timeout=5.0)
     tty = sys.stdout.isatty()
     try:
         while True:
             try:
-                st = client.status()
+                st: Optional[Dict[str, Any]] = client.status()
+            except UnsafeState:
+                raise  # an engine folder that cannot be trusted is said, not hidden
+            except EngineBusy as e:
+                # An engine runs: readings of our own would say it does not. Once: exit 3;
+                # watching: say so and try again at the next refresh.
+                if not args.watch:
+                    raise
+                print(f"headroom: {one_line(e)}", file=sys.stderr, flush=True)
+                st = None
             except EngineUnavailable:
                 st = local_status(args.demo)
-            if args.json:
+            if st is None:
+                pass
+            elif args.json:
                 print(json.dumps(st), flush=True)
             else:
                 text = format_status(st)
@@ -246,8 +257,14 @@ def cmd_status(args: argparse.Namespace, paths: Any) -> int:
 def cmd_engine(args: argparse.Namespace, paths: Any) -> int:
     from trayapp import config as configmod
     from trayapp.engine.service import Engine, setup_logging
+    from trayapp.private import UnsafePath
 
-    paths.ensure()
+    try:
+        paths.ensure()
+    except UnsafePath as e:
+        # Bad input (the state folder): nothing is written to it, not even the log.
+        print(f"headroom: refusing to start the engine: {one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(paths.log_file)
     engine = Engine(paths, configmod.load(paths.config_file), demo=args.demo, stay=args.stay)
     return engine.run()
@@ -257,6 +274,9 @@ def cmd_engine(args: argparse.Namespace, paths: Any) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from trayapp.private import use_private_umask
+
+    use_private_umask()  # whatever Headroom writes is the user's alone
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -304,10 +324,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _save_traceback() -> Optional[str]:
     try:
         from trayapp.config import get_paths
+        from trayapp.private import open_private_file
 
         path = get_paths().data_dir / "crash.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
+        with open_private_file(path, "a", encoding="utf-8") as f:
             f.write(f"--- {time.ctime()} pid {os.getpid()} argv {sys.argv!r}\n")
             f.write(traceback.format_exc())
         return str(path)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from trayapp import private
 from trayapp.text import one_line
 
 if sys.version_info >= (3, 11):
@@ -466,6 +467,9 @@ def load(path: Path) -> Config:
         return Config(path=path, stamp=stamp)
     version = ""
     try:
+        # A file another user owns or can write is not trusted: the engine refuses it at start,
+        # and a reload takes it as a file that cannot be read.
+        private.check_config(path, tighten_it=False)
         raw = _read_capped(path)
         version = _digest(raw)
         data = tomllib.loads(raw.decode("utf-8"))
@@ -473,6 +477,8 @@ def load(path: Path) -> Config:
     except (OSError, ValueError, RecursionError) as e:
         if isinstance(e, RecursionError):
             why = "nested too deeply"
+        elif isinstance(e, private.UnsafePath):
+            why = one_line(e)
         elif isinstance(e, OSError):
             why = one_line(e.strerror or e)
         else:
@@ -546,21 +552,24 @@ def save_value(path: Path, name: str, value: Any, version: Optional[str] = None)
     return checked
 
 
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
     """Write ``text`` to ``path`` through a temporary file, so a crash leaves the old file."""
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp makes a new file (O_EXCL, no link followed), 0600, so a key is never readable by
+    # others, even briefly; the rename replaces whatever is at ``path``, a link included,
+    # without writing through it.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
     try:
-        # mkstemp makes the file 0600, so a key is never readable by others, even briefly.
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -615,11 +624,11 @@ class Paths:
         return str(self.runtime_dir / f"job-{job_id}.sock")
 
     def ensure(self) -> None:
-        """Create the folders; the runtime folder is private to the user (0700)."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.config_file.parent.mkdir(parents=True, exist_ok=True)
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        ensure_private_dir(self.runtime_dir)
+        """Create the folders, private to the user (0700), or refuse the state: raises
+        UnsafePath (a ConfigError-like ValueError naming the path and the fix) when a part of
+        it is another user's, a link, or writable by others (see ``trayapp.private``)."""
+        private.ensure_state(self.home, self.data_dir, self.config_file, self.jobs_dir,
+                             self.runtime_dir)
 
 
 def _short_hash(text: str) -> str:
@@ -627,14 +636,9 @@ def _short_hash(text: str) -> str:
 
 
 def ensure_private_dir(path: Path) -> None:
-    """Make ``path`` a folder only this user can enter; refuse one owned by someone else."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if sys.platform != "win32":
-        st = path.stat()
-        if st.st_uid != os.getuid():
-            raise ConfigError(f"{path} belongs to another user; refusing to use it")
-        if st.st_mode & 0o077:
-            os.chmod(path, 0o700)
+    """Make ``path`` a folder only this user can enter; refuse one owned by someone else, a
+    link, or one others can write (UnsafePath, a ValueError naming the fix)."""
+    private.make_private_dir(path)
 
 
 # Unix socket paths must fit in sun_path (108 bytes on Linux, 104 on macOS).
@@ -645,6 +649,12 @@ def _runtime_dir_for(data_dir: Path) -> Path:
     candidate = data_dir / "run"
     if sys.platform == "win32" or len(str(candidate / "job-0123456789ab.sock")) <= _SOCKET_PATH_MAX:
         return candidate
+    xdg = private.xdg_runtime_dir()
+    if xdg is not None:
+        candidate = xdg / f"headroom-{_short_hash(str(data_dir))}"
+        if len(str(candidate / "job-0123456789ab.sock")) <= _SOCKET_PATH_MAX:
+            return candidate
+    # Both levels are checked (the user's, 0700, no link) by the engine and by every client.
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return Path(tempfile.gettempdir()) / f"headroom-{uid}" / _short_hash(str(data_dir))
 

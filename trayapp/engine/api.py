@@ -5,6 +5,16 @@ per job). Every connection has its own thread, so a slow or hostile client only 
 itself: one that does not authenticate in time, or stalls in the middle of a message, is cut
 off. Messages are bytes (JSON, decoded by the handler); a message over the size limit gets an
 error answer and the connection is closed. Nothing a client sends can stop the server.
+
+A flood of connections cannot lock the user's clients out. Connections still in their handshake
+and authenticated ones have separate limits; when the handshake places are full, the oldest
+connection that has had its chance gives its place to the newcomer; when the client places are
+full, a client that proves the key takes the place of the client that has gone the longest
+without progress (never a subscriber's, never one whose request is being answered), and
+subscribers may not take the last places. New connections are taken at a
+bounded rate (the rest wait in the kernel's queue, costing nothing), so a flood on one channel
+cannot starve the others or the guard. Refusals and cuts are logged at most once a second, with
+counts.
 """
 
 from __future__ import annotations
@@ -26,6 +36,24 @@ log = logging.getLogger("headroom.api")
 
 WINDOWS = sys.platform == "win32"
 
+# The limits of a channel. Module constants, read when a server is made (so a test can set them
+# small); a server's own arguments override them.
+MAX_CLIENTS = 64  # authenticated connections at once
+PENDING_PER_CLIENT = 4  # connections still in their handshake, per client place
+HANDSHAKE_SECONDS = 3.0  # a connection that has not authenticated by then is cut
+EVICT_AFTER_SECONDS = 1.0  # ...and may give its place to a newcomer once this old
+STALL_SECONDS = 10.0  # a message once begun must arrive whole within this
+# The control channel cuts a client that neither asks nor subscribes for this long; the client
+# connects again when it next asks (EngineClient does so by itself).
+IDLE_SECONDS = 30.0
+ACCEPTS_PER_CLIENT = 8  # new connections taken per second, per client place
+BACKLOG = 512  # connections the kernel queues until they are taken
+REFUSALS_LOG_SECONDS = 1.0
+
+
+class ChannelFull(ValueError):
+    """A subscription refused: the channel keeps its last places for clients that ask."""
+
 
 class Peer:
     """One connected client. ``send`` answers; ``push`` queues for a subscriber without ever
@@ -40,8 +68,11 @@ class Peer:
         self.conn = conn
         self._wake = wake
         self.connected_at = time.monotonic()
+        self.last_active = self.connected_at  # the last request answered (or the handshake)
+        self.proven = False  # it answered the challenge with the key (it holds a client place)
         self.authenticated = False
         self.busy_since: Optional[float] = None
+        self.handling = False  # a request of its is being answered (it is never cut then)
         self.closed = False
         self.subscriptions: set = set()
         self.context: Dict[str, Any] = {}  # free for the handler (e.g. the job id)
@@ -63,6 +94,10 @@ class Peer:
             return False
 
     def subscribe(self, kinds: set, queue_size: int = 256) -> None:
+        """Receive pushes of ``kinds``. Raises ChannelFull when the channel already has its
+        most subscribers (its last places are kept for clients that ask)."""
+        if kinds and not self.subscriptions:
+            self.server.reserve_subscription(self)
         self.subscriptions = set(kinds)
         if self._queue is None:
             self._queue = queue.Queue(maxsize=queue_size)
@@ -111,15 +146,77 @@ class Peer:
 Handler = Callable[[Peer, bytes], Optional[Any]]
 
 
+class _Pace:
+    """At most ``rate`` events a second on average, ``burst`` at once: ``wait`` blocks until
+    the next one may happen (or ``stop`` is set)."""
+
+    def __init__(self, rate: float, burst: int):
+        self.rate = max(rate, 0.001)
+        self.burst = max(burst, 1)
+        self._tokens = float(self.burst)
+        self._at = time.monotonic()
+
+    def wait(self, stop: threading.Event) -> None:
+        while True:
+            now = time.monotonic()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return
+            if stop.wait((1.0 - self._tokens) / self.rate):
+                return
+
+
+class _Tally:
+    """Counts refused and cut connections by reason and logs them at most once per
+    ``every`` seconds, in one line, so a flood cannot flood the log too."""
+
+    def __init__(self, name: str, every: float = REFUSALS_LOG_SECONDS):
+        self.name = name
+        self.every = every
+        self._counts: Dict[str, int] = {}
+        self._serious = False
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._logged = 0.0
+
+    def note(self, reason: str, serious: bool = False) -> None:
+        with self._lock:
+            if not self._counts:
+                self._since = time.monotonic()
+            self._counts[reason] = self._counts.get(reason, 0) + 1
+            self._serious = self._serious or serious
+        self.flush()
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if not self._counts or (now - self._logged < self.every and not force):
+                return
+            counts, serious, since = self._counts, self._serious, self._since
+            self._counts, self._serious, self._since, self._logged = {}, False, now, now
+        text = ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items()))
+        log.log(logging.WARNING if serious else logging.INFO, "%s, in the last %.1f s: %s",
+                self.name, max(now - since, 0.0), text)
+
+
 class ChannelServer:
     """Accepts authenticated connections at ``address`` and hands each message to ``handler``.
 
     ``handler(peer, data)`` returns an answer object (sent back as JSON) or None. It must not
     raise; if it does, the error is logged and the client gets an error answer.
+
+    Limits (None: the module's constants): ``max_peers`` authenticated clients,
+    ``max_pending`` connections in their handshake (default ``PENDING_PER_CLIENT`` per client
+    place), ``auth_timeout`` for the handshake, ``stall_timeout`` for a message begun,
+    ``idle_timeout`` for a client that neither asks nor subscribes (None: never cut).
     """
 
     def __init__(self, address: str, authkey: bytes, handler: Handler, *, name: str = "control",
-                 max_peers: int = 64, auth_timeout: float = 5.0, stall_timeout: float = 10.0,
+                 max_peers: Optional[int] = None, auth_timeout: Optional[float] = None,
+                 stall_timeout: Optional[float] = None, max_pending: Optional[int] = None,
+                 idle_timeout: Optional[float] = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  on_open: Optional[Callable[[Peer], None]] = None,
                  on_close: Optional[Callable[[Peer], None]] = None):
@@ -127,9 +224,16 @@ class ChannelServer:
         self.authkey = authkey
         self.handler = handler
         self.name = name
-        self.max_peers = max_peers
-        self.auth_timeout = auth_timeout
-        self.stall_timeout = stall_timeout
+        self.max_peers = max(1, MAX_CLIENTS if max_peers is None else max_peers)
+        self.max_pending = max(1, PENDING_PER_CLIENT * self.max_peers if max_pending is None
+                               else max_pending)
+        # The last places are kept for clients that ask (a subscriber is never cut for them).
+        self.max_subscribers = max(1, self.max_peers - max(1, self.max_peers // 8))
+        self.auth_timeout = HANDSHAKE_SECONDS if auth_timeout is None else auth_timeout
+        self.evict_after = min(EVICT_AFTER_SECONDS, self.auth_timeout)
+        self.stall_timeout = STALL_SECONDS if stall_timeout is None else stall_timeout
+        self.idle_timeout = idle_timeout
+        self.accept_rate = float(ACCEPTS_PER_CLIENT * self.max_peers)
         self.max_message_bytes = max_message_bytes
         self.on_open = on_open
         self.on_close = on_close
@@ -138,6 +242,7 @@ class ChannelServer:
         self._closed = threading.Event()
         self._sock: Optional[socket.socket] = None
         self._threads: List[threading.Thread] = []
+        self._tally = _Tally(name)
         self.last_activity = time.monotonic()
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -158,7 +263,9 @@ class ChannelServer:
             finally:
                 os.umask(old_umask)
             os.chmod(self.address, 0o600)
-            sock.listen(16)
+            # A long queue: a client waiting behind a flood waits there for its turn instead of
+            # being turned away by the kernel.
+            sock.listen(BACKLOG)
             sock.settimeout(0.5)
             self._sock = sock
             t = threading.Thread(target=self._accept_loop, name=f"{self.name}-accept", daemon=True)
@@ -186,6 +293,7 @@ class ChannelServer:
                 pass
         for p in list(self.peers):
             p.close()
+        self._tally.flush(force=True)
 
     @property
     def client_count(self) -> int:
@@ -200,11 +308,22 @@ class ChannelServer:
         for p in subscribers:
             p.push(kind, data)
 
+    def reserve_subscription(self, peer: Peer) -> None:
+        """Raises ChannelFull when ``peer`` may not subscribe (see ``Peer.subscribe``)."""
+        with self._lock:
+            n = sum(1 for p in self.peers if p.subscriptions and not p.closed and p is not peer)
+        if n >= self.max_subscribers:
+            self._tally.note("subscriptions refused (too many subscribers)", serious=True)
+            raise ChannelFull(f"the engine already has {n} subscribed clients, its most; "
+                              "close some of them")
+
     # -- accepting ----------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
         assert self._sock is not None
+        pace = _Pace(self.accept_rate, self.max_pending)
         while not self._closed.is_set():
+            pace.wait(self._closed)
             try:
                 client, _ = self._sock.accept()
             except socket.timeout:
@@ -232,7 +351,9 @@ class ChannelServer:
         self._threads.append(t)
 
     def _accept_loop_windows(self) -> None:  # pragma: no cover - Windows only
+        pace = _Pace(self.accept_rate, self.max_pending)
         while not self._closed.is_set():
+            pace.wait(self._closed)
             try:
                 conn = self._listener.accept()
             except OSError:
@@ -245,13 +366,45 @@ class ChannelServer:
             self._spawn(Peer(self, conn, None))
 
     def _admit(self) -> bool:
+        """Whether a new connection gets a handshake place. When they are all taken, the oldest
+        connection in its handshake gives way if it has had ``evict_after`` seconds."""
+        victim: Optional[Peer] = None
         with self._lock:
             self.peers = [p for p in self.peers if not p.closed]
-            if len(self.peers) >= self.max_peers:
-                log.warning("%s: too many connections (%d); refusing one", self.name,
-                            len(self.peers))
+            pending = [p for p in self.peers if not p.proven]
+            if len(pending) >= self.max_pending:
+                oldest = min(pending, key=lambda p: p.connected_at)
+                if time.monotonic() - oldest.connected_at < self.evict_after:
+                    self._tally.note("connections refused (every handshake place taken)",
+                                     serious=True)
+                    return False
+                victim = oldest
+        if victim is not None:
+            self._tally.note("connections cut in their handshake to make room")
+            victim.close()
+        return True
+
+    def _admit_client(self, peer: Peer) -> bool:
+        """Whether ``peer``, which has just proven the key, gets a client place. When they are
+        all taken, the client that has gone the longest without progress (idle since its last
+        answer, or stalled since it began a message) gives way, so a client that has only just
+        arrived is the last to; a subscriber, or a client being answered, never does."""
+        victim: Optional[Peer] = None
+        with self._lock:
+            if peer.closed:
                 return False
-            return True
+            clients = [p for p in self.peers if p.proven and not p.closed and p is not peer]
+            if len(clients) >= self.max_peers:
+                free = [p for p in clients if not p.handling and not p.subscriptions]
+                if not free:
+                    self._tally.note("clients refused (every place busy)", serious=True)
+                    return False
+                victim = min(free, key=lambda p: p.busy_since or p.last_active)
+                victim.close()  # under the lock: its thread cannot start answering it now
+            peer.proven = True
+        if victim is not None:
+            self._tally.note("clients cut to make room for a new one", serious=True)
+        return True
 
     def _spawn(self, peer: Peer) -> None:
         with self._lock:
@@ -266,18 +419,26 @@ class ChannelServer:
         try:
             try:
                 deliver_challenge(conn, self.authkey)
+                # The client proved the key: it needs a client place before the handshake ends
+                # (refused, it sees the connection closed in the middle of its handshake).
+                if not self._admit_client(peer):
+                    return
                 answer_challenge(conn, self.authkey)
             except (AuthenticationError, EOFError, OSError, ValueError) as e:
-                log.info("%s: refused a client that did not authenticate (%s)", self.name,
-                         type(e).__name__)
+                if not peer.closed:
+                    self._tally.note(f"handshakes failed ({type(e).__name__})")
                 return
             peer.authenticated = True
-            self.last_activity = time.monotonic()
+            peer.last_active = self.last_activity = time.monotonic()
             if self.on_open is not None:
                 self.on_open(peer)
             while not peer.closed and not self._closed.is_set():
                 try:
                     if not conn.poll(1.0):
+                        if self._idle_too_long(peer):
+                            # Routine: its client connects again when it next asks.
+                            log.debug("%s: client %d idle; disconnected", self.name, peer.id)
+                            return
                         continue
                     peer.busy_since = time.monotonic()
                     data = conn.recv_bytes(self.max_message_bytes)
@@ -292,15 +453,23 @@ class ChannelServer:
                     return
                 finally:
                     peer.busy_since = None
-                self.last_activity = time.monotonic()
+                with self._lock:
+                    if peer.closed:  # cut to make room meanwhile: the request is not answered
+                        return
+                    peer.handling = True
                 try:
-                    answer = self.handler(peer, data)
-                except Exception:  # the server must outlive any handler bug
-                    log.exception("%s: handler failed", self.name)
-                    answer = {"id": None, "ok": False, "code": "internal",
-                              "error": "internal error in the engine (see its log)"}
-                if answer is not None:
-                    peer.send(answer)
+                    self.last_activity = time.monotonic()
+                    try:
+                        answer = self.handler(peer, data)
+                    except Exception:  # the server must outlive any handler bug
+                        log.exception("%s: handler failed", self.name)
+                        answer = {"id": None, "ok": False, "code": "internal",
+                                  "error": "internal error in the engine (see its log)"}
+                    if answer is not None:
+                        peer.send(answer)
+                finally:
+                    peer.last_active = time.monotonic()
+                    peer.handling = False
         finally:
             peer.close()
             with self._lock:
@@ -312,6 +481,10 @@ class ChannelServer:
                 except Exception:
                     log.exception("%s: on_close failed", self.name)
 
+    def _idle_too_long(self, peer: Peer) -> bool:
+        return (self.idle_timeout is not None and not peer.subscriptions
+                and time.monotonic() - peer.last_active > self.idle_timeout)
+
     def _reaper(self) -> None:
         """Cut off clients that never authenticate or stall half-way through a message."""
         while not self._closed.wait(0.5):
@@ -320,8 +493,9 @@ class ChannelServer:
                 if p.closed:
                     continue
                 if not p.authenticated and now - p.connected_at > self.auth_timeout:
-                    log.info("%s: client %d did not authenticate in time", self.name, p.id)
+                    self._tally.note("connections cut (no handshake in time)")
                     p.close()
                 elif p.busy_since is not None and now - p.busy_since > self.stall_timeout:
-                    log.info("%s: client %d stalled in the middle of a message", self.name, p.id)
+                    self._tally.note("clients cut (stalled in the middle of a message)")
                     p.close()
+            self._tally.flush()

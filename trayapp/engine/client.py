@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any, Dict, List, Optional
 
+from trayapp import private
 from trayapp.config import Paths
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 
@@ -26,6 +28,12 @@ class EngineUnavailable(Exception):
     """No engine answers at this state folder (exit status 3 in the CLI)."""
 
 
+class EngineBusy(EngineUnavailable):
+    """An engine runs at this state folder but did not take this client: it refused the
+    connection (all its places are taken) or did not answer in time. Exit status 3, like
+    EngineUnavailable, but it must never be reported as "no engine is running"."""
+
+
 class EngineError(Exception):
     """The engine answered with an error; the message is one line for the user."""
 
@@ -34,38 +42,115 @@ class EngineError(Exception):
         self.code = code
 
 
+# A refused connection is tried again for this long (a flood's churn can refuse one by chance).
+BUSY_RETRY_SECONDS = 1.0
+
+
 def _family() -> str:
     return "AF_PIPE" if WINDOWS else "AF_UNIX"
 
 
+class UnsafeState(EngineUnavailable):
+    """The runtime folder, the key or the socket is not safe to trust (another user's, a link,
+    open to others): the client refuses to talk through it. Exit status 3, like no engine."""
+
+
 def _read_key(paths: Paths) -> bytes:
+    """The engine's key, once every level of the runtime folder, the key file and the socket
+    proved to be the user's own and closed to others."""
     try:
-        return paths.key_file.read_bytes()
+        private.check_runtime(paths.data_dir, paths.runtime_dir)
+        key = private.read_private(paths.key_file, limit=4096)
+        if not WINDOWS:
+            private.check_file(paths.control_address, private=True)
+    except private.UnsafePath as e:
+        raise UnsafeState(f"refusing to trust the engine's folder: {e}") from None
     except OSError:
         raise EngineUnavailable(f"no engine is running for {paths.home}") from None
+    return key
 
 
 def _open(paths: Paths, timeout: float) -> Connection:
     key = _read_key(paths)
     if not WINDOWS and not os.path.exists(paths.control_address):
         raise EngineUnavailable(f"no engine is running for {paths.home}")
-    result: Dict[str, Any] = {}
+    started = time.monotonic()
+    delay = 0.05
+    while True:
+        try:
+            return _attempt(paths, key, max(0.1, timeout - (time.monotonic() - started)))
+        except _Refused:
+            spent = time.monotonic() - started
+            if spent + delay > min(BUSY_RETRY_SECONDS, timeout):
+                raise _busy(paths) from None
+            time.sleep(delay)
+            delay *= 2
 
-    # Client() has no timeout of its own; a wedged engine must not hang the caller.
+
+def _busy(paths: Paths) -> EngineBusy:
+    return EngineBusy(f"the engine at {paths.home} is busy and refused the connection; "
+                      "try again")
+
+
+class _Refused(Exception):
+    """The engine took the connection, then closed it before the handshake ended."""
+
+
+def _dial(address: str, key: bytes, sockets: List[Any]) -> Connection:
+    """Connect and authenticate (POSIX). Raises FileNotFoundError/ConnectionRefusedError when
+    nothing listens, _Refused when the engine closes the connection in the handshake,
+    AuthenticationError for a wrong key. The socket goes into ``sockets`` so the caller can
+    cut a handshake that does not end."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sockets.append(sock)
+    sock.connect(address)
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+    except AuthenticationError:
+        conn.close()
+        raise
+    except (EOFError, OSError) as e:
+        conn.close()
+        raise _Refused() from e
+    return conn
+
+
+def _attempt(paths: Paths, key: bytes, timeout: float) -> Connection:
+    """One try at a connection, within ``timeout``. Raises EngineUnavailable (nothing
+    listens, wrong key), EngineBusy (no answer in time) or _Refused."""
+    result: Dict[str, Any] = {}
+    sockets: List[Any] = []
+
+    # The handshake has no timeout of its own; a wedged engine must not hang the caller.
     def attempt() -> None:
         try:
-            result["conn"] = Client(paths.control_address, family=_family(), authkey=key)
+            if WINDOWS:  # pragma: no cover - Windows only
+                result["conn"] = Client(paths.control_address, family=_family(), authkey=key)
+            else:
+                result["conn"] = _dial(paths.control_address, key, sockets)
         except BaseException as e:  # noqa: BLE001 - handed to the caller below
             result["error"] = e
 
     t = threading.Thread(target=attempt, daemon=True)
     t.start()
     t.join(timeout)
+    for sock in sockets:  # the thread's own socket: a stuck handshake ends with it
+        try:
+            if t.is_alive():
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        except OSError:
+            pass
     if t.is_alive():
-        raise EngineUnavailable("the engine does not answer")
+        raise EngineBusy(f"the engine at {paths.home} is busy and did not take the "
+                         f"connection in {timeout:.0f} s; try again")
     err = result.get("error")
     if isinstance(err, AuthenticationError):
         raise EngineUnavailable("the engine refused this client (wrong key)")
+    if isinstance(err, _Refused):
+        raise err
     if err is not None:
         raise EngineUnavailable(f"no engine is running for {paths.home}")
     return result["conn"]
@@ -101,9 +186,13 @@ class EngineClient:
                     break
                 except (OSError, EOFError):
                     self.close_nolock()
-                    # A connection the engine dropped (restart) gets one fresh try.
-                    if attempt == 1 or op == "shutdown":
+                    # A connection the engine dropped (restart, or cut while idle) gets one
+                    # fresh try; cut again, the engine runs but had no room for this client.
+                    if op == "shutdown":
                         raise EngineUnavailable("the engine went away") from None
+                    if attempt == 1:
+                        raise EngineBusy(f"the engine at {self.paths.home} is busy and cut "
+                                         "the connection; try again") from None
         if not answer.get("ok"):
             raise EngineError(str(answer.get("error", "unknown error")),
                               answer.get("code", "error"))
@@ -115,7 +204,8 @@ class EngineClient:
             left = deadline - time.monotonic()
             if left <= 0 or not conn.poll(left):
                 self.close_nolock()
-                raise EngineUnavailable("the engine did not answer in time")
+                raise EngineBusy(f"the engine at {self.paths.home} did not answer in time; "
+                                 "try again")
             msg = json.loads(conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
             if isinstance(msg, dict) and msg.get("id") in (req_id, None) and "ok" in msg:
                 return msg
@@ -177,10 +267,12 @@ class EngineClient:
         return self.request("job_get", job=job)
 
     def job_start(self, spec: Dict[str, Any],
-                  environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                  environ: Optional[Dict[str, str]] = None,
+                  env_from: Optional[str] = None) -> Dict[str, Any]:
         """Launch a job; ``environ`` is the environment it starts from (default: the
-        engine's)."""
-        return self.request("job_start", spec=spec, environ=environ,
+        engine's). ``env_from``: the job whose kept ``--env`` values fill ``spec``'s hidden ones
+        (a spec from ``jobs`` shows each value as None)."""
+        return self.request("job_start", spec=spec, environ=environ, env_from=env_from,
                             timeout=max(self.timeout, 30.0))
 
     def job_action(self, job: str, action: str, reason: Optional[str] = None) -> Dict[str, Any]:
@@ -268,7 +360,8 @@ def start_engine(paths: Paths, demo: bool = False, config_file: Optional[str] = 
         kwargs["start_new_session"] = True
     return subprocess.Popen(engine_command(demo, config_file), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            close_fds=True, **kwargs)
+                            close_fds=True, env={**os.environ, **private.umask_env()},
+                            **kwargs)
 
 
 def connect(paths: Paths, start: bool = False, demo: bool = False,
@@ -281,9 +374,20 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
     try:
         client.ping()
         return client
+    except EngineBusy:
+        raise  # one runs: starting another would not help
+    except UnsafeState:
+        raise
     except EngineUnavailable:
         if not start:
             raise
+    try:
+        # The engine would refuse this state folder; say why here, where the user reads it.
+        paths.ensure()
+    except private.UnsafePath as e:
+        raise UnsafeState(f"refusing to start an engine: {e}") from None
+    except OSError:
+        pass  # the engine says what it cannot make, in its log
     proc = start_engine(paths, demo=demo, config_file=config_file)
     # The engine outlives this client's purpose but may end while this process runs: reap it
     # then, so it leaves no zombie behind.
@@ -294,6 +398,8 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
         try:
             client.ping()
             return client
+        except UnsafeState:
+            raise
         except EngineUnavailable:
             rc = proc.poll()
             # 0: another engine won the race for the lock; keep trying to reach that one.

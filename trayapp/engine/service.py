@@ -14,17 +14,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
-from trayapp import __version__
+from trayapp import __version__, private
 from trayapp import config as configmod
 from trayapp.config import Config, ConfigConflict, ConfigError, Paths
-from trayapp.engine import protocol
+from trayapp.engine import api, protocol
 from trayapp.engine.api import ChannelServer, Peer
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.history import RecentHistory
 from trayapp.engine.parts import Parts
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.text import one_line
 
 log = logging.getLogger("headroom.engine")
 
@@ -40,11 +41,12 @@ class EngineLock:
 
     def __init__(self, path: Path):
         self.path = path
-        self._file: Optional[TextIO] = None
+        self._file: Optional[IO[str]] = None
 
     def acquire(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")
+        # No link followed: a planted engine.lock -> file must not get that file truncated.
+        f = private.open_private_file(self.path, "r+")
         try:
             if sys.platform == "win32":  # pragma: no cover
                 import msvcrt
@@ -67,7 +69,7 @@ class EngineLock:
 
     def holder_pid(self) -> Optional[int]:
         try:
-            return int(self.path.read_text().strip() or 0) or None
+            return int(private.read_private(self.path, limit=64).strip() or 0) or None
         except (OSError, ValueError):
             return None
 
@@ -237,6 +239,10 @@ class Engine:
 
         self.jobs = JobManager(self.paths, self.store, emit=self.emit_event,
                                gpus=lambda: self._gpus, config=lambda: self.config)
+        from trayapp.jobs.envfile import hide_stored
+
+        if hide_stored(self.store, self.paths.jobs_dir):  # saved by an older Headroom
+            log.info("environment values of older jobs moved out of the database")
         self.handlers.update(self.jobs.handlers())
         self.jobs.adopt()
 
@@ -264,7 +270,7 @@ class Engine:
             self.config_watch.report_start()
             key = secrets.token_bytes(32)
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
-                                        name="control")
+                                        name="control", idle_timeout=api.IDLE_SECONDS)
             self.server.start()
             # The key is written only after the socket exists, so a client that finds the key
             # finds an engine behind it.
@@ -548,8 +554,6 @@ class Engine:
 
 def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.INFO) -> None:
     """Log to stderr and to a rotating file under the state folder."""
-    from logging.handlers import RotatingFileHandler
-
     # A log file on a full disk must not print a traceback per line: the engine goes on.
     logging.raiseExceptions = False
     root = logging.getLogger("headroom")
@@ -559,11 +563,13 @@ def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.I
         root.removeHandler(h)
     try:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = RotatingFileHandler(log_file, maxBytes=1_000_000, backupCount=3, encoding="utf-8")
+        # Opened without following a link, 0600, like the rest of the state.
+        fh = private.rotating_log_handler(log_file, max_bytes=1_000_000, backups=3)
         fh.setFormatter(fmt)
         root.addHandler(fh)
-    except OSError as e:
-        print(f"headroom: cannot write the log file {log_file} ({e.strerror})", file=sys.stderr)
+    except (OSError, private.UnsafePath) as e:
+        why = e.strerror if isinstance(e, OSError) else one_line(e)
+        print(f"headroom: cannot write the log file {log_file} ({why})", file=sys.stderr)
     if to_stderr:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(fmt)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from trayapp import private
 from trayapp.text import one_line
 
 log = logging.getLogger("headroom.store")
@@ -118,6 +119,19 @@ class _Unusable(Exception):
     def __init__(self, reason: str, tag: str = "corrupt") -> None:
         super().__init__(reason)
         self.tag = tag
+
+
+def _make_private(path: Path, create: bool = True) -> None:
+    """The database file (created when missing, with ``create``) the user's own and 0600,
+    reached without following a link; SQLite then opens what is there. A link or another
+    user's file is unusable (moved aside: the rename moves the link, not what it points to)."""
+    try:
+        if create:
+            os.close(private.open_private(path, os.O_RDWR | os.O_CREAT))
+        else:
+            private.tighten(path)
+    except private.UnsafePath as e:
+        raise _Unusable(str(e), tag="unsafe") from None
 
 
 def _number(value: Any) -> Optional[float]:
@@ -246,6 +260,7 @@ class Store:
         memory = str(path) == ":memory:"
         if not memory:
             path.parent.mkdir(parents=True, exist_ok=True)
+            _make_private(path)
         conn = sqlite3.connect(
             str(path), timeout=_BUSY_TIMEOUT_SECONDS, isolation_level=None,
             check_same_thread=False,
@@ -254,6 +269,8 @@ class Store:
             if not memory:
                 conn.execute("PRAGMA journal_mode=WAL").fetchone()
                 conn.execute("PRAGMA synchronous=NORMAL")
+                for suffix in ("-wal", "-shm"):
+                    _make_private(Path(f"{path}{suffix}"), create=False)
             check = conn.execute("PRAGMA quick_check(1)").fetchone()
             if not check or check[0] != "ok":
                 raise _Unusable(f"integrity check: {check[0] if check else 'no answer'}")
@@ -851,6 +868,35 @@ class Store:
             except (sqlite3.Error, OSError) as e:
                 self._rollback()
                 self._write_failed(f"job {row[0]}", e)
+
+    def rewrite_jobs(self, change: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> int:
+        """Save ``change(job)`` for every saved job it returns a dict for (None: keep it). What
+        is replaced is zeroed in the file (secure_delete) and the WAL emptied afterwards, so the
+        old text leaves no copy on disk. Returns how many changed; a database error is logged."""
+        with self._lock:
+            changed = [j for j in (change(job) for job in
+                                   self.list_jobs(include_finished=True, limit=1_000_000))
+                       if j is not None]
+            if not changed or self._conn is None:
+                return 0
+            conn = self._conn
+            try:
+                before = conn.execute("PRAGMA secure_delete").fetchone()[0]
+                conn.execute("PRAGMA secure_delete = ON")
+            except sqlite3.Error:
+                before = None
+            try:
+                for job in changed:
+                    self.save_job(job)
+            finally:
+                try:
+                    if before is not None:
+                        conn.execute(f"PRAGMA secure_delete = {int(before)}")
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                except sqlite3.Error as e:
+                    log.warning("history database: the WAL was not emptied: %s",
+                                one_line(e, REASON_CHARS))
+            return len(changed)
 
     def get_job(self, job_id: str) -> Optional[Dict[str, Any]]:
         """The saved job dict, or None when there is none (or on a database error)."""

@@ -37,9 +37,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 import psutil
 
 from trayapp import config as configmod
+from trayapp import private
 from trayapp.config import Paths
 from trayapp.engine.api import ChannelServer, Peer
-from trayapp.jobs import messages
+from trayapp.jobs import envfile, messages
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import joblog
@@ -117,13 +118,8 @@ class _Job:
 
 def _job_environ(folder: Path) -> Dict[str, str]:
     """The environment a job starts from: its client's, kept at start, else the engine's."""
-    try:
-        data = json.loads((folder / "environ.json").read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            return {str(k): str(v) for k, v in data.items()}
-    except (OSError, ValueError):
-        pass
-    return dict(os.environ)
+    environ, _ = envfile.load(folder)
+    return environ if environ is not None else dict(os.environ)
 
 
 def _now() -> float:
@@ -207,7 +203,8 @@ class JobManager:
         return {
             "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
             "job_get": lambda peer, a: self.get(a["job"]),
-            "job_start": lambda peer, a: self.start(a["spec"], environ=a.get("environ")),
+            "job_start": lambda peer, a: self.start(a["spec"], environ=a.get("environ"),
+                                                    env_from=a.get("env_from")),
             "job_action": self._op_action,
             "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
             "jobs_pause_all": lambda peer, a: self.pause_all(by="user"),
@@ -261,11 +258,14 @@ class JobManager:
 
     @_refused_on_disk_errors
     def start(self, spec_json: Dict[str, Any],
-              environ: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+              environ: Optional[Dict[str, Any]] = None,
+              env_from: Optional[str] = None) -> Dict[str, Any]:
         """Validate the spec and launch it. Returns the new job's dict (state "starting").
 
         ``environ``: the environment of the client that asked (``headroom run`` in a shell), so
         the job sees what ``python script.py`` in that shell would; the engine's own otherwise.
+        ``env_from``: a job whose kept ``--env`` values fill the spec's hidden ones (a job's
+        spec as shown has its ``env`` values hidden; see ``envfile``).
         Raises ValueError with one line for a bad spec or a launch that fails (no job is
         recorded then)."""
         from trayapp.jobs.options import JobSpec, SpecError, validate
@@ -276,6 +276,8 @@ class JobManager:
         if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in environ.items()):
             raise ValueError("job_start: environ must map names to strings")
+        if envfile.hidden_names(spec_json if isinstance(spec_json, dict) else {}):
+            spec_json = envfile.restore(spec_json, self._env_folder(env_from))
         try:
             spec = JobSpec.from_json(spec_json)
             spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
@@ -288,11 +290,11 @@ class JobManager:
             folder.mkdir(parents=True, exist_ok=False, mode=0o700)
             key = secrets.token_bytes(32)
             configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
-            spec_data = spec.to_json()
+            # The spec as kept and shown names its --env variables without their values; those
+            # (and the shell's environment) are kept for a relaunch in one private file.
+            spec_data = envfile.hide(spec.to_json())
             configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
-            if environ is not None:
-                # Kept for a relaunch after a park, private like the key (it may hold secrets).
-                configmod.atomic_write(folder / "environ.json", json.dumps(environ), mode=0o600)
+            envfile.save(folder, environ, spec.env)
             info = self._new_info(job_id, applied, spec_data, folder, spec_warnings)
             job = _Job(info, key)
             try:
@@ -310,6 +312,18 @@ class JobManager:
                    f"(pid {info['pid']})", job_id=job_id,
                    data={"pid": info["pid"], "argv": info["argv"], "warnings": spec_warnings})
         return job_info
+
+    def _env_folder(self, env_from: Optional[str]) -> Optional[Path]:
+        """The folder of the job ``env_from`` names (None: no such job, or none named)."""
+        if not isinstance(env_from, str) or not env_from:
+            return None
+        with self._lock:
+            try:
+                job = self._find(env_from)
+            except LookupError:
+                return None
+        info = job.info if isinstance(job, _Job) else job
+        return self.paths.jobs_dir / str(info["id"])
 
     def _with_preset(self, spec: Any) -> Any:
         """The spec with its preset applied against this machine (GPUs, RAM total), so the
@@ -400,6 +414,8 @@ class JobManager:
                                           if process.nice > 0 else 0))
         else:
             kwargs["start_new_session"] = True
+            if private.user_umask() is not None:
+                kwargs["umask"] = private.user_umask()  # the user's, not the engine's 077
         with _open_job_log(log_path) as out:
             if append:
                 try:
@@ -1027,14 +1043,14 @@ class JobManager:
         return self._public(job)
 
     def _relaunch(self, job: _Job, by: str, reason: str) -> None:
-        from trayapp.jobs.options import JobSpec, SpecError, validate
+        from trayapp.jobs.options import JobSpec, validate
 
-        data = dict(job.info.get("spec") or {})
         try:
+            data = envfile.restore(job.info.get("spec") or {}, self.paths.jobs_dir / job.id)
             spec = dataclasses.replace(JobSpec.from_json(data), resume=True, fresh=False)
             validate(spec, tuple(self._gpus()), check_paths=True)
             spec = self._with_preset(spec)
-        except SpecError as e:
+        except ValueError as e:  # a SpecError, or an --env value that was not kept
             raise ValueError(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
         if not job.key:
             job.key = secrets.token_bytes(32)
@@ -1605,7 +1621,7 @@ def _open_job_log(path: Path) -> Any:
     """The job's log, opened to append (the job's stdout and stderr: O_APPEND, so writes land at
     the end after the log keeper trims it). Raises ValueError saying why it cannot be opened."""
     try:
-        return open(path, "ab")
+        return private.open_private_file(path, "ab")
     except OSError as e:
         raise ValueError(f"cannot start the job: cannot open its log {path}: "
                          f"{e.strerror or one_line(e)}") from None

@@ -32,8 +32,10 @@ from typing import Any, Callable, Deque, Dict, List, Optional, cast
 from PySide6.QtCore import QObject, QSettings, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidget
 
+from trayapp import private
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.private import UnsafePath
 from trayapp.text import one_line
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
@@ -391,8 +393,6 @@ class HeadroomApp(QObject):
 
 def setup_logging(paths: Paths) -> None:
     """The tray's log: everything to ``tray.log`` in the state folder, warnings to stderr."""
-    from logging.handlers import RotatingFileHandler
-
     logger = logging.getLogger("headroom.ui")
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -400,11 +400,11 @@ def setup_logging(paths: Paths) -> None:
         logger.removeHandler(h)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        fh = RotatingFileHandler(paths.data_dir / "tray.log", maxBytes=1_000_000,
-                                 backupCount=2, encoding="utf-8")
+        fh = private.rotating_log_handler(paths.data_dir / "tray.log", max_bytes=1_000_000,
+                                          backups=2)  # no link followed, 0600
         fh.setFormatter(fmt)
         logger.addHandler(fh)
-    except OSError as e:
+    except (OSError, UnsafePath) as e:
         print(f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({one_line(e)})",
               file=sys.stderr)
     sh = logging.StreamHandler(sys.stderr)
@@ -423,7 +423,7 @@ def run_tray(args: Any, paths: Paths) -> int:
         return 2
     try:
         paths.ensure()
-    except (OSError, ConfigError) as e:
+    except (OSError, ConfigError, UnsafePath) as e:
         print(f"headroom: cannot use the state folder {one_line(str(paths.home))}: "
               f"{one_line(e)}", file=sys.stderr)
         return 1

@@ -1089,7 +1089,8 @@ class JobsWindow(QWidget):
             if spec is None:
                 return
             self.buttons["relaunch"].setEnabled(False)
-            self._runner.submit(lambda c: c.job_start(spec), self._relaunched,
+            # The spec shows its --env values hidden; the engine takes them from this job.
+            self._runner.submit(lambda c: c.job_start(spec, env_from=job_id), self._relaunched,
                                 self._action_failed)
             return
         if action == "stop" and not self.confirm(stop_question(job)):

@@ -20,6 +20,7 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
 from trayapp.config import Paths
 from trayapp.engine.client import (
+    EngineBusy,
     EngineClient,
     EngineError,
     EngineUnavailable,
@@ -135,8 +136,9 @@ class EngineWorker(QThread):
         try:
             try:
                 client.ping()
-            except EngineUnavailable:
-                if not self.start_engine:
+            except EngineUnavailable as e:
+                # A busy engine runs: another one would not help.
+                if not self.start_engine or isinstance(e, EngineBusy):
                     raise
                 self.unreachable.emit("starting the engine")
                 self._start_engine(client)
