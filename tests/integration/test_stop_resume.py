@@ -209,8 +209,9 @@ def test_a_runner_that_answers_gets_the_time_to_reach_its_batch(eng: EngineProce
                                   options=MemoryOptions(cpu_only=True),
                                   checkpoint_dir=str(ckpt)).to_json())
     jid = job["id"]
-    wait_for(lambda: job_state(eng, jid).get("hooked") and Path(str(out) + ".epochs").exists(),
-             120, "the first epoch")
+    # Its first batch trained (and now in its 7 s): the stop waits for the second.
+    wait_for(lambda: job_state(eng, jid).get("hooked") and Path(str(out) + ".batches").exists(),
+             120, "the first batch")
     with eng.client() as c:
         c.job_action(jid, "stop")
     done = wait_for(lambda: (lambda j: j if j["state"] == "stopped" else None)(
