@@ -3,8 +3,10 @@
 
 ``headroom run`` exits with the script's exit status: 0 when it finished, its own status when it
 failed (128 + N when signal N ended it), 130 when it was stopped with Ctrl-C, 75 (EX_TEMPFAIL,
-``PARK_EXIT_CODE``) when it was parked and waits for ``headroom resume``, 1 when its end is
-unknown. A job that the guard parks and will resume by itself is followed on.
+``PARK_EXIT_CODE``) when it was parked and waits for ``headroom resume``, 76 (``STOP_EXIT_CODE``)
+when it was stopped (``headroom stop``, the jobs window, the guard; with a checkpoint folder it
+waits for ``headroom resume`` too), 1 when its end is unknown. A job that the guard parks and
+will resume by itself is followed on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from trayapp.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from trayapp.config import Paths, format_bytes
-from trayapp.runner.protocol import PARK_EXIT_CODE
+from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.text import one_line
 
 LIVE_STATES = ("starting", "running", "pausing", "paused", "parking", "stopping")
@@ -117,8 +119,8 @@ def _exit_status(job: Dict[str, Any], interrupted: bool) -> int:
         return EXIT_OK
     if state == "parked":
         return PARK_EXIT_CODE
-    if state == "stopped" and interrupted:
-        return 130
+    if state == "stopped":
+        return 130 if interrupted else STOP_EXIT_CODE
     if isinstance(code, int):
         if code < 0:
             return 128 + (-code)
@@ -423,7 +425,11 @@ class Follower:
             _say(f"job {self.job_id} parked (checkpoint in {where}); continue it with "
                  f"'headroom resume {self.job_id}'")
         elif state == "stopped":
-            _say(f"job {self.job_id} {job.get('end_reason') or 'stopped'}")
+            text = f"job {self.job_id} {job.get('end_reason') or 'stopped'}"
+            if job.get("resumable"):
+                text += (f" (checkpoint in {job.get('checkpoint_dir')}); continue it with "
+                         f"'headroom resume {self.job_id}'")
+            _say(text)
         elif state == "lost":
             _say(f"job {self.job_id}: {job.get('end_reason') or 'its end is unknown'}")
         else:

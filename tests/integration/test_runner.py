@@ -321,7 +321,7 @@ def test_pause_holds_training_park_checkpoints_and_resume_trains_only_the_rest(
 
 
 @pytest.mark.tensorflow
-def test_stop_ends_training_and_lets_the_script_finish(tmp_path, engine, jobs):
+def test_stop_checkpoints_ends_training_and_skips_the_rest_of_the_script(tmp_path, engine, jobs):
     out = tmp_path / "run"
     spec = JobSpec(
         script=str(SCRIPTS / "fit_job.py"),
@@ -335,16 +335,19 @@ def test_stop_ends_training_and_lets_the_script_finish(tmp_path, engine, jobs):
     engine.wait_for(lambda m: m["type"] == "progress" and m["epoch"] >= 2)
     engine.send(protocol.STOP)
     engine.wait_for(of("state", state="stopping"))
-    assert job.wait() == 0, job.output
-    assert Path(str(out) + ".after-fit").exists()  # the rest of the script ran
-    report = json.loads(Path(str(out) + ".json").read_text())
-    assert len(report["epochs_seen"]) < 50
+    saved = engine.wait_for(of("checkpointed", reason="stop"))
+    bye = engine.wait_for(of("bye"))
+    assert job.wait() == protocol.STOP_EXIT_CODE, job.output
+    assert (bye["reason"], bye["exit_code"]) == ("stopped", protocol.STOP_EXIT_CODE)
+    assert not Path(str(out) + ".after-fit").exists(), "the script went on after a stop"
+    assert not Path(str(out) + ".json").exists()
     messages = engine.drain()
     intervals = [m for m in messages if m["type"] == "checkpointed" and m["reason"] == "interval"]
     assert intervals and all(0 < m["step"] < 20 for m in intervals[:2])
-    # Stopped is finished: a resumed script would not train this fit again.
+    # Stopped is not finished: the checkpoint holds where training was, for a resume.
     meta = json.loads((tmp_path / "checkpoints" / "fit-1" / "training_metadata.json").read_text())
-    assert (meta["epoch"], meta["headroom"]["finished"]) == (50, True)
+    assert (meta["epoch"], meta["headroom"]["batches_done"]) == (saved["epoch"], saved["step"])
+    assert meta["headroom"]["finished"] is False and 1 <= meta["epoch"] < 50
 
 
 @pytest.mark.tensorflow

@@ -81,8 +81,8 @@ def test_summary_without_gpus_and_with_checkpoints() -> None:
     assert "Checkpoints go to /ck every 200 steps; the job continues from the last one." in text
     assert text.endswith("After a park it waits for you to resume it.")
     every_epoch = summary_text(spec(checkpoint_dir="/ck"), [])
-    assert "Checkpoints go to /ck every epoch, so a parked job continues where it was." in \
-        every_epoch
+    assert "Checkpoints go to /ck every epoch, so a parked or stopped job continues where it " \
+        "was." in every_epoch
 
 
 def test_field_parsers() -> None:

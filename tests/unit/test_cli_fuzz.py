@@ -18,7 +18,8 @@ from trayapp.jobs.options import SpecError, spec_from_cli, validate
 RUN_FLAGS = ["--python", "--gpu", "--cpu-only", "--memory-growth", "--no-memory-growth",
              "--vram-limit", "--vram-reserve", "--allocator", "--precision", "--xla",
              "--no-xla", "--threads", "--ram-budget", "--vram-budget", "--checkpoint-dir",
-             "--checkpoint-every", "--resume", "--manual-resume", "--preset", "--name", "--cwd",
+             "--checkpoint-every", "--resume", "--fresh", "--manual-resume", "--preset", "--name",
+             "--cwd",
              "--env", "--dry-run", "--bogus", "-x"]
 VALUES = st.sampled_from(["0", "1", "-1", "0,1", "4,2", "1024", "1e3", "abc", "", " ", "bfc",
                           "cuda_malloc_async", "mixed_float16", "desktop-safe", "throughput",

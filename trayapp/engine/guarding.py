@@ -244,14 +244,21 @@ class GuardService:
         if view.vram_budget_bytes and view.pids and gpus:
             view = replace(view, vram_bytes=tree_vram(view.pids, gpus))
         # The manager samples trees four times a second; a job with a RAM budget is read
-        # every tick (its known pids only: new children come with the next tree sample).
+        # every tick (its known pids only: new children come with the next tree sample),
+        # its shared pages counted once as the manager's last exact reading measured them.
         if view.ram_budget_bytes and view.state in guard.RUNNING_STATES and view.pids:
-            rss = pids_rss(view.pids)
+            rss = self._tree_bytes(view)
             if rss is not None:
                 if view.rss_bytes is not None and rss < view.rss_bytes // 2:
                     rss = view.rss_bytes  # members missing from the known pids
                 view = replace(view, rss_bytes=rss)
         return view
+
+    def _tree_bytes(self, view: JobView) -> Optional[int]:
+        """The job's memory now, each page once (the manager's meter), else its summed RSS."""
+        reader = getattr(self.engine.jobs, "tree_bytes", None)
+        counted = reader(view.id, view.pids) if reader is not None else None
+        return counted if counted is not None else pids_rss(view.pids)
 
     def _input(self, snap: Snapshot, jobs: Tuple[JobView, ...]) -> GuardInput:
         fresh = snap.gpus is not self._gpus_seen

@@ -12,7 +12,8 @@ escalation, pause deadlines and reaping all advance in ``tick``.
 
 A parked job that is resumed is relaunched under the same id (same folder, log and channel,
 ``runs`` counts the launches) with its spec's ``resume`` set, so the runner continues from the
-checkpoint.
+checkpoint. So is a stopped job that has a checkpoint folder: the runner's stop saves where
+training is, ends ``fit()`` and exits with ``STOP_EXIT_CODE`` before the rest of the script.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import psutil
 
@@ -68,9 +69,11 @@ MAX_NOTES = 50
 RECENT_ENDED = 50
 
 # Stop escalation, seconds spent at each step before the next one.
-# The runner's own stop ends fit() at a batch end; the script then ends as it would after
-# training (saving its model, say), so it gets a little time.
+# The runner's own stop checkpoints, ends fit() at the next batch and exits; a runner that
+# answers "stopping" (a fit() runs) gets the longer time to reach the batch and save, unless the
+# guard asked (its last resort when memory runs out).
 STOP_ASK_SECONDS = 5.0
+STOP_RUNNER_SECONDS = 60.0
 STOP_INT_SECONDS = 3.0  # SIGINT (CTRL_BREAK_EVENT on Windows)
 STOP_TERM_SECONDS = 3.0  # SIGTERM; then SIGKILL
 KILL_WAIT_SECONDS = 5.0  # after SIGKILL, how long to wait for the tree to vanish
@@ -102,6 +105,7 @@ class _Job:
         self.park_note: Tuple[str, str] = ("user", "")
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
         self.exit_seen = False
+        self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
 
     @property
     def id(self) -> str:
@@ -441,13 +445,14 @@ class JobManager:
         info.update(state="starting", pid=popen.pid, pids=[popen.pid], create_time=create_time,
                     argv=list(plan.argv), cwd=str(plan.cwd) if plan.cwd else None,
                     exit_code=None, ended=None, end_reason=None, bye=None, hooked=False,
-                    runs=int(info.get("runs") or 0) + 1, eta_seconds=None,
+                    runs=int(info.get("runs") or 0) + 1, eta_seconds=None, resumable=False,
                     paused_by=None, pause_reason=None, pause_mode=None, paused_at=None)
         for w in getattr(plan, "warnings", ()) or ():
             if w not in info["warnings"]:
                 info["warnings"].append(w)
         job.known = {popen.pid: job.process} if job.process is not None else {}
         job.exit_seen = False
+        job.meter = None  # a new tree
         job.stop_stage = 0
         job.pause_deadline = None
         job.rate_ref = None
@@ -590,6 +595,8 @@ class JobManager:
             self._send(job, rp.PAUSE)
         elif info["state"] == "parking":
             self._send(job, rp.PARK)
+        elif info["state"] == "stopping" and job.stop_stage == 1:
+            self._send(job, rp.STOP)
         elif info["state"] == "paused" and info.get("pause_mode") == "cooperative" \
                 and runner_state == "running":
             info.update(state="running", pause_mode=None, paused_by=None, pause_reason=None)
@@ -633,6 +640,11 @@ class JobManager:
         elif state == "parking" and info["state"] in ("running", "pausing", "paused"):
             info["state"] = "parking"
             self._save(job)
+        elif state == "stopping" and info["state"] == "stopping" and job.stop_stage == 1 \
+                and job.stop_note[0] != "guard":
+            # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
+            # (The guard's stop is its last resort when memory runs out: it does not wait.)
+            job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
         info["runner_state"] = state
 
     def _on_note(self, job: _Job, msg: messages.Note, events: List[_Event]) -> None:
@@ -686,7 +698,10 @@ class JobManager:
         mem = tree_memory(int(pid), gpus)
         if mem is None:
             return
-        job.info["rss_bytes"] = mem.tree_rss_bytes
+        counted = self._meter(job).sample(mem.tree_pids)
+        # Each page once (PSS) where the system tells, else the summed RSS.
+        job.info["rss_bytes"] = counted if counted is not None else mem.tree_rss_bytes
+        job.info["memory_method"] = job.meter.method
         job.info["vram_bytes"] = mem.vram_bytes
         job.info["pids"] = list(mem.tree_pids)
         for p in mem.tree_pids:
@@ -695,6 +710,25 @@ class JobManager:
                     job.known[p] = psutil.Process(p)
                 except psutil.Error:
                     pass
+
+    @staticmethod
+    def _meter(job: _Job) -> Any:
+        if job.meter is None:
+            from trayapp.probes.processes import TreeMeter
+
+            job.meter = TreeMeter()
+        return job.meter
+
+    def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:
+        """A job's memory now from its processes ``pids``, each page counted once as of the
+        last exact reading (cheap enough for every guard tick); None for a job not watched or
+        no readable process."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            meter = job.meter if job is not None else None
+        if meter is None:
+            return None
+        return meter.read(pids)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -749,6 +783,8 @@ class JobManager:
         if job.exit_seen:
             # A stop ends only when the whole tree is gone; anything else ends with its root.
             if job.state == "stopping" and self._remnants(job):
+                if job.stop_stage == 1:
+                    self._stop_step(job, 2)  # the runner is gone: no one left to ask
                 self._advance_stop(job, now)
                 return
             if job.state == "parking":
@@ -800,12 +836,15 @@ class JobManager:
             kind, level = "job_parked", "info"
             message = f"job {job.id} ({info['name']}) parked; resume it with " \
                       f"'headroom resume {job.id}'"
-        elif was == "stopping":
+        elif was == "stopping" or (bye.get("reason") == "stopped"
+                                   and code == rp.STOP_EXIT_CODE):
             state = "stopped"
             by, reason = job.stop_note
             end_reason = f"stopped by {by}" + (f": {reason}" if reason else "")
             kind, level = "job_stopped", "info"
             message = f"job {job.id} ({info['name']}) {end_reason}"
+            if info.get("checkpoint_dir"):
+                message += f"; continue it from its checkpoint with 'headroom resume {job.id}'"
         elif code is None:
             state = "lost"
             end_reason = "the process ended while no engine watched it (exit status unknown)" \
@@ -823,7 +862,8 @@ class JobManager:
             message = f"job {job.id} ({info['name']}) failed ({end_reason})"
         info.update(state=state, exit_code=code, ended=_now(), end_reason=end_reason,
                     pids=[], rss_bytes=None, vram_bytes=None, eta_seconds=None,
-                    pause_mode=None, connected=False)
+                    pause_mode=None, connected=False,
+                    resumable=state == "parked" or _resumable_stop(info, state))
         self._close_channel(job)
         job.popen = None
         self._remnants(job)
@@ -934,6 +974,8 @@ class JobManager:
         events: List[_Event] = []
         with self._lock:
             job = self._find(job_ref)
+            if not isinstance(job, _Job) and job.get("state") == "stopped":
+                return self._resume_stopped(job, by, reason)
             if not isinstance(job, _Job):
                 state = job.get("state")
                 raise ValueError(f"job {job.get('id')} is {state}; only a paused or parked job "
@@ -976,12 +1018,36 @@ class JobManager:
             except psutil.Error:
                 pass
 
+    def _resume_stopped(self, saved: Dict[str, Any], by: str, reason: str) -> Dict[str, Any]:
+        """Relaunch a stopped job from its checkpoint under the same id, as a parked one."""
+        job_id = str(saved.get("id"))
+        if not saved.get("checkpoint_dir"):
+            raise ValueError(f"job {job_id} was stopped and has no checkpoint folder: there is "
+                             "nothing to continue from (start it again with 'headroom run')")
+        folder = self.paths.jobs_dir / job_id
+        if not folder.is_dir():
+            raise ValueError(f"job {job_id} cannot be relaunched: its folder {folder} is gone")
+        try:
+            key = (folder / "key").read_bytes()
+        except OSError:
+            key = b""
+        info = copy.deepcopy(saved)
+        reset = messages.clean_record(info)  # it may come from the store: checked as adopted
+        if reset:
+            log.warning("job %s: its saved %s did not pass the checks; reset", job_id,
+                        ", ".join(reset))
+        job = _Job(info, key)
+        self._relaunch(job, by, reason)
+        self._ended.pop(job_id, None)
+        self._jobs[job_id] = job
+        return self._public(job)
+
     def _relaunch(self, job: _Job, by: str, reason: str) -> None:
         from trayapp.jobs.options import JobSpec, validate
 
         try:
             data = envfile.restore(job.info.get("spec") or {}, self.paths.jobs_dir / job.id)
-            spec = dataclasses.replace(JobSpec.from_json(data), resume=True)
+            spec = dataclasses.replace(JobSpec.from_json(data), resume=True, fresh=False)
             validate(spec, tuple(self._gpus()), check_paths=True)
             spec = self._with_preset(spec)
         except ValueError as e:  # a SpecError, or an --env value that was not kept
@@ -1066,7 +1132,8 @@ class JobManager:
         """A parked job has no process: stopping it just closes it (the checkpoint stays)."""
         info = job.info
         info.update(state="stopped", end_reason=f"stopped by {by} while parked"
-                    + (f": {reason}" if reason else ""), ended=_now())
+                    + (f": {reason}" if reason else ""), ended=_now(),
+                    resumable=_resumable_stop(info, "stopped"))
         self._save(job)
         self._jobs.pop(job.id, None)
         self._ended[job.id] = copy.deepcopy(info)
@@ -1535,6 +1602,11 @@ def _complete_utf8(data: bytes) -> int:
             need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4
             return n if back >= need else n - back
     return n
+
+
+def _resumable_stop(info: Dict[str, Any], state: str) -> bool:
+    """A stopped job with a checkpoint folder continues from it on ``resume``."""
+    return state == "stopped" and bool(info.get("checkpoint_dir"))
 
 
 def _budget(spec: Any, name: str) -> Optional[int]:

@@ -111,6 +111,7 @@ class JobSpec:
     checkpoint_dir: Optional[str] = None
     checkpoint_every_steps: Optional[int] = None  # None: every epoch
     resume: bool = False
+    fresh: bool = False  # start over on a checkpoint folder that holds one (deleted as it starts)
     preset: Optional[str] = None
     auto_resume: Optional[bool] = None  # None: the guard's default
 
@@ -162,6 +163,7 @@ class JobSpec:
                 "checkpoint_every_steps", d.get("checkpoint_every_steps")
             ),
             "resume": _want_bool("resume", d.get("resume", False)),
+            "fresh": _want_bool("fresh", d.get("fresh", False)),
             "preset": _want_opt_str("preset", d.get("preset")),
             "auto_resume": _want_opt_bool("auto_resume", d.get("auto_resume")),
         }
@@ -461,6 +463,10 @@ def validate(spec: JobSpec, gpus: Sequence[GpuReading] = (), check_paths: bool =
                 warnings.append(f"{flag} has no effect with --cpu-only")
     if spec.resume and not spec.checkpoint_dir:
         raise SpecError("--resume needs --checkpoint-dir (where the checkpoints are)")
+    if spec.fresh and spec.resume:
+        raise SpecError("--resume and --fresh cannot be combined: continue, or start over")
+    if spec.fresh and not spec.checkpoint_dir:
+        raise SpecError("--fresh needs --checkpoint-dir (the checkpoint it starts over from)")
     if spec.checkpoint_every_steps is not None and not spec.checkpoint_dir:
         raise SpecError("--checkpoint-every needs --checkpoint-dir")
     if spec.name is not None and (not spec.name.strip() or "\n" in spec.name):
@@ -546,6 +552,27 @@ def _check_paths(spec: JobSpec) -> None:
     if spec.checkpoint_dir is not None and os.path.exists(spec.checkpoint_dir):
         if not os.path.isdir(spec.checkpoint_dir):
             raise SpecError(f"--checkpoint-dir: not a folder: {spec.checkpoint_dir}")
+        if not spec.resume and not spec.fresh and holds_checkpoint(spec.checkpoint_dir):
+            raise SpecError(
+                f"--checkpoint-dir: {spec.checkpoint_dir} holds a checkpoint; continue from it "
+                "with --resume, or start over with --fresh (it is deleted as the run starts)"
+            )
+
+
+def holds_checkpoint(folder: str) -> bool:
+    """Whether ``folder`` holds a checkpoint a job wrote (a ``fit-<n>`` folder with its files)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    for name in names:
+        if name.startswith("fit-") and name[4:].isdigit():
+            sub = os.path.join(folder, name)
+            if os.path.isfile(os.path.join(sub, "training_metadata.json")) or os.path.isfile(
+                os.path.join(sub, "latest.weights.h5")
+            ):
+                return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,6 +626,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint every STEPS batches (default: every epoch)",
     )
     b.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    b.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over on a checkpoint folder that holds a checkpoint (deleted as the run "
+        "starts)",
+    )
     b.add_argument(
         "--manual-resume",
         action="store_true",
@@ -730,6 +763,7 @@ def spec_from_cli(ns: argparse.Namespace) -> JobSpec:
             "--checkpoint-every", arg("checkpoint_every"), "a number of steps"
         ),
         resume=bool(arg("resume", False)),
+        fresh=bool(arg("fresh", False)),
         preset=arg("preset"),
         auto_resume=False if arg("manual_resume", False) else None,
     )

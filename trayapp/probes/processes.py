@@ -1,13 +1,27 @@
 """Per-process and process-tree memory: RSS from psutil, VRAM from the GPU readings.
 
-Tree RSS is the sum of the members' RSS, so pages shared between them (forked workers,
-shared libraries) count more than once: an upper bound, which is the safe side for a guard.
+``tree_memory``'s tree RSS is the sum of the members' RSS, so pages shared between them (forked
+workers, shared libraries) count more than once: 200 forked workers of a 12 MB parent add up to
+2.5 GiB. ``TreeMeter`` counts each page once (see there); a job's memory is read with it.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, List, Optional, Tuple
+import os
+import sys
+import time
+from typing import (
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import psutil
 
@@ -109,3 +123,268 @@ def top_consumers(limit: int = 5) -> List[Tuple[int, str, int]]:
             continue
         rows.append((proc.pid, info.get("name") or "", int(mem.rss)))
     return heapq.nlargest(max(0, limit), rows, key=lambda r: r[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# A tree's memory with each page counted once
+
+# Exact readings (smaps_rollup) cost about 6 us per resident MB of each member (the kernel walks
+# its page tables), hundreds of times a statm read (benchmarks/bench_tree_memory.py). So a pass
+# over the tree is spread over the samples, at most this long in each (at 4 samples a second: 2%
+# of a core while a pass runs)...
+EXACT_SLICE_SECONDS = 0.005
+# ...and passes take at most this share of a core on average (a changed tree starts one at once).
+EXACT_SHARE = 0.01
+EXACT_MIN_SECONDS = 0.25  # a cheap tree is read exactly at most 4 times a second
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LINUX = sys.platform.startswith("linux")
+
+
+def rss_bytes(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """A process's RSS; None when it is gone or unreadable. On Linux one read of its statm."""
+    if _LINUX:
+        try:
+            fd = os.open(f"{proc_root}/{pid}/statm", os.O_RDONLY)
+            try:
+                data = os.read(fd, 256)
+            finally:
+                os.close(fd)
+            return int(data.split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+def _field_kb(data: bytes, name: bytes) -> Optional[int]:
+    at = data.find(b"\n" + name)
+    if at < 0:
+        return None
+    start = at + 1 + len(name)
+    end = data.find(b"kB", start)
+    try:
+        return int(data[start:end]) * 1024 if end > 0 else None
+    except ValueError:
+        return None
+
+
+def rss_pss_bytes(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int]]:
+    """(RSS, PSS) of a process from one read of ``/proc/<pid>/smaps_rollup`` (Linux 4.14 and
+    later). PSS counts each page a 1/n share where n processes map it, so PSS summed over a tree
+    counts every page once. None when the file is missing or unreadable (another user's
+    process, an older kernel, not Linux) or the process is gone."""
+    both = rollup_bytes(pid, proc_root)
+    return None if both is None else (both[0], both[1])
+
+
+def rollup_bytes(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int, int]]:
+    """(RSS, PSS, USS) of a process from ``smaps_rollup``, USS being its private pages; None as
+    for ``rss_pss_bytes``."""
+    try:
+        fd = os.open(f"{proc_root}/{pid}/smaps_rollup", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    rss, pss = _field_kb(data, b"Rss:"), _field_kb(data, b"Pss:")
+    if rss is None or pss is None:
+        return None
+    uss = (_field_kb(data, b"Private_Clean:") or 0) + (_field_kb(data, b"Private_Dirty:") or 0)
+    return rss, pss, min(uss, pss)
+
+
+def pss_available(proc_root: str = "/proc") -> bool:
+    """Whether this system has ``smaps_rollup`` (Linux 4.14 and later)."""
+    return _LINUX and os.path.exists(f"{proc_root}/self/smaps_rollup")
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _boot_clock() -> float:
+    """Seconds since boot, on the clock /proc/<pid>/stat's start times use."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if _LINUX else 0.0
+
+
+def _origin(pid: int, proc_root: str) -> Optional[Tuple[int, float, bytes]]:
+    """(parent pid, start in seconds since boot, command line) of a process; None if gone."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return int(fields[1]), int(fields[19]) / _TICKS, cmdline
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Record(NamedTuple):
+    """What the meter knows of one member."""
+
+    rss: int  # bytes resident when recorded
+    shared: int  # of them, the part other members count too (RSS - PSS)
+    exact: bool  # measured from smaps_rollup (else a guess until it is)
+    when: float  # seconds since boot when recorded
+    parent: int = 0  # the member it was forked from (0: none known)
+    start: float = 0.0  # when it started, seconds since boot
+    uss: int = 0  # measured: its private pages (its PSS less its share of the shared ones)
+    parent_share: int = 0  # measured: its parent's share of shared pages (PSS - USS) then...
+    parent_when: float = 0.0  # ...as the parent was last measured before (0.0: not measured)
+
+    @property
+    def share(self) -> int:
+        """Its share of the pages it shares (PSS - USS); 0 when not measured."""
+        return max(0, self.rss - self.shared - self.uss) if self.exact else 0
+
+
+class TreeMeter:
+    """One process tree's memory (a job's), each page counted once, cheaply enough for every
+    guard tick.
+
+    Exact readings take each member's PSS (and RSS) from ``smaps_rollup``: their sum counts
+    every page once, where the summed RSS counts a page shared by 200 forked workers 200 times.
+    They cost in proportion to what is resident, so ``sample(pids)`` (the launcher, up to 4
+    times a second) spreads a pass over the members across samples (``EXACT_SLICE_SECONDS``
+    each). A pass starts when the tree gains a member (the parents of the new members first,
+    then the new members) and otherwise as often as ``EXACT_SHARE`` of a core allows.
+
+    Every reading (``read``, also the guard's fast tick) is each member's RSS from statm less
+    its shared part (RSS - PSS) as last measured: memory a member allocates counts in full at
+    once; pages a member stops sharing (a copy on write) or a sharer's exit, which raise the
+    others' share, count from the next exact reading; but when a member's parent is measured
+    again and its share of their shared pages (PSS less its private pages) fell, more sharers
+    came, and the member's share falls as much. A member not measured yet that was forked
+    (without exec: the same command line as its parent) shares its parent's pages: it counts
+    the parent's share of them when the parent was measured since the fork, else nothing of
+    what the parent has (the parent counts those in full). Any other member counts at its RSS
+    until measured, as does one whose ``smaps_rollup`` is unreadable. Without ``smaps_rollup``
+    (older kernels, Windows, macOS) the meter is the summed RSS (``method`` "rss").
+    """
+
+    def __init__(self, proc_root: str = "/proc", *, exact: Optional[bool] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.proc_root = proc_root
+        self._clock = clock
+        self.exact_available = pss_available(proc_root) if exact is None else exact
+        # Replaced, never changed in place: a reading on another thread sees one whole version.
+        self._rec: Dict[int, _Record] = {}
+        self._queue: List[int] = []  # members still to measure in this pass
+        self._pass_started = 0.0
+        self._pass_cost = 0.0
+        self._next_pass = 0.0  # monotonic: when the next periodic pass is due
+        self.pass_seconds: Optional[float] = None  # what the last whole pass cost
+        self.method = "rss"  # "pss" once a member was counted by its PSS
+
+    def sample(self, pids: Sequence[int]) -> Optional[int]:
+        """The tree's bytes now (see the class), after this sample's share of exact readings;
+        None when no member is readable."""
+        if not self.exact_available:
+            return self.read(pids)
+        now = self._clock()
+        rec = self._rec
+        new = [p for p in pids if p not in rec]
+        if new:
+            rec = dict(rec)
+            for p in new:
+                rec[p] = self._guess(p, rec)
+            self._rec = rec
+            # Sharing changed for all: a pass over every member, the new ones' parents first,
+            # then those not measured yet.
+            parents = {rec[p].parent for p in new}
+            first = [p for p in pids if p in parents] + [p for p in pids if not rec[p].exact]
+            first = list(dict.fromkeys(first))
+            self._queue = first + [p for p in pids if p not in set(first)]
+            if not self._pass_cost:
+                self._pass_started = now
+        elif not self._queue and now >= self._next_pass:
+            self._queue = [p for p in pids if not rec[p].exact] + \
+                [p for p in pids if rec[p].exact]
+            self._pass_started, self._pass_cost = now, 0.0
+        if self._queue:
+            self._measure(frozenset(pids))
+        return self.read(pids)
+
+    def read(self, pids: Sequence[int]) -> Optional[int]:
+        """The tree's bytes from each member's RSS less its shared part as last measured (see
+        the class); None when no member is readable. One statm read a member."""
+        rec = self._rec
+        seen: Dict[int, int] = {}
+        total, found = 0, False
+        for pid in pids:
+            rss = rss_bytes(pid, self.proc_root)
+            if rss is None:
+                continue
+            found = True
+            seen[pid] = rss
+            r = rec.get(pid)
+            if r is None:
+                total += rss
+                continue
+            shared = r.shared
+            parent = rec.get(r.parent) if r.parent else None
+            if not r.exact and r.parent:
+                if parent is None:
+                    shared = 0
+                elif parent.exact and parent.when >= r.start:
+                    # Measured since the fork: it holds the parent's share of their pages.
+                    shared = rss - min(rss, parent.share)
+                else:
+                    shared = seen.get(r.parent, parent.rss)  # all the parent has
+            elif parent is not None and parent.exact and parent.when > r.parent_when \
+                    and r.parent_when:
+                # The parent was measured again since: more sharers of their pages lowered its
+                # share, and every sharer's alike (never raised here: that waits for a pass).
+                shared += max(0, r.parent_share - parent.share)
+            total += rss - min(rss, shared)
+        return total if found else None
+
+    def _guess(self, pid: int, rec: Dict[int, _Record]) -> _Record:
+        """A new member's record until it is measured (see the class)."""
+        now = _boot_clock()
+        rss = rss_bytes(pid, self.proc_root) or 0
+        mine = _origin(pid, self.proc_root)
+        if mine is not None and mine[0] in rec:
+            theirs = _origin(mine[0], self.proc_root)
+            if theirs is not None and theirs[2] == mine[2]:
+                return _Record(rss, 0, False, now, parent=mine[0], start=mine[1])
+        return _Record(rss, 0, False, now)
+
+    def _measure(self, members: FrozenSet[int]) -> None:
+        start = self._clock()
+        rec = dict(self._rec)
+        while self._queue:
+            pid = self._queue.pop(0)
+            if pid not in members:
+                continue
+            when = _boot_clock()
+            old = rec.get(pid)
+            link = old.parent if old is not None else 0
+            parent = rec.get(link) if link else None
+            then = (parent.share, parent.when) if parent is not None and parent.exact \
+                else (0, 0.0)
+            got = rollup_bytes(pid, self.proc_root)
+            if got is None:
+                rss = rss_bytes(pid, self.proc_root)
+                rec[pid] = _Record(rss or 0, 0, True, when)  # unreadable: counted at its RSS
+            else:
+                rss, pss, uss = got
+                rec[pid] = _Record(rss, max(0, rss - pss), True, when, link,
+                                   old.start if old is not None else 0.0, uss, *then)
+                self.method = "pss"
+            if self._clock() - start >= EXACT_SLICE_SECONDS:
+                break
+        self._pass_cost += max(0.0, self._clock() - start)
+        if not self._queue:
+            rec = {p: r for p, r in rec.items() if p in members}
+            self.pass_seconds = self._pass_cost
+            self._next_pass = self._pass_started + max(EXACT_MIN_SECONDS,
+                                                       self._pass_cost / EXACT_SHARE)
+            self._pass_cost = 0.0
+        self._rec = rec

@@ -146,6 +146,11 @@ class Session:
     def on_command(self, message):
         kind = message["type"]
         reply = self.control.request(kind)
+        if kind == protocol.STOP and self.active_run is None:
+            # "stopping" would say that fit() ends at its next batch; with no fit() running the
+            # engine interrupts the script instead (a fit() that starts first ends at once).
+            self.note("info", "no Keras fit() running: the stop interrupts the script")
+            return
         if reply:
             self.send_state(reply)
         if self.active_run is None and kind != protocol.RESUME:
@@ -225,13 +230,21 @@ class Session:
 
     def exit_parked(self):
         """End the process right after a parked fit() returns; nothing more of the script runs."""
-        self.finish(protocol.PARK_EXIT_CODE, reason="parked")
+        self._exit_now(protocol.PARK_EXIT_CODE, "parked")
+
+    def exit_stopped(self):
+        """End the process right after a stopped fit() returns; nothing more of the script
+        runs (it could overwrite what the user saved with a half-trained model)."""
+        self._exit_now(protocol.STOP_EXIT_CODE, "stopped")
+
+    def _exit_now(self, code, reason):
+        self.finish(code, reason=reason)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
-        self._exit(protocol.PARK_EXIT_CODE)
+        self._exit(code)
 
     # -- the end ----------------------------------------------------------------------------
 

@@ -24,6 +24,11 @@ ENV_PROCESS = "HEADROOM_JOB_PROCESS"
 # 75 is EX_TEMPFAIL in sysexits.h: "try again later", which is what a parked job means.
 PARK_EXIT_CODE = 75
 
+# Exit status of a job that was stopped on request: its fit() ended at a batch (after a
+# checkpoint, when the job has a checkpoint folder) and the rest of the script did not run.
+# Next to the park status; a stopped job with a checkpoint folder is resumed like a parked one.
+STOP_EXIT_CODE = 76
+
 # Exit status when an option needs TensorFlow (or Keras) and the job's Python does not have it.
 # 69 is EX_UNAVAILABLE in sysexits.h: a required service is not there.
 NO_TENSORFLOW_EXIT_CODE = 69
@@ -38,9 +43,10 @@ MAX_MESSAGE_BYTES = 1 << 20
 HELLO = "hello"  # applied options, versions, devices, whether fit() is hooked
 PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory
 STATE = "state"  # state: running | pausing | paused | checkpointing | parking | stopping
+# ("stopping" only while a fit() runs: the runner ends it at the next batch and exits)
 CHECKPOINTED = "checkpointed"  # path, epoch
 NOTE = "note"  # level, message (e.g. "no fit() call: progress not available")
-BYE = "bye"  # reason: finished | parked | error, exit_code
+BYE = "bye"  # reason: finished | parked | stopped | error, exit_code
 
 # Fields, as the runner sends them (fields may be added, never renamed):
 #   hello: job_id, pid, python (executable), python_version, script, options (as received),
@@ -55,7 +61,7 @@ BYE = "bye"  # reason: finished | parked | error, exit_code
 #          the last one as the job ends).
 #   state: state, and for paused: epoch (1-based), step (batches done in it).
 #   checkpointed: path (folder), epoch (epochs done), step (batches done in the next epoch),
-#          fit, reason ("request" | "park" | "interval" | "epoch" | "end").
+#          fit, reason ("request" | "park" | "stop" | "interval" | "epoch" | "end").
 #   note: level ("info" | "warn" | "error"), message (one line).
 #   bye: reason, exit_code (a negative number is the signal that ended the script).
 

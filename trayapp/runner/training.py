@@ -1,4 +1,4 @@
-"""The ``keras.Model.fit`` hook: progress, cooperative pause, checkpoints and park.
+"""The ``keras.Model.fit`` hook: progress, cooperative pause, checkpoints, park and stop.
 
 The hook adds callbacks around the user's own (theirs still run, in their order) and acts only at
 batch boundaries, on the training thread, where the weights are consistent.
@@ -16,6 +16,11 @@ epoch were done (``headroom.batches_done``); on resume (TensorFlow backend) the 
 drops that many batches of the restarted epoch instead of training on them, so at most the batches
 since the last checkpoint are trained twice. On other backends the restarted epoch is trained
 from its first batch.
+
+Park and stop both save where training is (with a checkpoint folder) and end ``fit()`` at the
+batch; the job then exits (``PARK_EXIT_CODE`` / ``STOP_EXIT_CODE``) without running the rest of
+the script, and the checkpoint stays resumable. A stop without a checkpoint folder ends the same
+way, with nothing saved.
 """
 
 import json
@@ -35,6 +40,10 @@ _PROGRESS_SECONDS = 0.25
 
 class Parked(BaseException):
     """Ends a Keras 2 fit() at once on park (its BackupAndRestore would count the epoch done)."""
+
+
+class Stopped(Parked):
+    """The same on stop."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,7 +100,11 @@ class Control:
         with self._cond:
             while True:
                 if self.stop and not run.stopping:
-                    run.request_stop()
+                    self._cond.release()
+                    try:
+                        run.request_stop()
+                    finally:
+                        self._cond.acquire()
                 if self.park and not self.parked:
                     self.parked = True
                     self._cond.release()
@@ -183,10 +196,19 @@ class FitRun:
     # -- checkpoint files -------------------------------------------------------------------
 
     def prepare_folder(self):
-        """Without --resume a job starts fresh: drop this fit's old checkpoint folder."""
-        if self.dir and not self.session.options["resume"] and os.path.isdir(self.dir):
-            import shutil
+        """Without --resume a job starts fresh: its first fit() drops the old checkpoint (every
+        ``fit-<n>`` folder, so no later fit resumes from an older run), each later one its own
+        folder. Done here, as training starts, so a run that never gets there loses nothing."""
+        if not self.dir or self.session.options["resume"]:
+            return
+        import shutil
 
+        base = os.path.dirname(self.dir)
+        if self.index == 1 and os.path.isdir(base):
+            for name in os.listdir(base):
+                if name.startswith("fit-") and name[4:].isdigit():
+                    shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        elif os.path.isdir(self.dir):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def read_metadata(self):
@@ -239,7 +261,14 @@ class FitRun:
 
     # -- what the engine asked for ----------------------------------------------------------
 
-    def request_stop(self):
+    def request_stop(self, save=True):
+        """End fit() at this batch, after saving where training is (with a checkpoint folder,
+        once this fit trained something: else what is on disk is already where it stands)."""
+        if not self.keras3:
+            raise Stopped()  # as for park: Keras 2 would record the stopped epoch as done
+        if save and self.dir is not None and self.trained:
+            epoch, done = self.position
+            self.save(epoch, done, "stop")
         self.stopping = True
         self.model.stop_training = True
 
@@ -299,7 +328,7 @@ class FitRun:
             except Exception:
                 self.gpu_names = []
         if self.session.control.stop:
-            self.request_stop()
+            self.request_stop(save=False)
 
     def epoch_begin(self, epoch):
         self.epoch = epoch
@@ -344,7 +373,8 @@ class FitRun:
             self.position = (epoch + 1, 0)
             if self.steps is None and done:
                 self.steps = done
-            if self.dir and self.keras3 and not self.every and not self.session.control.parked:
+            if self.dir and self.keras3 and not self.every and not self.stopping \
+                    and not self.session.control.parked:
                 self.save(epoch + 1, 0, "epoch", finished=epoch + 1 >= (self.epochs or 0))
         self._last_progress = time.monotonic()
         self._progress(epoch, self.steps if complete else done, logs)
@@ -352,12 +382,12 @@ class FitRun:
             self.session.control.serve(self)
 
     def train_end(self, logs):
-        if self.session.control.parked or not self.keras3 or not self.dir:
-            return
+        if self.session.control.parked or self.stopping or not self.keras3 or not self.dir:
+            return  # parked or stopped: the checkpoint says where training stands
         if self.last_saved == (self.epochs, 0) or (self.restored_finished and not self.trained):
             return
-        # A finished fit (also one stopped early): a resumed script restores these weights and
-        # trains no more epochs of it.
+        # A finished fit (also one the script's own callbacks stopped early): a resumed script
+        # restores these weights and trains no more epochs of it.
         self.save(self.epochs, 0, "end", finished=True)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -596,6 +626,9 @@ def install(keras, session):
             # end here as well as at a batch.
             session.control.parked = True
             session.exit_parked()
+        if session.control.stop:
+            # Stopped (at a batch, or as fit() was ending): the rest of the script does not run.
+            session.exit_stopped()
         return history
 
     fit.__headroom_fit__ = True  # type: ignore[attr-defined]

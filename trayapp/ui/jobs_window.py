@@ -63,6 +63,7 @@ from PySide6.QtWidgets import (
 
 from trayapp.config import format_bytes
 from trayapp.engine.client import EngineClient
+from trayapp.jobs.options import holds_checkpoint
 from trayapp.ui.forms import (
     ERROR_STYLE,
     NOTE_STYLE,
@@ -193,7 +194,38 @@ def actions_for(job: Optional[JobDict]) -> Tuple[str, ...]:
     """The actions a job's state allows (the engine has the last word)."""
     if not job:
         return ()
+    if job.get("state") == "stopped" and job.get("resumable"):
+        return ("resume",)  # stopped with a checkpoint folder: continues from it
     return JOB_ACTIONS.get(str(job.get("state")), ())
+
+
+def stop_question(job: JobDict) -> str:
+    """What the stop confirmation asks: what stop does to the checkpoint and to the script."""
+    name = f"{job.get('name')} ({job.get('id')})"
+    if not job.get("hooked"):
+        return (f"Stop {name}? It is interrupted (as with Ctrl-C), then ended by force if it "
+                "does not end; the rest of its script does not run.")
+    if job.get("checkpoint_dir"):
+        return (f"Stop {name}? It saves a checkpoint and ends at the next batch; the rest of "
+                "its script (after fit()) does not run. Resume continues it from the "
+                "checkpoint.")
+    return (f"Stop {name}? It ends at the next batch; the rest of its script (after fit()) "
+            "does not run. It has no checkpoint folder, so its training progress is lost; "
+            "Park needs one.")
+
+
+RELAUNCH_CHOICES = ("Continue from the checkpoint", "Start over (the checkpoint is deleted)")
+
+
+def relaunch_spec(spec: Dict[str, Any], choice: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The spec to launch again after the relaunch question: ``choice`` 0 continues from the
+    checkpoint (``resume``), 1 starts over (``fresh``), None asks nothing (no checkpoint
+    there); None when the question was cancelled."""
+    if choice is None:
+        return dict(spec, resume=False, fresh=False)
+    if choice not in (0, 1):
+        return None
+    return dict(spec, resume=choice == 0, fresh=choice == 1)
 
 
 def job_folder(job: JobDict) -> Optional[Path]:
@@ -393,6 +425,17 @@ def _select_data(box: QComboBox, data: Any) -> None:
     box.setCurrentIndex(max(0, i))
 
 
+def _choose(parent: QWidget, text: str, choices: Tuple[str, ...]) -> Optional[int]:
+    """Ask ``text`` with a button for each choice and Cancel; the choice's index, or None."""
+    box = QMessageBox(QMessageBox.Icon.Question, window_title("Jobs"), text,
+                      QMessageBox.StandardButton.Cancel, parent)
+    buttons = [box.addButton(c, QMessageBox.ButtonRole.AcceptRole) for c in choices]
+    box.setDefaultButton(buttons[0])
+    box.exec()
+    clicked = box.clickedButton()
+    return buttons.index(clicked) if clicked in buttons else None
+
+
 def _confirm(parent: QWidget, text: str) -> bool:
     answer = QMessageBox.question(parent, window_title("Jobs"), text,
                                   QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
@@ -421,6 +464,8 @@ class JobsWindow(QWidget):
         self.selected_id: Optional[str] = None
         self.loaded = False  # the first job list arrived
         self.confirm: Callable[[str], bool] = lambda text: _confirm(self, text)
+        self.choose: Callable[[str, Tuple[str, ...]], Optional[int]] = \
+            lambda text, choices: _choose(self, text, choices)
         self._busy: set = set()  # kinds of request in flight
         self._log_offset: Optional[int] = None
         self._log_job: Optional[str] = None
@@ -487,10 +532,11 @@ class JobsWindow(QWidget):
         self.buttons: Dict[str, QPushButton] = {}
         for name, text, tip in (
                 ("pause", "Pause", "Pause at the next batch end; memory stays in use"),
-                ("resume", "Resume", "Resume a paused job, or relaunch a parked one from its "
-                                     "checkpoint"),
+                ("resume", "Resume", "Resume a paused job, or relaunch a parked or stopped "
+                                     "one from its checkpoint"),
                 ("park", "Park", "Checkpoint and end the job, freeing its RAM and VRAM"),
-                ("stop", "Stop", "End the job (gracefully, then forced)"),
+                ("stop", "Stop", "End the job: a checkpoint first when it has a folder; the rest "
+                                 "of its script does not run"),
                 ("relaunch", "Relaunch", "Start a new job with the same script and options"),
                 ("folder", "Open folder", "Open the job's folder (log, spec, checkpoints)")):
             b = QPushButton(text)
@@ -1032,14 +1078,22 @@ class JobsWindow(QWidget):
             if not isinstance(spec, dict):
                 set_message(self.action_error, "This job has no saved spec to launch again.")
                 return
+            choice = None
+            folder = spec.get("checkpoint_dir")
+            if isinstance(folder, str) and holds_checkpoint(folder):
+                choice = self.choose(f"{folder} holds the checkpoint of an earlier run. "
+                                     "Continue from it, or start over?", RELAUNCH_CHOICES)
+                if choice is None:
+                    return
+            spec = relaunch_spec(spec, choice)
+            if spec is None:
+                return
             self.buttons["relaunch"].setEnabled(False)
             # The spec shows its --env values hidden; the engine takes them from this job.
             self._runner.submit(lambda c: c.job_start(spec, env_from=job_id), self._relaunched,
                                 self._action_failed)
             return
-        if action == "stop" and not self.confirm(
-                f"Stop {job.get('name')} ({job_id})? Training since its last checkpoint is "
-                "lost; Park keeps it."):
+        if action == "stop" and not self.confirm(stop_question(job)):
             return
         self.buttons[action].setEnabled(False)
         self._runner.submit(lambda c: c.job_action(job_id, action), self._acted,

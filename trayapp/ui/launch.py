@@ -105,6 +105,7 @@ ERROR_FIELDS: Tuple[Tuple[str, str], ...] = (
     ("--checkpoint-every", "checkpoint_every"),
     ("--checkpoint-dir", "checkpoint"),
     ("--resume", "resume"),
+    ("--fresh", "fresh"),
     ("--env", "env"),
     ("--preset", "preset"),
     ("arguments", "args"),
@@ -270,7 +271,8 @@ def summary_text(spec: JobSpec, gpus: Sequence[Dict[str, Any]],
             else "every epoch"
         text = f"Checkpoints go to {spec.checkpoint_dir} {every}"
         text += "; the job continues from the last one." if spec.resume else \
-            ", so a parked job continues where it was."
+            "; the job starts over and deletes the one there." if spec.fresh else \
+            ", so a parked or stopped job continues where it was."
         sentences.append(text)
     else:
         sentences.append("No checkpoints: parking this job loses its training progress.")
@@ -660,6 +662,10 @@ class LaunchDialog(QDialog):
         self.resume_box = QCheckBox("Resume from the last checkpoint")
         self.resume_box.toggled.connect(lambda _c: self._changed())
         self._row(form, "", "resume", self.resume_box)
+        self.fresh_box = QCheckBox("Start over (the checkpoint there is deleted)")
+        self.fresh_box.toggled.connect(lambda _c: self._changed())
+        self._row(form, "", "fresh", self.fresh_box)
+        self.fresh_box.setAccessibleName("Start over: delete the checkpoint in the folder")
         left.addWidget(box)
         left.addStretch(1)
 
@@ -708,7 +714,8 @@ class LaunchDialog(QDialog):
             self.script_combo, self.script_browse, self.args_edit, self.cwd_edit,
             self.cwd_browse, self.name_edit, self.python_combo, self.python_browse,
             self.gpu_combo, self.env_edit, self.ckpt_edit, self.ckpt_browse,
-            self.ckpt_every_spin, self.resume_box, self.preset_combo, self.growth_combo,
+            self.ckpt_every_spin, self.resume_box, self.fresh_box, self.preset_combo,
+            self.growth_combo,
             self.vram_mode, self.vram_spin, self.allocator_combo, self.precision_combo,
             self.xla_combo, self.intra_spin, self.inter_spin, self.ram_budget_edit,
             self.vram_budget_edit, self.manual_resume_box, self.plan_button, self.launch_button,
@@ -1057,6 +1064,7 @@ class LaunchDialog(QDialog):
             self.env_edit.clear()
             self.manual_resume_box.setChecked(False)
             self.resume_box.setChecked(False)
+            self.fresh_box.setChecked(False)
             self.ckpt_every_spin.setValue(0)
             _select(self.python_combo, AUTO_PYTHON)
         finally:
@@ -1149,6 +1157,7 @@ class LaunchDialog(QDialog):
             self.ckpt_edit.setText(spec.checkpoint_dir or "")
             self.ckpt_every_spin.setValue(spec.checkpoint_every_steps or 0)
             self.resume_box.setChecked(spec.resume)
+            self.fresh_box.setChecked(spec.fresh)
         finally:
             self._filling = False
         self._changed()
@@ -1200,6 +1209,7 @@ class LaunchDialog(QDialog):
             checkpoint_dir=os.path.abspath(os.path.expanduser(ckpt)) if ckpt else None,
             checkpoint_every_steps=self.ckpt_every_spin.value() or None,
             resume=self.resume_box.isChecked(),
+            fresh=self.fresh_box.isChecked(),
             preset=self.preset_combo.currentData(),
             auto_resume=False if self.manual_resume_box.isChecked() else None)
 
