@@ -511,6 +511,10 @@ def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
         client.close()
     if args.json:
         print(json.dumps(jobs, indent=None))
+    elif not jobs and not args.all:
+        # Where a job that just ended went, a stopped one that 'headroom resume' continues too.
+        print("no running, paused or parked jobs ('headroom jobs --all' lists the ended ones, "
+              "stopped included)")
     else:
         print(format_jobs(jobs))
     return EXIT_OK

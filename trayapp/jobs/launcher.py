@@ -565,7 +565,8 @@ class JobManager:
             self._on_state(job, msg, events)
         elif isinstance(msg, messages.Checkpointed):
             if msg.path is not None:
-                job.info["checkpoint"] = {"path": msg.path, "epoch": msg.epoch, "time": _now()}
+                job.info["checkpoint"] = {"path": msg.path, "epoch": msg.epoch, "step": msg.step,
+                                          "time": _now()}
                 self._save(job)
         elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
@@ -978,8 +979,8 @@ class JobManager:
                 return self._resume_stopped(job, by, reason)
             if not isinstance(job, _Job):
                 state = job.get("state")
-                raise ValueError(f"job {job.get('id')} is {state}; only a paused or parked job "
-                                 "can be resumed")
+                raise ValueError(f"job {job.get('id')} is {state}; only a paused, parked or "
+                                 "stopped job can be resumed")
             if job.state == "parked":
                 self._relaunch(job, by, reason)
                 result = self._public(job)
@@ -1001,8 +1002,8 @@ class JobManager:
             elif job.state == "running":
                 return self._public(job)
             else:
-                raise ValueError(f"job {job.id} is {job.state}; only a paused or parked job "
-                                 "can be resumed")
+                raise ValueError(f"job {job.id} is {job.state}; only a paused, parked or "
+                                 "stopped job can be resumed")
         self._flush_events(events)
         return result
 
