@@ -1,0 +1,44 @@
+"""Seams between the trust-boundary fixes: an --env value that replaces one Headroom sets, a job
+log that is not a file, hostile fields in a record read back from the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tests.integration.test_private_state import CONFIG, modes_and_holders, stop_engine_of
+from trayapp.config import Paths
+from trayapp.engine.client import EngineClient
+
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes and FIFOs")]
+
+JOBS = REPO / "tests" / "scripts" / "jobs"
+SECRET = "sekrit-override-value"
+
+
+@pytest.fixture
+def cli_home(home: Path, paths: Paths) -> Iterator[Path]:
+    (home / "config.toml").write_text(CONFIG)
+    yield home
+    stop_engine_of(paths)
+
+
+def test_an_env_value_replacing_headrooms_own_is_kept_only_in_the_environ_file(
+        cli_home: Path, paths: Paths) -> None:
+    r = run_cli("run", "--name", "override", "--env", f"PYTHONUNBUFFERED={SECRET}",
+                str(JOBS / "exit_with.py"), "0", timeout=90)
+    assert r.returncode == 0, r.stderr
+    (job,) = json.loads(run_cli("jobs", "--json", "--all", timeout=30).stdout)
+    assert SECRET not in json.dumps(job)
+    # The warning still names the variable.
+    assert any("PYTHONUNBUFFERED" in w for w in job["warnings"]), job["warnings"]
+    with EngineClient(paths) as c:
+        assert SECRET not in json.dumps(c.events(job=job["id"]))
+    found = modes_and_holders(cli_home, SECRET.encode())
+    assert found["holders"] == [f"jobs/{job['id']}/environ.json"]
