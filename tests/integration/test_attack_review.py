@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, List
 
 import pytest
 
 from tests.conftest import REPO, run_cli
 from tests.integration.test_private_state import CONFIG, modes_and_holders, stop_engine_of
 from trayapp.config import Paths
-from trayapp.engine.client import EngineClient
+from trayapp.engine.client import EngineClient, EngineError
 
 pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes and FIFOs")]
 
@@ -42,3 +43,34 @@ def test_an_env_value_replacing_headrooms_own_is_kept_only_in_the_environ_file(
         assert SECRET not in json.dumps(c.events(job=job["id"]))
     found = modes_and_holders(cli_home, SECRET.encode())
     assert found["holders"] == [f"jobs/{job['id']}/environ.json"]
+
+
+def test_a_job_log_replaced_by_a_fifo_is_refused_without_holding_the_clients_place(
+        engine: Any, paths: Paths) -> None:
+    """A job's script can replace its own log with a FIFO: reading it must not block the
+    answer (each blocked one would keep a client's place for good), and status still answers."""
+    with engine.client() as c:
+        job = c.job_start({"script": str(JOBS / "ticker.py"), "args": ["0", "0.2"]})
+        try:
+            log = Path(job["log_path"])
+            log.unlink()
+            os.mkfifo(log, 0o600)
+            answers: List[Any] = []
+
+            def read() -> None:
+                with engine.client() as other:
+                    try:
+                        answers.append(other.job_log(job["id"]))
+                    except EngineError as e:
+                        answers.append(e)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(30)
+            assert not reader.is_alive(), "job_log blocked on a FIFO"
+            (answer,) = answers
+            assert isinstance(answer, EngineError) and "not a regular file" in str(answer)
+            assert "Traceback" not in str(answer)
+            assert c.status()["engine"]["running"]
+        finally:
+            c.job_action(job["id"], "kill")

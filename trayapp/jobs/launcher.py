@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import json
 import logging
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -1351,7 +1353,7 @@ class JobManager:
         if offset is not None and offset < 0:
             raise ValueError("job_log: offset must be 0 or more")
         try:
-            with open(path, "rb") as f:
+            with _open_log_to_read(path) as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
                 tail = offset is None
@@ -1363,7 +1365,8 @@ class JobManager:
         except FileNotFoundError:
             return {"data": "", "offset": offset or 0, "size": 0, "start": offset or 0}
         except OSError as e:
-            raise ValueError(f"cannot read the log of job {info['id']}: {e.strerror}") from None
+            raise ValueError(f"cannot read the log of job {info['id']}: "
+                             f"{e.strerror or one_line(e)}") from None
         skip = 0
         if tail and start > 0:
             while skip < len(data) and skip < 4 and (data[skip] & 0xC0) == 0x80:
@@ -1615,6 +1618,26 @@ def _budget(spec: Any, name: str) -> Optional[int]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value * 1024 * 1024) if attr.endswith("_mb") else int(value)
     return None
+
+
+def _open_log_to_read(path: Path) -> Any:
+    """A job's log, opened to read without following a link or waiting on a FIFO (the job's
+    script can put either in its folder). Raises OSError, one that says what is wrong."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
+        | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, "it is a link, not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _open_job_log(path: Path) -> Any:
