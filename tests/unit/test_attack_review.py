@@ -1,0 +1,51 @@
+"""Files a job's script can put in its own folder, met by the engine's file helpers: a FIFO
+where its log was must be refused at once, never waited on (the launcher's lock is held while a
+parked job is relaunched, by the guard too)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from trayapp import private
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
+
+
+def _in_thread(fn: Any) -> List[Any]:
+    out: List[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except Exception as e:  # the test looks at what it was
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "blocked on a FIFO"
+    return out
+
+
+def test_opening_a_fifo_to_append_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "log"
+    os.mkfifo(fifo, 0o600)
+    (result,) = _in_thread(lambda: private.open_private_file(fifo, "ab"))
+    assert isinstance(result, private.UnsafePath)
+    assert "not a regular file" in str(result)
+
+
+def test_a_log_opened_to_append_blocks_on_writes_as_before(tmp_path: Path) -> None:
+    """The descriptor a job gets as its stdout is in blocking mode."""
+    import fcntl
+
+    with private.open_private_file(tmp_path / "log", "ab") as f:
+        assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK
+        f.write(b"x")
+    assert (tmp_path / "log").read_bytes() == b"x"
