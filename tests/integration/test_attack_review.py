@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, List
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, headroom_cmd, run_cli, wait_for
 from tests.integration.test_private_state import CONFIG, modes_and_holders, stop_engine_of
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineError
@@ -74,3 +77,39 @@ def test_a_job_log_replaced_by_a_fifo_is_refused_without_holding_the_clients_pla
             assert c.status()["engine"]["running"]
         finally:
             c.job_action(job["id"], "kill")
+
+
+def test_run_follows_its_job_through_an_engine_that_is_busy_for_a_while(
+        engine: Any, paths: Paths, tmp_path: Path) -> None:
+    """An engine that answers nothing for longer than the client waits (stopped here, as a
+    machine deep in swap would leave it) is busy, not gone: 'headroom run' says so and goes on
+    following its job to the end."""
+    marker = tmp_path / "started"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import pathlib, sys, time\n"
+        f"pathlib.Path({str(marker)!r}).touch()\n"
+        f"while not pathlib.Path({str(marker)!r} + '.go').exists():\n"
+        "    time.sleep(0.05)\n"
+        "print('the end', flush=True)\n")
+    run = subprocess.Popen(headroom_cmd("run", str(script)), env=dict(os.environ),
+                           cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_for(marker.exists, 60, "the job to start")
+        os.kill(engine.proc.pid, signal.SIGSTOP)
+        try:
+            # Longer than a request's 10 s and a reconnection's 10 s after it.
+            time.sleep(22)
+        finally:
+            os.kill(engine.proc.pid, signal.SIGCONT)
+        Path(str(marker) + ".go").touch()
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert "went away" not in err, err
+    assert run.returncode == 0, (out, err)
+    assert "the end" in out
+    assert "the engine is busy" in err and "still following" in err
