@@ -113,3 +113,34 @@ def test_run_follows_its_job_through_an_engine_that_is_busy_for_a_while(
     assert run.returncode == 0, (out, err)
     assert "the end" in out
     assert "the engine is busy" in err and "still following" in err
+
+
+def test_a_flood_of_warnings_from_a_job_neither_fills_the_disk_nor_rotates_the_engine_log(
+        engine: Any, paths: Paths) -> None:
+    """A job's script holds its key: warnings sent as fast as it can become a bounded number
+    of events and log lines (each event is a database row kept for days); the job keeps its
+    last notes."""
+    from multiprocessing.connection import Client
+
+    with engine.client() as c:
+        job = c.job_start({"script": str(JOBS / "ticker.py"), "args": ["0", "0.2"]})
+        try:
+            wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the job's channel")
+            key = (paths.jobs_dir / job["id"] / "key").read_bytes()
+            conn = Client(paths.job_address(job["id"]), family="AF_UNIX", authkey=key)
+            try:
+                for i in range(3000):
+                    conn.send_bytes(json.dumps({"type": "note", "level": "warn",
+                                                "message": f"warning {i}"}).encode())
+            finally:
+                conn.close()
+            wait_for(lambda: (c.job_get(job["id"]).get("notes") or [{}])[-1].get("message")
+                     == "warning 2999", 30, "the last note")
+            events = c.events(job=job["id"], limit=5000)
+            notes = [e for e in events if e.get("kind") == "job_note"]
+            assert 1 <= len(notes) <= 100, len(notes)
+            assert any("kept with the job" in e["message"] for e in events), events[-3:]
+            logged = paths.log_file.read_text(errors="replace").count(": warning ")
+            assert logged <= 100, logged
+        finally:
+            c.job_action(job["id"], "kill")

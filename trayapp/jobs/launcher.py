@@ -68,6 +68,9 @@ LOG_TAIL_BYTES = 64 * 1024
 # Logs go back as JSON with non-ASCII escaped (up to 6 bytes a byte): stay under the 1 MiB limit.
 LOG_MAX_BYTES = 128 * 1024
 MAX_NOTES = 50
+# Warnings and errors a job sends become events (database rows kept for days, log lines): at
+# most this many a minute per job; the rest are kept with the job only.
+NOTE_EVENTS_PER_MINUTE = 20
 RECENT_ENDED = 50
 
 # Stop escalation, seconds spent at each step before the next one.
@@ -108,6 +111,7 @@ class _Job:
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
         self.exit_seen = False
         self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
+        self.note_window = (-60.0, 0)  # (monotonic start of the minute, note events in it)
 
     @property
     def id(self) -> str:
@@ -657,7 +661,19 @@ class JobManager:
         job.dirty = True
         # Info notes ("no fit() seen") stay with the job; warnings and errors are events too.
         if level != "info":
-            events.append(("job_note", str(level), f"job {job.id}: {text}", job.id, None))
+            now = time.monotonic()
+            start, count = job.note_window
+            if now - start >= 60.0:
+                start, count = now, 0
+            count += 1
+            job.note_window = (start, count)
+            if count <= NOTE_EVENTS_PER_MINUTE:
+                events.append(("job_note", str(level), f"job {job.id}: {text}", job.id, None))
+            if count == NOTE_EVENTS_PER_MINUTE:
+                events.append(("job_note", "warn", f"job {job.id} sends more than "
+                               f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "
+                               "minute's are kept with the job only (headroom jobs --json)",
+                               job.id, None))
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         with self._lock:
