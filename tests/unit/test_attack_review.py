@@ -49,3 +49,25 @@ def test_a_log_opened_to_append_blocks_on_writes_as_before(tmp_path: Path) -> No
         assert not fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK
         f.write(b"x")
     assert (tmp_path / "log").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("form", [["--env", "API_KEY=sekrit-crash-value"],
+                                  ["--env=API_KEY=sekrit-crash-value"],
+                                  ["--en", "API_KEY=sekrit-crash-value"]])
+def test_a_crash_of_run_keeps_the_env_names_but_not_their_values(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        form: List[str]) -> None:
+    from trayapp import cli, cli_jobs
+
+    def broken(*args: Any, **kw: Any) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli_jobs, "dispatch", broken)
+    argv = ["run", *form, "train.py"]
+    monkeypatch.setattr(sys, "argv", ["headroom", *argv])
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "internal error" in err and "Traceback" not in err
+    crash = (home / "crash.log").read_text()
+    assert "a bug" in crash and "API_KEY" in crash
+    assert "sekrit-crash-value" not in crash
