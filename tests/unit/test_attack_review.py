@@ -71,3 +71,48 @@ def test_a_crash_of_run_keeps_the_env_names_but_not_their_values(
     crash = (home / "crash.log").read_text()
     assert "a bug" in crash and "API_KEY" in crash
     assert "sekrit-crash-value" not in crash
+
+
+def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's "stopping" buys it one grace period to save, not one per message."""
+    import time
+    from multiprocessing.connection import Client
+
+    from tests.unit.test_launcher import _fake_python, ticker
+    from trayapp.config import get_paths
+    from trayapp.engine.store import Store
+    from trayapp.jobs import launcher
+    from trayapp.runner import protocol as rp
+
+    monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
+    monkeypatch.setattr(launcher, "STOP_RUNNER_SECONDS", 1.0)
+    paths = get_paths()
+    paths.ensure()
+    store = Store(paths.db_file)
+    manager = launcher.JobManager(paths, store, emit=lambda *a, **k: None)
+    try:
+        jid = manager.start(ticker(python=_fake_python(tmp_path)))["id"]
+        key = (paths.jobs_dir / jid / "key").read_bytes()
+        with Client(paths.job_address(jid), family="AF_UNIX", authkey=key) as conn:
+            conn.send_bytes(rp.encode(rp.make(rp.HELLO, job_id=jid, fit_hook="installed")))
+            deadline = time.monotonic() + 20
+            while not manager.get(jid)["connected"] and time.monotonic() < deadline:
+                manager.tick(None)
+                time.sleep(0.02)
+            manager.stop(jid)
+            assert conn.poll(5) and rp.decode(conn.recv_bytes(),
+                                              rp.ENGINE_COMMANDS)["type"] == rp.STOP
+            # Many grace periods' worth of "stopping", sent all along.
+            deadline = time.monotonic() + 8
+            while manager.get(jid)["state"] != "stopped" and time.monotonic() < deadline:
+                conn.send_bytes(rp.encode(rp.make(rp.STATE, state="stopping")))
+                for _ in range(10):
+                    manager.tick(None)
+                    time.sleep(0.02)
+            assert manager.get(jid)["state"] == "stopped"
+    finally:
+        manager.stop_all("test over", timeout=5)
+        manager.close()
+        store.close()

@@ -106,6 +106,7 @@ class _Job:
         self.pause_deadline: Optional[float] = None  # monotonic
         self.stop_stage = 0  # 0 none, 1 asked the runner, 2 SIGINT, 3 SIGTERM, 4 SIGKILL
         self.stop_next = 0.0  # monotonic time of the next stop step
+        self.stop_grace = False  # the runner's "stopping" got its time to save (once a stop)
         self.stop_note: Tuple[str, str] = ("user", "")
         self.park_note: Tuple[str, str] = ("user", "")
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
@@ -650,7 +651,10 @@ class JobManager:
                 and job.stop_note[0] != "guard":
             # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
             # (The guard's stop is its last resort when memory runs out: it does not wait.)
-            job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
+            # Once: a runner that says it again and again must not put the signals off for good.
+            if not job.stop_grace:
+                job.stop_grace = True
+                job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
         info["runner_state"] = state
 
     def _on_note(self, job: _Job, msg: messages.Note, events: List[_Event]) -> None:
@@ -1192,6 +1196,8 @@ class JobManager:
     def _stop_step(self, job: _Job, stage: int) -> None:
         """Take stop step ``stage`` now and set when the next one is due."""
         job.stop_stage = stage
+        if stage == 1:
+            job.stop_grace = False  # a new stop, asked of the runner
         now = time.monotonic()
         pid = int(job.info.get("pid") or 0)
         if stage == 1:
