@@ -144,3 +144,29 @@ def test_a_flood_of_warnings_from_a_job_neither_fills_the_disk_nor_rotates_the_e
             assert logged <= 100, logged
         finally:
             c.job_action(job["id"], "kill")
+
+
+def test_a_stopped_job_resumed_from_its_checkpoint_folder_keeps_its_env_value(
+        cli_home: Path, paths: Paths, tmp_path: Path) -> None:
+    from tests.integration.test_private_state import job_environ
+    from trayapp.engine.client import connect
+    from trayapp.jobs.options import JobSpec
+
+    spec = JobSpec(script=str(JOBS / "ticker.py"), args=("0", "0.2"),
+                   env=(("API_KEY", SECRET),), checkpoint_dir=str(tmp_path / "ckpt"))
+    with connect(paths, start=True) as c:
+        job = c.job_start(spec.to_json(), environ={"PATH": os.environ.get("PATH", "")})
+        try:
+            stopped = c.job_action(job["id"], "stop")
+            wait_for(lambda: c.job_get(job["id"])["state"] == "stopped", 30, "the stop")
+            assert c.job_get(job["id"])["resumable"], stopped
+            resumed = c.job_action(job["id"], "resume")
+            assert resumed["pid"] and resumed["pid"] != job["pid"]
+            assert job_environ(resumed["pid"])["API_KEY"] == SECRET
+        finally:
+            try:
+                c.job_action(job["id"], "kill")
+            except EngineError:
+                pass
+    found = modes_and_holders(cli_home, SECRET.encode())
+    assert found["holders"] == [f"jobs/{job['id']}/environ.json"]
