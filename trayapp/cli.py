@@ -365,6 +365,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAILED
 
 
+def _argv_to_keep(argv: List[str]) -> List[str]:
+    """``argv`` with the values of its --env options hidden (``NAME=...``): values are kept in
+    one private file only, never in a log."""
+
+    def hidden(value: str) -> str:
+        return value.split("=", 1)[0] + "=..." if "=" in value else "..."
+
+    def is_env(option: str) -> bool:  # argparse takes an abbreviation too (--en)
+        return len(option) >= 3 and "--env".startswith(option)
+
+    out: List[str] = []
+    after_env = False
+    for arg in argv:
+        if after_env:
+            out.append(hidden(arg))
+            after_env = False
+        elif arg.startswith("--") and "=" in arg and is_env(arg.split("=", 1)[0]):
+            out.append(arg.split("=", 1)[0] + "=" + hidden(arg.split("=", 1)[1]))
+        else:
+            out.append(arg)
+            after_env = is_env(arg)
+    return out
+
+
 def _save_traceback() -> Optional[str]:
     try:
         from trayapp.config import get_paths
@@ -373,7 +397,7 @@ def _save_traceback() -> Optional[str]:
         path = get_paths().data_dir / "crash.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open_private_file(path, "a", encoding="utf-8") as f:
-            f.write(f"--- {time.ctime()} pid {os.getpid()} argv {sys.argv!r}\n")
+            f.write(f"--- {time.ctime()} pid {os.getpid()} argv {_argv_to_keep(sys.argv)!r}\n")
             f.write(traceback.format_exc())
         return str(path)
     except Exception:
