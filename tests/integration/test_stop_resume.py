@@ -125,6 +125,11 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     assert str(ckpt) in line and "--resume" in line and "--fresh" in line
     assert len(listed(eng, all=True)) == 1  # nothing started
 
+    # Starting over deletes the old checkpoint's files and nothing else: a folder of the
+    # user's that looks like one (fit-2023), and a file of theirs inside fit-1, are kept.
+    (ckpt / "fit-2023").mkdir()
+    (ckpt / "fit-2023" / "notes.txt").write_text("the user's own")
+    (ckpt / "fit-1" / "mine.txt").write_text("the user's too")
     fresh = tmp_path / "fresh"
     r = run_cli("run", "--cpu-only", "--fresh", "--checkpoint-dir", str(ckpt),
                 *job_args(fresh, epochs=2), timeout=180)
@@ -132,6 +137,8 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     assert epochs_begun(fresh) == [0, 1]  # from the start
     meta = metadata(ckpt)
     assert (meta["epoch"], meta["headroom"]["finished"]) == (2, True)
+    assert (ckpt / "fit-2023" / "notes.txt").read_text() == "the user's own"
+    assert (ckpt / "fit-1" / "mine.txt").read_text() == "the user's too"
 
 
 def test_stop_without_a_checkpoint_folder_skips_the_rest_too(eng: EngineProcess,

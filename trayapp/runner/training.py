@@ -35,6 +35,26 @@ from .tfoptions import gpu_memory
 
 WEIGHTS_FILE = "latest.weights.h5"
 METADATA_FILE = "training_metadata.json"
+# Every file a checkpoint folder gets from the runner; nothing else in it is ever deleted.
+CHECKPOINT_FILES = (WEIGHTS_FILE, METADATA_FILE, "saving.weights.h5", METADATA_FILE + ".saving")
+
+
+def _drop_checkpoint(folder):
+    """Delete the checkpoint files the runner wrote in ``folder``, and the folder once empty.
+    A folder that merely looks like one (``fit-2023`` of the user's own) keeps what it holds."""
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        return
+    for name in CHECKPOINT_FILES:
+        path = os.path.join(folder, name)
+        try:
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.remove(path)
+        except OSError:
+            pass
+    try:
+        os.rmdir(folder)  # only when nothing else is left in it
+    except OSError:
+        pass
 _PROGRESS_SECONDS = 0.25
 
 
@@ -201,15 +221,13 @@ class FitRun:
         folder. Done here, as training starts, so a run that never gets there loses nothing."""
         if not self.dir or self.session.options["resume"]:
             return
-        import shutil
-
         base = os.path.dirname(self.dir)
         if self.index == 1 and os.path.isdir(base):
             for name in os.listdir(base):
                 if name.startswith("fit-") and name[4:].isdigit():
-                    shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        elif os.path.isdir(self.dir):
-            shutil.rmtree(self.dir, ignore_errors=True)
+                    _drop_checkpoint(os.path.join(base, name))
+        else:
+            _drop_checkpoint(self.dir)
 
     def read_metadata(self):
         try:
