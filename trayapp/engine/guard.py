@@ -27,10 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Deque, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
+from trayapp import vocab
 from trayapp.config import Threshold, format_bytes
 from trayapp.probes.snapshot import GpuReading, MemoryReading
 
-LEVELS = ("ok", "warn", "pause", "park")
+LEVELS = vocab.LEVELS
 _RANK = {name: i for i, name in enumerate(LEVELS)}
 
 # Sampling: the interval is headroom / (SAFETY_FACTOR x fill rate), so a steady fill crosses
@@ -62,10 +63,10 @@ MAX_RELAPSES = 3
 VRAM_NEAR_POINTS = 5.0
 VRAM_BUDGET_NEAR_SHARE = 0.8
 
-RUNNING_STATES = frozenset({"running", "starting"})
-PAUSED_STATES = frozenset({"paused", "suspended"})
-PARKED_STATES = frozenset({"parked"})
-ENDED_STATES = frozenset({"finished", "failed", "stopped", "exited", "lost"})
+RUNNING_STATES = vocab.RUNNING
+PAUSED_STATES = vocab.PAUSED
+PARKED_STATES = vocab.PARKED
+ENDED_STATES = vocab.ENDED
 
 # A sample this much older than the last one means the wall clock was set back.
 CLOCK_STEP_SECONDS = 1.0
@@ -399,8 +400,7 @@ class GuardState:
 # -- outputs ----------------------------------------------------------------------------------
 
 _PAST = {"pause": "paused", "resume": "resumed", "park": "parking", "stop": "stopping"}
-EVENT_KINDS = {"warn": "guard_warn", "ok": "guard_ok", "pause": "guard_pause",
-               "resume": "guard_resume", "park": "guard_park", "stop": "guard_stop"}
+EVENT_KINDS = vocab.GUARD_EVENTS
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from trayapp import private
+from trayapp import private, vocab
 from trayapp.text import one_line
 
 log = logging.getLogger("headroom.store")
@@ -39,7 +39,7 @@ RAW_QUERY_MAX_SECONDS = 6 * 3600.0
 MIN_SAMPLE_SPACING_SECONDS = 1.0
 MAINTENANCE_INTERVAL_SECONDS = 60.0
 # Jobs in this state keep their record although their process has ended: they can be resumed.
-RESUMABLE_STATES = frozenset({"parked"})
+RESUMABLE_STATES = vocab.PARKED
 
 _BUSY_TIMEOUT_SECONDS = 5.0
 _MAX_PENDING_EVENTS = 1000
