@@ -22,7 +22,7 @@ import time
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from trayapp import vocab
-from trayapp.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from trayapp.cli_base import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from trayapp.config import Paths, format_bytes
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.text import one_line

@@ -38,8 +38,8 @@ import psutil
 
 from trayapp import config as configmod
 from trayapp import private, vocab
+from trayapp.channel import ChannelServer, Peer
 from trayapp.config import Paths
-from trayapp.engine.api import ChannelServer, Peer
 from trayapp.jobs import envfile, messages
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.probes.snapshot import GpuReading, Snapshot
