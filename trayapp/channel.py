@@ -361,7 +361,7 @@ class ChannelServer:
             self._spawn(Peer(self, conn, wake))
 
     def _start_windows(self) -> None:  # pragma: no cover - Windows only
-        from trayapp.engine.winpipe import UserOnlyPipeListener  # type: ignore[attr-defined]
+        from trayapp.winpipe import UserOnlyPipeListener  # type: ignore[attr-defined]
 
         self._listener = UserOnlyPipeListener(self.address)
         t = threading.Thread(target=self._accept_loop_windows, name=f"{self.name}-accept",
