@@ -99,3 +99,19 @@ def test_guard_words() -> None:
     assert vocab.BUDGET_CAUSES | vocab.LAST_RESORT_CAUSES <= {c.value for c in GuardCause}
     assert vocab.ACTS == {"pause", "resume", "park", "stop"}
     assert vocab.JOB_END_EVENTS <= {k.value for k in EventKind}
+
+
+def test_the_launcher_logs_a_change_the_table_lacks_and_makes_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from trayapp.jobs.launcher import _move
+
+    info = {"id": "j1", "state": "parking"}
+    with caplog.at_level("WARNING", logger="headroom.jobs"):
+        _move(info, S.PARKED)
+    assert info["state"] == "parked" and type(info["state"]) is str
+    assert caplog.records == []
+    with caplog.at_level("WARNING", logger="headroom.jobs"):
+        _move(info, S.RUNNING)
+    assert info["state"] == "running"
+    assert [r.getMessage() for r in caplog.records] == \
+        ["job j1: unexpected state change parked -> running"]
