@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from trayapp import private, vocab
 from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
 
 log = logging.getLogger("headroom.store")
 
@@ -248,7 +249,7 @@ class Store:
         else:
             self._load_state()
         self.add_event(
-            "store_recovered",
+            E.STORE_RECOVERED,
             f"The history database was unusable ({reason}); moved it aside to {moved} "
             "and started a new one.",
             level="warn",

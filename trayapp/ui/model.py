@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from trayapp import vocab
 from trayapp.config import format_bytes
+from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
 # Fill levels of the icon's bars: 20 steps of 5%, so a few MiB more or less does not redraw it.
@@ -282,13 +283,13 @@ class Notice:
     level: str  # info | warn | error
 
 
-_NOTIFY_TITLES = {
-    "guard_warn": "Memory is running low",
-    "guard_pause": "Jobs paused: memory is running out",
-    "guard_park": "Job parked to free memory",
-    "job_finished": "Training finished",
-    "job_failed": "Training failed",
-    "config_problem": "A problem in the settings file",
+_NOTIFY_TITLES: Dict[str, str] = {
+    E.GUARD_WARN: "Memory is running low",
+    E.GUARD_PAUSE: "Jobs paused: memory is running out",
+    E.GUARD_PARK: "Job parked to free memory",
+    E.JOB_FINISHED: "Training finished",
+    E.JOB_FAILED: "Training failed",
+    E.CONFIG_PROBLEM: "A problem in the settings file",
 }
 
 
@@ -298,7 +299,7 @@ def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
     title = _NOTIFY_TITLES.get(kind)
     if title is None:
         return None
-    level = str(event.get("level") or ("error" if kind in ("job_failed", "guard_park")
+    level = str(event.get("level") or ("error" if kind in (E.JOB_FAILED, E.GUARD_PARK)
                                        else "warn" if kind.startswith("guard_") else "info"))
     return Notice(title, str(event.get("message") or kind.replace("_", " ")), level)
 
