@@ -4,6 +4,7 @@ stop | doctor``. Every command is a client of the engine; bad usage exits 2 with
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -18,9 +19,30 @@ from trayapp.text import one_line
 
 
 class _Parser(argparse.ArgumentParser):
+    commands: Dict[str, argparse.ArgumentParser] = {}  # the sub-commands, by name
+
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the user sees what is wrong and where to look.
+        for action in self._actions:
+            # A REMAINDER positional (the script's own arguments) may be empty: never "required".
+            if action.nargs == argparse.REMAINDER and action.metavar:
+                message = message.replace(f", {action.metavar}", "")
         self.exit(EXIT_USAGE, f"{self.prog}: {one_line(message)} (see '{self.prog} --help')\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # An unknown option is named by the command it was given to, with the closest one it
+        # has ("did you mean"), rather than by the top level.
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self.commands.get(getattr(ns, "command", None) or "", self)
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            first = next((e.split("=", 1)[0] for e in extras if e.startswith("--")), None)
+            close = difflib.get_close_matches(first, known, n=1) if first else []
+            if close:
+                message += f"; did you mean {close[0]}?"
+            parser.error(message)
+        return ns
 
 
 def _common(parser: argparse.ArgumentParser, top: bool) -> None:
@@ -65,12 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     j = sub.add_parser("jobs", help="list the jobs")
     _common(j, top=False)
     j.add_argument("--json", action="store_true", help="print the jobs as JSON")
-    j.add_argument("--all", action="store_true", help="include finished jobs")
+    j.add_argument("--all", action="store_true", help="include ended jobs (finished, stopped...)")
 
     for name, what in (("pause", "pause a job (it stops growing; memory stays)"),
-                       ("resume", "resume a paused job, or relaunch a parked one"),
+                       ("resume", "resume a paused job, or continue a parked or stopped one "
+                                  "from its checkpoint"),
                        ("park", "checkpoint a job and end it, freeing its memory"),
-                       ("stop", "stop a job (gracefully, then forced)")):
+                       ("stop", "end a job at the next batch (after a checkpoint, with a "
+                                "checkpoint folder); the rest of its script does not run")):
         a = sub.add_parser(name, help=what)
         _common(a, top=False)
         a.add_argument("job", metavar="JOB", help="job id or unique name")
@@ -79,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(d, top=False)
     d.add_argument("--python", metavar="PATH", help="the interpreter to check")
     d.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.commands = dict(sub.choices)
     return p
 
 
@@ -268,6 +293,21 @@ def cmd_engine(args: argparse.Namespace, paths: Any) -> int:
 # -- main -----------------------------------------------------------------------------------------
 
 
+def no_display() -> Optional[str]:
+    """Why the tray cannot start here (a Linux machine with no desktop), or None. Qt would abort
+    with a core dump and a page of plugin names; the commands work without a display."""
+    if not sys.platform.startswith("linux"):
+        return None
+    platforms = [p.split(":")[0].strip() for p in os.environ.get("QT_QPA_PLATFORM", "").split(";")]
+    if any(p and not p.startswith(("xcb", "wayland")) for p in platforms):
+        return None  # offscreen, vnc, eglfs...: no desktop needed
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to show the tray on (DISPLAY and WAYLAND_DISPLAY are not set); "
+            "without a desktop, use the commands: 'headroom run SCRIPT', 'headroom status', "
+            "'headroom jobs' (see 'headroom --help')")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from trayapp.private import use_private_umask
 
@@ -279,6 +319,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         paths = get_paths(args.config)
         if args.command is None:
+            problem = no_display()
+            if problem:
+                print(f"headroom: {problem}", file=sys.stderr)
+                return EXIT_FAILED
             from trayapp.ui.app import run_tray
 
             return run_tray(args, paths)
@@ -316,6 +360,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAILED
 
 
+def _argv_to_keep(argv: List[str]) -> List[str]:
+    """``argv`` with the values of its --env options hidden (``NAME=...``): values are kept in
+    one private file only, never in a log."""
+
+    def hidden(value: str) -> str:
+        return value.split("=", 1)[0] + "=..." if "=" in value else "..."
+
+    def is_env(option: str) -> bool:  # argparse takes an abbreviation too (--en)
+        return len(option) >= 3 and "--env".startswith(option)
+
+    out: List[str] = []
+    after_env = False
+    for arg in argv:
+        if after_env:
+            out.append(hidden(arg))
+            after_env = False
+        elif arg.startswith("--") and "=" in arg and is_env(arg.split("=", 1)[0]):
+            out.append(arg.split("=", 1)[0] + "=" + hidden(arg.split("=", 1)[1]))
+        else:
+            out.append(arg)
+            after_env = is_env(arg)
+    return out
+
+
 def _save_traceback() -> Optional[str]:
     try:
         from trayapp.config import get_paths
@@ -324,7 +392,7 @@ def _save_traceback() -> Optional[str]:
         path = get_paths().data_dir / "crash.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open_private_file(path, "a", encoding="utf-8") as f:
-            f.write(f"--- {time.ctime()} pid {os.getpid()} argv {sys.argv!r}\n")
+            f.write(f"--- {time.ctime()} pid {os.getpid()} argv {_argv_to_keep(sys.argv)!r}\n")
             f.write(traceback.format_exc())
         return str(path)
     except Exception:

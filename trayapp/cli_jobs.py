@@ -222,9 +222,10 @@ class Follower:
     # -- the loop -----------------------------------------------------------------------------
 
     def _loop(self) -> int:
-        from trayapp.engine.client import EngineUnavailable
+        from trayapp.engine.client import EngineBusy, EngineUnavailable
 
         last_get = 0.0
+        busy_said = False
         while True:
             if self.interrupts > self.handled:
                 if self._interrupt():
@@ -237,6 +238,17 @@ class Follower:
                 if now - last_get >= 0.5 or self.job.get("state") not in LIVE_STATES:
                     self.job = self.client.job_get(self.job_id)
                     last_get = now
+                busy_said = False
+            except EngineBusy:
+                # It runs, and watches the job: follow on once it answers again (Ctrl-C leaves).
+                if not busy_said:
+                    self._clear_line()
+                    _say(f"the engine is busy and does not answer now; still following job "
+                         f"{self.job_id}")
+                    busy_said = True
+                self.client.close()
+                time.sleep(POLL_SECONDS)
+                continue
             except EngineUnavailable:
                 if not self._reconnect():
                     self._clear_line()
@@ -256,12 +268,14 @@ class Follower:
 
     def _reconnect(self) -> bool:
         """The engine went away: start one (it adopts the job); False when none comes."""
-        from trayapp.engine.client import EngineUnavailable, connect
+        from trayapp.engine.client import EngineBusy, EngineUnavailable, connect
 
         try:
             self.client.close()
             self.client = connect(self.paths, start=True, **self.engine_options)
             return True
+        except EngineBusy:
+            return True  # one runs: the loop follows on through it
         except EngineUnavailable:
             return False
 
@@ -512,6 +526,10 @@ def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
         client.close()
     if args.json:
         print(json.dumps(jobs, indent=None))
+    elif not jobs and not args.all:
+        # Where a job that just ended went, a stopped one that 'headroom resume' continues too.
+        print("no running, paused or parked jobs ('headroom jobs --all' lists the ended ones, "
+              "stopped included)")
     else:
         print(format_jobs(jobs))
     return EXIT_OK

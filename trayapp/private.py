@@ -172,10 +172,14 @@ def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND
     if not POSIX:  # pragma: no cover - Windows
         return os.open(path, flags | getattr(os, "O_BINARY", 0), mode)
     try:
-        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
+        # O_NONBLOCK: a FIFO put there is refused below instead of waited on for good.
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise _link(path) from None
+        if e.errno == errno.ENXIO:  # a FIFO no one reads, opened to write
+            raise UnsafePath(path, "is not a regular file", f"remove it: rm {_q(path)}") \
+                from None
         raise
     try:
         st = os.fstat(fd)
@@ -184,6 +188,8 @@ def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND
         _check(path, st, folder=False, private=False)
         if st.st_mode & 0o077:
             os.fchmod(fd, 0o600)
+        if _NONBLOCK and not flags & _NONBLOCK:
+            os.set_blocking(fd, True)  # a job's stdout, the engine's log: as opened before
     except BaseException:
         os.close(fd)
         raise

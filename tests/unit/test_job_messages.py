@@ -187,7 +187,7 @@ def test_a_saved_record_poisoned_by_an_earlier_engine_is_reset_when_read_back() 
     assert set(reset) == {"tf_memory", "metrics", "notes", "runner_state", "epoch"}
     assert info["tf_memory"] is None and info["metrics"] == {} and info["notes"] == []
     assert info["hello"] == {"pid": 7}  # the hello is parsed again: its bad field dropped
-    assert info["checkpoint"] == {"path": "/x", "epoch": 2, "time": 3.0}
+    assert info["checkpoint"] == {"path": "/x", "epoch": 2, "step": None, "time": 3.0}
     assert info["rss_bytes"] == 5  # the engine's own fields are not touched
     copy.deepcopy(info)
 

@@ -154,7 +154,7 @@ def test_jobs_are_found_by_id_prefix_or_unique_name(manager: JobManager, store: 
         manager.get("cafe")
     with pytest.raises(LookupError, match="^no job named nothing$"):
         manager.get("nothing")
-    with pytest.raises(ValueError, match="only a paused or parked job can be resumed"):
+    with pytest.raises(ValueError, match="only a paused, parked or stopped job can be resumed"):
         manager.resume("eval")
 
 

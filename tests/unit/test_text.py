@@ -41,4 +41,4 @@ def test_the_command_line_echoes_a_carriage_return_as_an_escape() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
-        "headroom: unrecognized arguments: \\r\\x1b[2J (see 'headroom --help')"]
+        "headroom status: unrecognized arguments: \\r\\x1b[2J (see 'headroom status --help')"]

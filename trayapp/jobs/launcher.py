@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import json
 import logging
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -67,6 +69,9 @@ LOG_TAIL_BYTES = 64 * 1024
 # Logs go back as JSON with non-ASCII escaped (up to 6 bytes a byte): stay under the 1 MiB limit.
 LOG_MAX_BYTES = 128 * 1024
 MAX_NOTES = 50
+# Warnings and errors a job sends become events (database rows kept for days, log lines): at
+# most this many a minute per job; the rest are kept with the job only.
+NOTE_EVENTS_PER_MINUTE = 20
 RECENT_ENDED = 50
 
 # Stop escalation, seconds spent at each step before the next one.
@@ -102,11 +107,13 @@ class _Job:
         self.pause_deadline: Optional[float] = None  # monotonic
         self.stop_stage = 0  # 0 none, 1 asked the runner, 2 SIGINT, 3 SIGTERM, 4 SIGKILL
         self.stop_next = 0.0  # monotonic time of the next stop step
+        self.stop_grace = False  # the runner's "stopping" got its time to save (once a stop)
         self.stop_note: Tuple[str, str] = ("user", "")
         self.park_note: Tuple[str, str] = ("user", "")
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
         self.exit_seen = False
         self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
+        self.note_window = (-60.0, 0)  # (monotonic start of the minute, note events in it)
 
     @property
     def id(self) -> str:
@@ -576,7 +583,8 @@ class JobManager:
             self._on_state(job, msg, events)
         elif isinstance(msg, messages.Checkpointed):
             if msg.path is not None:
-                job.info["checkpoint"] = {"path": msg.path, "epoch": msg.epoch, "time": _now()}
+                job.info["checkpoint"] = {"path": msg.path, "epoch": msg.epoch, "step": msg.step,
+                                          "time": _now()}
                 self._save(job)
         elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
@@ -657,7 +665,10 @@ class JobManager:
                 and job.stop_note[0] != "guard":
             # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
             # (The guard's stop is its last resort when memory runs out: it does not wait.)
-            job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
+            # Once: a runner that says it again and again must not put the signals off for good.
+            if not job.stop_grace:
+                job.stop_grace = True
+                job.stop_next = max(job.stop_next, time.monotonic() + STOP_RUNNER_SECONDS)
         info["runner_state"] = state
 
     def _on_note(self, job: _Job, msg: messages.Note, events: List[_Event]) -> None:
@@ -668,7 +679,19 @@ class JobManager:
         job.dirty = True
         # Info notes ("no fit() seen") stay with the job; warnings and errors are events too.
         if level != "info":
-            events.append(("job_note", str(level), f"job {job.id}: {text}", job.id, None))
+            now = time.monotonic()
+            start, count = job.note_window
+            if now - start >= 60.0:
+                start, count = now, 0
+            count += 1
+            job.note_window = (start, count)
+            if count <= NOTE_EVENTS_PER_MINUTE:
+                events.append(("job_note", str(level), f"job {job.id}: {text}", job.id, None))
+            if count == NOTE_EVENTS_PER_MINUTE:
+                events.append(("job_note", "warn", f"job {job.id} sends more than "
+                               f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "
+                               "minute's are kept with the job only (headroom jobs --json)",
+                               job.id, None))
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         with self._lock:
@@ -993,8 +1016,8 @@ class JobManager:
                 return self._resume_stopped(job, by, reason)
             if not isinstance(job, _Job):
                 state = job.get("state")
-                raise ValueError(f"job {job.get('id')} is {state}; only a paused or parked job "
-                                 "can be resumed")
+                raise ValueError(f"job {job.get('id')} is {state}; only a paused, parked or "
+                                 "stopped job can be resumed")
             if job.state == "parked":
                 self._relaunch(job, by, reason)
                 result = self._public(job)
@@ -1017,8 +1040,8 @@ class JobManager:
             elif job.state == "running":
                 return self._public(job)
             else:
-                raise ValueError(f"job {job.id} is {job.state}; only a paused or parked job "
-                                 "can be resumed")
+                raise ValueError(f"job {job.id} is {job.state}; only a paused, parked or "
+                                 "stopped job can be resumed")
         self._flush_events(events)
         return result
 
@@ -1193,6 +1216,8 @@ class JobManager:
     def _stop_step(self, job: _Job, stage: int) -> None:
         """Take stop step ``stage`` now and set when the next one is due."""
         job.stop_stage = stage
+        if stage == 1:
+            job.stop_grace = False  # a new stop, asked of the runner
         now = time.monotonic()
         pid = int(job.info.get("pid") or 0)
         if stage == 1:
@@ -1370,7 +1395,7 @@ class JobManager:
         if offset is not None and offset < 0:
             raise ValueError("job_log: offset must be 0 or more")
         try:
-            with open(path, "rb") as f:
+            with _open_log_to_read(path) as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
                 tail = offset is None
@@ -1382,7 +1407,8 @@ class JobManager:
         except FileNotFoundError:
             return {"data": "", "offset": offset or 0, "size": 0, "start": offset or 0}
         except OSError as e:
-            raise ValueError(f"cannot read the log of job {info['id']}: {e.strerror}") from None
+            raise ValueError(f"cannot read the log of job {info['id']}: "
+                             f"{e.strerror or one_line(e)}") from None
         skip = 0
         if tail and start > 0:
             while skip < len(data) and skip < 4 and (data[skip] & 0xC0) == 0x80:
@@ -1634,6 +1660,26 @@ def _budget(spec: Any, name: str) -> Optional[int]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value * 1024 * 1024) if attr.endswith("_mb") else int(value)
     return None
+
+
+def _open_log_to_read(path: Path) -> Any:
+    """A job's log, opened to read without following a link or waiting on a FIFO (the job's
+    script can put either in its folder). Raises OSError, one that says what is wrong."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
+        | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, "it is a link, not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _open_job_log(path: Path) -> Any:

@@ -393,7 +393,7 @@ def _checkpoint_record(value: Any) -> Optional[Dict[str, Any]]:
     if not isinstance(value, dict):
         raise Bad("not an object")
     return {"path": _PATH(value.get("path")), "epoch": _COUNT(value.get("epoch")),
-            "time": _optional(_number)(value.get("time"))}
+            "step": _COUNT(value.get("step")), "time": _optional(_number)(value.get("time"))}
 
 
 def clean_record(info: Dict[str, Any]) -> List[str]:

@@ -14,6 +14,7 @@ one GPU: any user choice in the group replaces the preset's choice for the whole
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 from dataclasses import dataclass, fields, replace
@@ -553,10 +554,50 @@ def _check_paths(spec: JobSpec) -> None:
         if not os.path.isdir(spec.checkpoint_dir):
             raise SpecError(f"--checkpoint-dir: not a folder: {spec.checkpoint_dir}")
         if not spec.resume and not spec.fresh and holds_checkpoint(spec.checkpoint_dir):
+            where, finished = checkpoint_position(spec.checkpoint_dir)
+            if finished:
+                raise SpecError(
+                    f"--checkpoint-dir: {spec.checkpoint_dir} holds the checkpoint of a run that "
+                    f"finished{where}; start over with --fresh (it is deleted as the run "
+                    "starts), or give --resume to run only the script's code after fit()"
+                )
             raise SpecError(
-                f"--checkpoint-dir: {spec.checkpoint_dir} holds a checkpoint; continue from it "
-                "with --resume, or start over with --fresh (it is deleted as the run starts)"
+                f"--checkpoint-dir: {spec.checkpoint_dir} holds a checkpoint{where}; continue "
+                "from it with --resume, or start over with --fresh (it is deleted as the run "
+                "starts)"
             )
+
+
+def checkpoint_position(folder: str) -> Tuple[str, bool]:
+    """Where the last ``fit()`` of a checkpoint folder got to, as words for a message
+    (" (after epoch 26)", " (in epoch 22, after step 2)", or "" when unknown), and whether
+    that training finished."""
+    best: Optional[Tuple[int, Dict[str, Any]]] = None
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return "", False
+    for name in names:
+        if not (name.startswith("fit-") and name[4:].isdigit() and len(name) < 16):
+            continue
+        try:
+            with open(os.path.join(folder, name, "training_metadata.json"), "rb") as f:
+                data = json.loads(f.read(65536))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and (best is None or int(name[4:]) > best[0]):
+            best = (int(name[4:]), data)
+    if best is None:
+        return "", False
+    data = best[1]
+    extra: Dict[str, Any] = data["headroom"] if isinstance(data.get("headroom"), dict) else {}
+    epoch, done = data.get("epoch"), extra.get("batches_done")
+    finished = extra.get("finished") is True
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 10**9:
+        return "", finished
+    if isinstance(done, int) and not isinstance(done, bool) and 0 < done < 10**9:
+        return f" (in epoch {epoch + 1}, after step {done})", finished
+    return (f" (after epoch {epoch})" if epoch else ""), finished
 
 
 def holds_checkpoint(folder: str) -> bool:

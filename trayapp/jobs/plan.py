@@ -319,7 +319,8 @@ def build_launch(
     environment_changes = {name for name, _, _ in settings_list}
     for name, value in spec.env:
         if name in settings and settings[name][0] != value and name not in environment_changes:
-            warnings.append(f"--env {name}={value} replaces Headroom's {name}={settings[name][0]}")
+            # The name only: warnings are kept with the job, and --env values never are.
+            warnings.append(f"--env {name} replaces Headroom's {name}={settings[name][0]}")
         set_(name, value, "--env")
 
     return LaunchPlan(

@@ -262,6 +262,17 @@ def process_rows(process: Any) -> List[Tuple[str, str]]:
     return rows
 
 
+def checkpoint_text(ck: Dict[str, Any]) -> str:
+    """The last checkpoint in the words of the progress column: ``/ckpt/fit-1 (in epoch 22,
+    after step 2)`` or ``(after epoch 26)``; the runner counts the epochs done, from 0."""
+    path, epoch, step = ck.get("path"), ck.get("epoch"), ck.get("step")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return str(path)
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        return f"{path} (in epoch {epoch + 1}, after step {step})"
+    return f"{path} (after epoch {epoch})" if epoch else f"{path} (before the first epoch)"
+
+
 def applied_lines(hello: Optional[Dict[str, Any]]) -> List[str]:
     """The runner's applied options, one line each: ``"memory_growth = True
     (tf.config.experimental.set_memory_growth)"``."""
@@ -870,7 +881,7 @@ class JobsWindow(QWidget):
             section("Process", rows)
         if job.get("checkpoint"):
             ck = job["checkpoint"]
-            section("Checkpoint", [("last", f"{ck.get('path')} (epoch {ck.get('epoch')})")])
+            section("Checkpoint", [("last", checkpoint_text(ck))])
         warnings = [str(w) for w in job.get("warnings") or []]
         notes = [f"{n.get('level')}: {n.get('message')}" for n in job.get("notes") or []
                  if isinstance(n, dict)]
