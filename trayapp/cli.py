@@ -14,13 +14,8 @@ import traceback
 from typing import Any, Dict, List, NoReturn, Optional, Sequence
 
 from trayapp import __version__
+from trayapp.cli_base import EXIT_FAILED, EXIT_NO_ENGINE, EXIT_OK, EXIT_USAGE, UsageError
 from trayapp.text import one_line
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_ENGINE = 0, 1, 2, 3
-
-
-class UsageError(Exception):
-    """Bad usage or bad input: one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

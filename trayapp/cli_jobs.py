@@ -21,12 +21,13 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
-from trayapp.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from trayapp import vocab
+from trayapp.cli_base import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from trayapp.config import Paths, format_bytes
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.text import one_line
 
-LIVE_STATES = ("starting", "running", "pausing", "paused", "parking", "stopping")
+LIVE_STATES = vocab.LIVE
 PROGRESS_TTY_SECONDS = 0.5  # the progress line is redrawn at most twice a second
 PROGRESS_PLAIN_SECONDS = 2.0  # and printed as a plain line at most every 2 s
 POLL_SECONDS = 0.2

@@ -121,11 +121,11 @@ def test_a_flood_on_a_jobs_channel_starves_neither_clients_nor_the_guard(
 
 
 class LimitedEngine(EngineProcess):
-    """A real engine whose channel limits (constants of trayapp.engine.api) are set by the
+    """A real engine whose channel limits (constants of trayapp.channel) are set by the
     test before it starts."""
 
     CODE = ("import json, sys\n"
-            "from trayapp.engine import api\n"
+            "from trayapp import channel as api\n"
             "for name, value in json.loads(sys.argv[1]).items():\n"
             "    assert hasattr(api, name), name\n"
             "    setattr(api, name, value)\n"
@@ -273,7 +273,7 @@ def test_a_client_being_answered_is_never_cut_for_another(tmp_path: Path) -> Non
     import threading
     from multiprocessing.connection import Client
 
-    from trayapp.engine.api import ChannelServer
+    from trayapp.channel import ChannelServer
 
     release = threading.Event()
 

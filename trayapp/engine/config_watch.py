@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from trayapp import config as configmod
 from trayapp.config import Config
+from trayapp.vocab import EventKind as E
 
 log = logging.getLogger("headroom.engine")
 
@@ -85,7 +86,7 @@ class ConfigWatcher:
             more = f" and {len(changed) - PROBLEMS_SHOWN} more" if len(changed) > \
                 PROBLEMS_SHOWN else ""
             self.engine.emit_event(
-                "config_changed",
+                E.CONFIG_CHANGED,
                 f"{new.path} changed: " + (f"{shown}{more}" if changed else "no setting changed"),
                 data={"names": changed, "source": "file"})
         if new.problems != old.problems:
@@ -115,6 +116,6 @@ class ConfigWatcher:
         message = head + (f" (and {more} more; see the settings)" if more > 0 else "")
         data: Dict[str, Any] = {"problems": list(problems), "at_start": at_start}
         # The event logs its own line; the problems it leaves out get a line each.
-        self.engine.emit_event("config_problem", message, level="warn", data=data)
+        self.engine.emit_event(E.CONFIG_PROBLEM, message, level="warn", data=data)
         for p in problems[PROBLEMS_SHOWN:]:
             log.warning("%s", p)

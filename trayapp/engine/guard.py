@@ -27,11 +27,14 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Deque, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
+from trayapp import vocab
 from trayapp.config import Threshold, format_bytes
 from trayapp.probes.snapshot import GpuReading, MemoryReading
+from trayapp.vocab import GuardCause as C
+from trayapp.vocab import GuardLevel as L
 
-LEVELS = ("ok", "warn", "pause", "park")
-_RANK = {name: i for i, name in enumerate(LEVELS)}
+LEVELS = vocab.LEVELS
+_RANK = vocab.RANK
 
 # Sampling: the interval is headroom / (SAFETY_FACTOR x fill rate), so a steady fill crosses
 # the next threshold only after about four more samples; never faster than MIN_INTERVAL.
@@ -62,10 +65,10 @@ MAX_RELAPSES = 3
 VRAM_NEAR_POINTS = 5.0
 VRAM_BUDGET_NEAR_SHARE = 0.8
 
-RUNNING_STATES = frozenset({"running", "starting"})
-PAUSED_STATES = frozenset({"paused", "suspended"})
-PARKED_STATES = frozenset({"parked"})
-ENDED_STATES = frozenset({"finished", "failed", "stopped", "exited", "lost"})
+RUNNING_STATES = vocab.RUNNING
+PAUSED_STATES = vocab.PAUSED
+PARKED_STATES = vocab.PARKED
+ENDED_STATES = vocab.ENDED
 
 # A sample this much older than the last one means the wall clock was set back.
 CLOCK_STEP_SECONDS = 1.0
@@ -375,7 +378,7 @@ class Assessment:
 class GuardState:
     """What the guard remembers between ticks. Treated as immutable: every change is a copy."""
 
-    level: str = "ok"
+    level: str = L.OK.value
     psi_warn_since: Optional[float] = None
     psi_pause_since: Optional[float] = None
     trend_since: Optional[float] = None
@@ -399,8 +402,7 @@ class GuardState:
 # -- outputs ----------------------------------------------------------------------------------
 
 _PAST = {"pause": "paused", "resume": "resumed", "park": "parking", "stop": "stopping"}
-EVENT_KINDS = {"warn": "guard_warn", "ok": "guard_ok", "pause": "guard_pause",
-               "resume": "guard_resume", "park": "guard_park", "stop": "guard_stop"}
+EVENT_KINDS = vocab.GUARD_EVENTS
 
 
 @dataclass(frozen=True)
@@ -530,10 +532,10 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
     have = f"{format_bytes(avail)} ({_share(avail, total)} of {format_bytes(total)}{where})"
     falling = f", filling at {format_rate(rate)}" if rate else ""
     # The ladder, lowest threshold first: the first one crossed names the condition.
-    ladder = ((th.stop, "park", "mem_stop", "last-resort", policy.stop_available),
-              (th.park, "park", "mem_park", "park", policy.park_available),
-              (th.pause, "pause", "mem_pause", "pause", policy.pause_available),
-              (th.warn, "warn", "mem_warn", "warning", policy.warn_available))
+    ladder = ((th.stop, L.PARK, C.MEM_STOP, "last-resort", policy.stop_available),
+              (th.park, L.PARK, C.MEM_PARK, "park", policy.park_available),
+              (th.pause, L.PAUSE, C.MEM_PAUSE, "pause", policy.pause_available),
+              (th.warn, L.WARN, C.MEM_WARN, "warning", policy.warn_available))
     crossed = next((step for step in ladder if avail < step[0]), None)
     if crossed is not None:
         line, level, code, word, setting = crossed
@@ -541,7 +543,7 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
                                f"available memory {have} is below the {word} threshold "
                                f"{_th_text(line, setting)}{falling}"))
     elif MEM in state.keys and avail < th.warn + th.hysteresis:
-        conds.append(Condition(MEM, "warn", "mem_warn",
+        conds.append(Condition(MEM, L.WARN, C.MEM_WARN,
                                f"available memory {have} is just above the warning threshold "
                                f"{_th_text(th.warn, policy.warn_available)}; the warning "
                                f"clears above {format_bytes(th.warn + th.hysteresis)}"))
@@ -552,12 +554,12 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
                 f"{format_bytes(th.park)}"
         if 0 < policy.pause_horizon_seconds and tte <= policy.pause_horizon_seconds:
             trend_since = state.trend_since if state.trend_since is not None else now
-            conds.append(Condition("trend", "pause", "mem_predicted",
+            conds.append(Condition("trend", L.PAUSE, C.MEM_PREDICTED,
                                    f"memory is filling at {format_rate(rate)}: {ahead}"))
         elif 0 < policy.warn_horizon_seconds and tte <= policy.warn_horizon_seconds:
             trend_since = state.trend_since if state.trend_since is not None else now
             if now - trend_since >= TREND_HOLD_SECONDS:
-                conds.append(Condition("trend", "warn", "mem_trend",
+                conds.append(Condition("trend", L.WARN, C.MEM_TREND,
                                        f"memory is filling at {format_rate(rate)}: {ahead}"))
 
     psi = m.psi_full_avg10
@@ -568,13 +570,13 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
         psi_pause_since = state.psi_pause_since if state.psi_pause_since is not None else now
     if psi is not None and psi_pause_since is not None and \
             now - psi_pause_since >= policy.psi_pause_seconds:
-        conds.append(Condition("psi", "pause", "psi_pause",
+        conds.append(Condition("psi", L.PAUSE, C.PSI_PAUSE,
                                f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, "
                                f"above {policy.psi_pause_percent:g}% for "
                                f"{now - psi_pause_since:.0f} s"))
     elif psi is not None and psi_warn_since is not None and \
             now - psi_warn_since >= policy.psi_warn_seconds:
-        conds.append(Condition("psi", "warn", "psi_warn",
+        conds.append(Condition("psi", L.WARN, C.PSI_WARN,
                                f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, "
                                f"above {policy.psi_warn_percent:g}% for "
                                f"{now - psi_warn_since:.0f} s"))
@@ -586,19 +588,21 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
             continue
         jf = history.fit(f"rss:{job.id}", now, policy.rate_window_seconds)
         job_rates[job.id] = jf.rate if jf is not None and jf.significant and jf.rate > 0 else 0.0
-        for kind, used, budget in (("ram", job.rss_bytes, job.ram_budget_bytes),
-                                   ("vram", job.vram_bytes, job.vram_budget_bytes)):
+        for kind, used, budget, over, near in (
+                ("ram", job.rss_bytes, job.ram_budget_bytes, C.BUDGET_RAM, C.BUDGET_RAM_WARN),
+                ("vram", job.vram_bytes, job.vram_budget_bytes, C.BUDGET_VRAM,
+                 C.BUDGET_VRAM_WARN)):
             if not budget or used is None:
                 continue
             what = "RAM" if kind == "ram" else "VRAM"
             limit = max(float(budget), state.grace.get(f"{kind}:{job.id}", 0.0))
             if used >= limit:
                 extra = " (raised when you resumed it)" if limit > budget else ""
-                conds.append(Condition(f"{kind}:{job.id}", "pause", f"budget_{kind}",
+                conds.append(Condition(f"{kind}:{job.id}", L.PAUSE, over,
                                        f"{job.label} uses {format_bytes(used)} of {what}, over "
                                        f"its budget of {format_bytes(limit)}{extra}", job.id))
             elif used >= warn_share * budget:
-                conds.append(Condition(f"{kind}:{job.id}", "warn", f"budget_{kind}_warn",
+                conds.append(Condition(f"{kind}:{job.id}", L.WARN, near,
                                        f"{job.label} uses {format_bytes(used)} of {what}, "
                                        f"{_share(used, budget)} of its budget of "
                                        f"{format_bytes(budget)}", job.id))
@@ -611,7 +615,7 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
     if avail < th.park:
         for job in inp.jobs:
             if job.state in PAUSED_STATES and not job.checkpoint:
-                conds.append(Condition(f"nockpt:{job.id}", "warn", "no_checkpoint",
+                conds.append(Condition(f"nockpt:{job.id}", L.WARN, C.NO_CHECKPOINT,
                                        f"{job.label} holds {format_bytes(job.rss_bytes)} but has "
                                        "no checkpoint folder: parking it would lose its "
                                        "progress, so it stays paused", job.id))
@@ -622,7 +626,7 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
             if p.rule is not None and p.rule.action == "warn" and not p.job_id:
                 rate_txt = f", {format_rate(p.rate_bytes_per_s)}" \
                     if p.rate_bytes_per_s is not None else ""
-                conds.append(Condition(f"rule:{p.pid}", "warn", "rule_warn",
+                conds.append(Condition(f"rule:{p.pid}", L.WARN, C.RULE_WARN,
                                        f"{p.name} (pid {p.pid}, your rule "
                                        f"{p.rule.pattern!r}) holds {format_bytes(p.rss_bytes)}"
                                        f"{rate_txt}"))
@@ -661,7 +665,7 @@ def _gpu_condition(g: GpuReading, inp: GuardInput, policy: Policy) -> Optional[C
                  f"used{holder}: the desktop may stall"
     else:
         reason = f"GPU {g.index} ({g.name}): {share} of its memory is used{holder}"
-    return Condition(f"gpu:{g.index}", "warn", "gpu_vram", reason, job_id)
+    return Condition(f"gpu:{g.index}", L.WARN, C.GPU_VRAM, reason, job_id)
 
 
 def decide(inp: GuardInput, history: FillHistory, policy: Policy,
@@ -677,12 +681,12 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
                  trend_since=a.trend_since)
 
     conds = sorted(a.conditions, key=lambda c: -_RANK[c.level])
-    level = conds[0].level if conds else "ok"
+    level = conds[0].level if conds else L.OK
     reasons = [c.reason for c in conds]
     targets = _targets(inp, a, st)
     for t in targets:
         if (t.paused or t.parked) and t.by_guard:
-            held = "park" if t.parked else "pause"
+            held = L.PARK if t.parked else L.PAUSE
             level = level if _RANK[level] >= _RANK[held] else held
             reasons.append(_held_line(t, a, policy, st))
     memory_short = any(c.key in (MEM, "trend", "psi") for c in conds)
@@ -691,7 +695,7 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
         reasons.append(top)
 
     calm = (a.available_bytes >= a.thresholds.resume
-            and not any(_RANK[c.level] >= _RANK["pause"] or c.key in ("trend", "psi")
+            and not any(_RANK[c.level] >= _RANK[L.PAUSE] or c.key in ("trend", "psi")
                         for c in conds if not c.key.startswith(("ram:", "vram:"))))
     st = replace(st, calm_since=(st.calm_since if st.calm_since is not None else now)
                  if calm else None)
@@ -772,23 +776,23 @@ def still_holds(action: Action, inp: GuardInput, history: FillHistory, policy: P
     a = assess(inp, history, policy, state)
     if action.kind == "resume":
         calm = a.available_bytes >= a.thresholds.resume and not any(
-            _RANK[c.level] >= _RANK["pause"] for c in a.conditions
+            _RANK[c.level] >= _RANK[L.PAUSE] for c in a.conditions
             if not c.key.startswith(("ram:", "vram:")))
         return (True, "") if calm else (False, "memory is short again")
     causes = a.causes()
     cause = action.cause
-    if cause in ("budget_ram", "budget_vram"):
+    if cause in vocab.BUDGET_CAUSES:
         ok = (cause, action.job_id) in causes
-    elif cause == "mem_falling":
+    elif cause == C.MEM_FALLING:
         ok = a.available_bytes < a.thresholds.pause
-    elif cause == "mem_park":
+    elif cause == C.MEM_PARK:
         ok = a.available_bytes < a.thresholds.park
-    elif cause == "mem_stop":
+    elif cause == C.MEM_STOP:
         ok = a.available_bytes < a.thresholds.stop
-    elif cause == "mem_pause":
+    elif cause == C.MEM_PAUSE:
         ok = a.available_bytes < a.thresholds.pause
-    elif cause == "mem_predicted":
-        ok = ("mem_predicted", None) in causes or a.available_bytes < a.thresholds.pause
+    elif cause == C.MEM_PREDICTED:
+        ok = (C.MEM_PREDICTED, None) in causes or a.available_bytes < a.thresholds.pause
     else:
         ok = (cause, None) in causes
     if ok:
@@ -887,12 +891,12 @@ def _act(kind: str, t: _Target, reason: str, cause: str, a: Assessment, policy: 
 def _deadline(t: _Target, a: Assessment, policy: Policy, cause: str) -> float:
     """0: suspend at once. A Keras job otherwise gets up to ``pause_deadline_seconds`` to stop
     at a batch end, less when exhaustion (or its budget) is nearer."""
-    if t.job is None or not t.job.hooked or cause in ("mem_park", "mem_stop"):
+    if t.job is None or not t.job.hooked or cause in vocab.LAST_RESORT_CAUSES:
         return 0.0
     d = policy.pause_deadline_seconds
     if a.seconds_to_exhaustion is not None:
         d = min(d, a.seconds_to_exhaustion / 2.0)
-    if cause == "budget_ram" and t.job.ram_budget_bytes and t.growth > 0:
+    if cause == C.BUDGET_RAM and t.job.ram_budget_bytes and t.growth > 0:
         d = min(d, 0.1 * t.job.ram_budget_bytes / t.growth)
     return 0.0 if d < MIN_INTERVAL_SECONDS else round(d, 3)
 
@@ -912,7 +916,7 @@ def _choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
             reason = f"{reason} (your rule {t.proc.rule.pattern!r})"
         return _act("pause", t, reason, cause, a, policy, _deadline(t, a, policy, cause))
 
-    if mem is not None and mem.cause in ("mem_park", "mem_stop"):
+    if mem is not None and mem.cause in vocab.LAST_RESORT_CAUSES:
         running = [t for t in targets if t.running and _free(st, t, "pause", now)]
         if running:
             return pause_or_stop(_by_urgency(running)[0], mem.reason, mem.cause)
@@ -921,17 +925,17 @@ def _choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
         if parkable:
             best = sorted(parkable, key=lambda t: (not t.by_guard, -t.size, t.key))[0]
             return _act("park", best, f"{mem.reason}; its checkpoint keeps the progress",
-                        "mem_park", a, policy)
-        if mem.cause == "mem_stop":
+                        C.MEM_PARK, a, policy)
+        if mem.cause == C.MEM_STOP:
             stoppable = [t for t in targets if t.job is not None and (t.paused or t.running)
                          and _free(st, t, "stop", now)]
             if stoppable:
                 best = sorted(stoppable, key=lambda t: (-t.size, t.key))[0]
                 return _act("stop", best, f"{mem.reason}; nothing else is left to free memory",
-                            "mem_stop", a, policy)
+                            C.MEM_STOP, a, policy)
 
     for c in a.conditions:
-        if c.cause in ("budget_ram", "budget_vram"):
+        if c.cause in vocab.BUDGET_CAUSES:
             t = next((t for t in targets if t.job is not None and t.job.id == c.job_id), None)
             if t is not None and t.running and _free(st, t, "pause", now):
                 return _act("pause", t, c.reason, c.cause, a, policy,
@@ -949,14 +953,14 @@ def _choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
                        and now - st.resumed_at.get(t.key, -math.inf) >= policy.cooldown_seconds]
         if running:
             return pause_or_stop(_by_urgency(running)[0], cause.reason, cause.cause)
-        if mem is not None and mem.cause == "mem_pause" and trend is not None \
+        if mem is not None and mem.cause == C.MEM_PAUSE and trend is not None \
                 and not any(t.running for t in targets):
             parkable = [t for t in targets if t.paused and t.by_guard and t.job is not None
                         and t.job.checkpoint and _free(st, t, "park", now)]
             if parkable:
                 best = sorted(parkable, key=lambda t: (-t.size, t.key))[0]
                 return _act("park", best, f"memory keeps falling with the guard's jobs paused "
-                            f"({trend.reason})", "mem_falling", a, policy)
+                            f"({trend.reason})", C.MEM_FALLING, a, policy)
 
     if st.calm_since is not None and now - st.calm_since >= policy.resume_after_seconds:
         cands = [t for t in targets if (t.paused or t.parked) and t.by_guard
@@ -970,7 +974,7 @@ def _choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
                       "now)")
             if best.parked:
                 reason += "; relaunched from its checkpoint"
-            return _act("resume", best, reason, "calm", a, policy)
+            return _act("resume", best, reason, C.CALM, a, policy)
     return None
 
 

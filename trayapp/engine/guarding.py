@@ -40,6 +40,7 @@ from trayapp.engine.guard import (
 from trayapp.engine.parts import Parts
 from trayapp.probes.processes import tree_vram
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.vocab import EventKind as E
 
 log = logging.getLogger("headroom.guard")
 
@@ -306,7 +307,7 @@ class GuardService:
             now = time.monotonic()
             if last is None or now - last > FAILURE_QUIET_SECONDS:
                 self._failures[action.key] = now
-                emit("guard_warn", f"could not {action.kind} {action.label}: {text}",
+                emit(E.GUARD_WARN, f"could not {action.kind} {action.label}: {text}",
                      level="warn", job_id=action.job_id, data={"cause": action.cause})
             return
         data = dict(action.data)

@@ -14,6 +14,7 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
+from trayapp.channel import encode
 from trayapp.runner.protocol import MAX_MESSAGE_BYTES, ProtocolError
 
 __all__ = ["MAX_MESSAGE_BYTES", "ProtocolError", "REQUESTS", "encode", "parse_request",
@@ -53,21 +54,6 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
                 "max_bytes": ((int, type(None)), False)},
     "jobs_pause_all": {},
 }
-
-
-def encode(obj: Any) -> bytes:
-    """JSON bytes; NaN and infinities become null so the other side can always parse them."""
-    return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
-from trayapp import __version__, private
+from trayapp import __version__, channel, private
 from trayapp import config as configmod
+from trayapp.channel import ChannelServer, Peer
 from trayapp.config import Config, ConfigConflict, ConfigError, Paths
-from trayapp.engine import api, protocol
-from trayapp.engine.api import ChannelServer, Peer
+from trayapp.engine import protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.history import RecentHistory
 from trayapp.engine.parts import Parts
@@ -270,7 +270,7 @@ class Engine:
             self.config_watch.report_start()
             key = secrets.token_bytes(32)
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
-                                        name="control", idle_timeout=api.IDLE_SECONDS)
+                                        name="control", idle_timeout=channel.IDLE_SECONDS)
             self.server.start()
             # The key is written only after the socket exists, so a client that finds the key
             # finds an engine behind it.

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from trayapp import private
+from trayapp import private, vocab
 from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
 
 log = logging.getLogger("headroom.store")
 
@@ -39,7 +40,7 @@ RAW_QUERY_MAX_SECONDS = 6 * 3600.0
 MIN_SAMPLE_SPACING_SECONDS = 1.0
 MAINTENANCE_INTERVAL_SECONDS = 60.0
 # Jobs in this state keep their record although their process has ended: they can be resumed.
-RESUMABLE_STATES = frozenset({"parked"})
+RESUMABLE_STATES = vocab.PARKED
 
 _BUSY_TIMEOUT_SECONDS = 5.0
 _MAX_PENDING_EVENTS = 1000
@@ -248,7 +249,7 @@ class Store:
         else:
             self._load_state()
         self.add_event(
-            "store_recovered",
+            E.STORE_RECOVERED,
             f"The history database was unusable ({reason}); moved it aside to {moved} "
             "and started a new one.",
             level="warn",

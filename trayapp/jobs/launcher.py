@@ -39,26 +39,27 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 import psutil
 
 from trayapp import config as configmod
-from trayapp import private
+from trayapp import private, vocab
+from trayapp.channel import ChannelServer, Peer
 from trayapp.config import Paths
-from trayapp.engine.api import ChannelServer, Peer
 from trayapp.jobs import envfile, messages
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import joblog
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
+from trayapp.vocab import JobState as S
 
 log = logging.getLogger("headroom.jobs")
 
 WINDOWS = sys.platform == "win32"
 
 # A job in one of these states has (or had, a moment ago) a process.
-LIVE_STATES = frozenset({"starting", "running", "pausing", "paused", "parking", "stopping"})
+LIVE_STATES = vocab.LIVE
 # Transitional states: an action is under way.
-BUSY_STATES = frozenset({"starting", "pausing", "parking", "stopping"})
-END_STATES = frozenset({"finished", "failed", "stopped", "lost"})
-STATES = LIVE_STATES | END_STATES | {"parked"}
+BUSY_STATES = vocab.BUSY
+END_STATES = vocab.ENDED
+STATES = vocab.ALL
 
 ACTIONS = ("pause", "resume", "park", "stop", "kill")
 
@@ -121,6 +122,15 @@ class _Job:
     @property
     def state(self) -> str:
         return str(self.info["state"])
+
+
+def _move(info: Dict[str, Any], new: str) -> None:
+    """Set a job's state; a change the vocabulary's table does not have is logged (the state
+    is set all the same)."""
+    old = info.get("state")
+    if not vocab.can_move(old, new):
+        log.warning("job %s: unexpected state change %s -> %s", info.get("id"), old, new)
+    info["state"] = str(new)
 
 
 def _job_environ(folder: Path) -> Dict[str, str]:
@@ -449,7 +459,8 @@ class JobManager:
         except psutil.Error:
             job.process, create_time = None, None
         info = job.info
-        info.update(state="starting", pid=popen.pid, pids=[popen.pid], create_time=create_time,
+        _move(info, S.STARTING)
+        info.update(pid=popen.pid, pids=[popen.pid], create_time=create_time,
                     argv=list(plan.argv), cwd=str(plan.cwd) if plan.cwd else None,
                     exit_code=None, ended=None, end_reason=None, bye=None, hooked=False,
                     runs=int(info.get("runs") or 0) + 1, eta_seconds=None, resumable=False,
@@ -593,7 +604,7 @@ class JobManager:
         info["hooked"] = msg.fit_hook == "installed" or bool(msg.hooked)
         info["connected"] = True
         if info["state"] == "starting":
-            info["state"] = "running"
+            _move(info, S.RUNNING)
         runner_state = msg.state
         if runner_state == "paused" and info["state"] in ("running", "pausing"):
             self._set_paused(job, info.get("paused_by") or "user", info.get("pause_reason") or "",
@@ -607,7 +618,8 @@ class JobManager:
             self._send(job, rp.STOP)
         elif info["state"] == "paused" and info.get("pause_mode") == "cooperative" \
                 and runner_state == "running":
-            info.update(state="running", pause_mode=None, paused_by=None, pause_reason=None)
+            _move(info, S.RUNNING)
+            info.update(pause_mode=None, paused_by=None, pause_reason=None)
         self._save(job)
 
     def _on_progress(self, job: _Job, msg: messages.Progress) -> None:
@@ -621,7 +633,7 @@ class JobManager:
             info["tf_memory"] = None if msg.tf_memory is None else \
                 [m.to_json() for m in msg.tf_memory]
         if info["state"] == "starting":
-            info["state"] = "running"
+            _move(info, S.RUNNING)
         self._update_eta(job)
         job.dirty = True
 
@@ -639,14 +651,15 @@ class JobManager:
         elif state == "running":
             if info["state"] == "paused" and info.get("pause_mode") == "cooperative":
                 # The runner resumed on its own (or on our word): it is running again.
-                info.update(state="running", pause_mode=None, paused_at=None)
+                _move(info, S.RUNNING)
+                info.update(pause_mode=None, paused_at=None)
                 job.rate_ref = None
                 self._save(job)
             elif info["state"] == "starting":
-                info["state"] = "running"
+                _move(info, S.RUNNING)
                 self._save(job)
         elif state == "parking" and info["state"] in ("running", "pausing", "paused"):
-            info["state"] = "parking"
+            _move(info, S.PARKING)
             self._save(job)
         elif state == "stopping" and info["state"] == "stopping" and job.stop_stage == 1 \
                 and job.stop_note[0] != "guard":
@@ -883,7 +896,8 @@ class JobManager:
             end_reason = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
             kind, level = "job_failed", "error"
             message = f"job {job.id} ({info['name']}) failed ({end_reason})"
-        info.update(state=state, exit_code=code, ended=_now(), end_reason=end_reason,
+        _move(info, state)
+        info.update(exit_code=code, ended=_now(), end_reason=end_reason,
                     pids=[], rss_bytes=None, vram_bytes=None, eta_seconds=None,
                     pause_mode=None, connected=False,
                     resumable=state == "parked" or _resumable_stop(info, state))
@@ -935,7 +949,7 @@ class JobManager:
             info.update(paused_by=by, pause_reason=reason or None, paused_at=_now())
             wait = self._pause_deadline(deadline)
             if info.get("hooked") and wait > 0 and self._send(job, rp.PAUSE):
-                info["state"] = "pausing"
+                _move(info, S.PAUSING)
                 info["pause_mode"] = None
                 job.pause_deadline = time.monotonic() + wait
                 self._save(job)
@@ -975,7 +989,8 @@ class JobManager:
                     note: str = "") -> None:
         info = job.info
         already = info["state"] == "paused"
-        info.update(state="paused", pause_mode=mode, paused_by=by, pause_reason=reason or None)
+        _move(info, S.PAUSED)
+        info.update(pause_mode=mode, paused_by=by, pause_reason=reason or None)
         if info.get("paused_at") is None:
             info["paused_at"] = _now()
         job.pause_deadline = None
@@ -1011,7 +1026,8 @@ class JobManager:
                 self._send(job, rp.RESUME)
                 self._resume_tree(job)
                 info = job.info
-                info.update(state="running", pause_mode=None, paused_by=None,
+                _move(info, S.RUNNING)
+                info.update(pause_mode=None, paused_by=None,
                             pause_reason=None, paused_at=None)
                 job.pause_deadline = None
                 job.rate_ref = None
@@ -1121,7 +1137,8 @@ class JobManager:
             if not self._send(job, rp.PARK):
                 raise ValueError(f"job {job.id} did not take the request (its channel closed)")
             job.park_note = (by, reason)
-            info.update(state="parking", pause_mode=None, park_by=by,
+            _move(info, S.PARKING)
+            info.update(pause_mode=None, park_by=by,
                         park_reason=reason or None)
             job.pause_deadline = None
             self._save(job)
@@ -1154,7 +1171,8 @@ class JobManager:
     def _stop_parked(self, job: _Job, by: str, reason: str) -> Dict[str, Any]:
         """A parked job has no process: stopping it just closes it (the checkpoint stays)."""
         info = job.info
-        info.update(state="stopped", end_reason=f"stopped by {by} while parked"
+        _move(info, S.STOPPED)
+        info.update(end_reason=f"stopped by {by} while parked"
                     + (f": {reason}" if reason else ""), ended=_now(),
                     resumable=_resumable_stop(info, "stopped"))
         self._save(job)
@@ -1169,7 +1187,8 @@ class JobManager:
         info = job.info
         if job.state != "stopping":
             job.stop_note = (by, reason)
-            info.update(state="stopping", stop_by=by, stop_reason=reason or None)
+            _move(info, S.STOPPING)
+            info.update(stop_by=by, stop_reason=reason or None)
             job.pause_deadline = None
             self._save(job)
             if info.get("pause_mode") == "suspended":

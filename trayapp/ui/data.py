@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import words
+
 # The store answers one-minute rows for ranges over six hours; below, raw samples (1 per s).
 RAW_LIMIT_SECONDS = 6 * 3600
 # Seconds per request: about 10,000 raw rows or 5,000 minute rows of one series (~400 KB).
@@ -22,9 +25,9 @@ BASE_SERIES = ("mem.total", "mem.used", "mem.available", "swap.total", "swap.use
                "psi.full")
 GPU_SERIES = ("total", "used", "util", "temp", "other")
 # Kinds the dashboard draws (markers and shaded spans); other events are not fetched for it.
-MARKER_KINDS = frozenset({"job_started", "job_paused", "job_resumed", "job_parked",
-                          "job_finished", "job_failed", "job_stopped"})
-SPAN_KINDS = frozenset({"guard_warn", "guard_pause", "guard_park", "guard_ok"})
+MARKER_KINDS = words(E.JOB_STARTED, E.JOB_PAUSED, E.JOB_RESUMED, E.JOB_PARKED, E.JOB_FINISHED,
+                     E.JOB_FAILED, E.JOB_STOPPED)
+SPAN_KINDS = words(E.GUARD_WARN, E.GUARD_PAUSE, E.GUARD_PARK, E.GUARD_OK)
 
 
 def series_for(gpu_indices: Iterable[int]) -> Tuple[List[str], List[str]]:

@@ -61,6 +61,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from trayapp import vocab
 from trayapp.config import format_bytes
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.options import holds_checkpoint
@@ -81,7 +82,7 @@ log = logging.getLogger("headroom.ui")
 
 COLUMNS = ("Name", "State", "Progress", "Loss", "ETA", "RAM", "VRAM", "Elapsed")
 COL_PROGRESS = COLUMNS.index("Progress")
-FINISHED_STATES = frozenset({"finished", "failed", "stopped", "lost", "exited"})
+FINISHED_STATES = vocab.ENDED
 SHOW_CHOICES = (("all", "All jobs"), ("active", "Running and parked"),
                 ("finished", "Finished"))
 ACTIONS = ("pause", "resume", "park", "stop")
@@ -149,7 +150,7 @@ def state_text(job: JobDict) -> str:
     if state in ("paused", "pausing") and job.get("paused_by"):
         text = f"{state} by {job['paused_by']}"
         return text + (f": {job['pause_reason']}" if job.get("pause_reason") else "")
-    if state in FINISHED_STATES | {"parked"} and job.get("end_reason") \
+    if state in FINISHED_STATES | vocab.PARKED and job.get("end_reason") \
             and job.get("end_reason") != state:
         return f"{state} ({job['end_reason']})"
     return state
@@ -172,7 +173,7 @@ def cell_text(job: JobDict, column: int, now: float) -> str:
         value = job.get("rss_bytes" if name == "RAM" else "vram_bytes")
         if value is None:
             # An ended job has no memory; a live one whose reading is missing shows "n/a".
-            return "" if job.get("state") in FINISHED_STATES | {"parked"} else "n/a"
+            return "" if job.get("state") in FINISHED_STATES | vocab.PARKED else "n/a"
         return format_bytes(value)
     return format_duration(elapsed_seconds(job, now))
 

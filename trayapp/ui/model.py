@@ -10,29 +10,30 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from trayapp import vocab
 from trayapp.config import format_bytes
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
 
 # Fill levels of the icon's bars: 20 steps of 5%, so a few MiB more or less does not redraw it.
 LEVELS = 20
 
-GUARD_STATES = ("ok", "warn", "pause", "park")
+GUARD_STATES = vocab.LEVELS
 UNREACHABLE = "unreachable"
 
-# Jobs in these states no longer run: nothing to guard, nothing to pause.
-ENDED_STATES = frozenset({"finished", "failed", "stopped", "parked", "exited", "lost"})
+# Jobs in these states no longer run: nothing to guard, nothing to pause. (A parked job counts
+# here: the tray's menu leaves it out and quitting does not ask about it.)
+ENDED_STATES = vocab.ENDED | vocab.PARKED
 # Actions the menu offers per job state (the engine has the last word).
 _ACTIONS_RUNNING = ("pause", "park", "stop")
 _ACTIONS_PAUSED = ("resume", "park", "stop")
 JOB_ACTIONS: Dict[str, Tuple[str, ...]] = {
-    "starting": ("stop",),
-    "running": _ACTIONS_RUNNING,
-    "resuming": _ACTIONS_RUNNING,
-    "pausing": ("resume", "stop"),
-    "paused": _ACTIONS_PAUSED,
-    "suspended": _ACTIONS_PAUSED,
-    "checkpointing": ("stop",),
-    "parking": ("stop",),
-    "parked": ("resume",),
+    S.STARTING: ("stop",),
+    S.RUNNING: _ACTIONS_RUNNING,
+    S.PAUSING: ("resume", "stop"),
+    S.PAUSED: _ACTIONS_PAUSED,
+    S.PARKING: ("stop",),
+    S.PARKED: ("resume",),
 }
 GUARD_MODES = ("act", "dry-run", "off")
 GUARD_MODE_LABELS = {"act": "Act (warn, pause, park)", "dry-run": "Dry run (only record)",
@@ -282,13 +283,13 @@ class Notice:
     level: str  # info | warn | error
 
 
-_NOTIFY_TITLES = {
-    "guard_warn": "Memory is running low",
-    "guard_pause": "Jobs paused: memory is running out",
-    "guard_park": "Job parked to free memory",
-    "job_finished": "Training finished",
-    "job_failed": "Training failed",
-    "config_problem": "A problem in the settings file",
+_NOTIFY_TITLES: Dict[str, str] = {
+    E.GUARD_WARN: "Memory is running low",
+    E.GUARD_PAUSE: "Jobs paused: memory is running out",
+    E.GUARD_PARK: "Job parked to free memory",
+    E.JOB_FINISHED: "Training finished",
+    E.JOB_FAILED: "Training failed",
+    E.CONFIG_PROBLEM: "A problem in the settings file",
 }
 
 
@@ -298,7 +299,7 @@ def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
     title = _NOTIFY_TITLES.get(kind)
     if title is None:
         return None
-    level = str(event.get("level") or ("error" if kind in ("job_failed", "guard_park")
+    level = str(event.get("level") or ("error" if kind in (E.JOB_FAILED, E.GUARD_PARK)
                                        else "warn" if kind.startswith("guard_") else "info"))
     return Notice(title, str(event.get("message") or kind.replace("_", " ")), level)
 

@@ -1,10 +1,12 @@
 """An authenticated message server over a Unix socket (a named pipe on Windows).
 
-Used for the control channel (one key for the user's clients) and for each job's channel (a key
-per job). Every connection has its own thread, so a slow or hostile client only ever blocks
-itself: one that does not authenticate in time, or stalls in the middle of a message, is cut
-off. Messages are bytes (JSON, decoded by the handler); a message over the size limit gets an
-error answer and the connection is closed. Nothing a client sends can stop the server.
+Used for the engine's control channel (one key for the user's clients, ``engine/``) and for each
+job's channel (a key per job, ``jobs/``): it knows neither, and imports nothing of Headroom but
+the runner's protocol constants. Every connection has its own thread, so a slow or hostile
+client only ever blocks itself: one that does not authenticate in time, or stalls in the middle
+of a message, is cut off. Messages are bytes (JSON, decoded by the handler); a message over the
+size limit gets an error answer and the connection is closed. Nothing a client sends can stop
+the server.
 
 A flood of connections cannot lock the user's clients out. Connections still in their handshake
 and authenticated ones have separate limits; when the handshake places are full, the oldest
@@ -19,7 +21,9 @@ counts.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import queue
 import socket
@@ -30,7 +34,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable, Dict, List, Optional
 
-from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode
+from trayapp.runner.protocol import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("headroom.api")
 
@@ -50,6 +54,21 @@ ACCEPTS_PER_CLIENT = 8  # new connections taken per second, per client place
 BACKLOG = 512  # connections the kernel queues until they are taken
 REFUSALS_LOG_SECONDS = 1.0
 
+
+
+def encode(obj: Any) -> bytes:
+    """JSON bytes; NaN and infinities become null so the other side can always parse them."""
+    return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 class ChannelFull(ValueError):
     """A subscription refused: the channel keeps its last places for clients that ask."""
@@ -342,7 +361,7 @@ class ChannelServer:
             self._spawn(Peer(self, conn, wake))
 
     def _start_windows(self) -> None:  # pragma: no cover - Windows only
-        from trayapp.engine.winpipe import UserOnlyPipeListener  # type: ignore[attr-defined]
+        from trayapp.winpipe import UserOnlyPipeListener  # type: ignore[attr-defined]
 
         self._listener = UserOnlyPipeListener(self.address)
         t = threading.Thread(target=self._accept_loop_windows, name=f"{self.name}-accept",
