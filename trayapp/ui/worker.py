@@ -287,10 +287,6 @@ class CallRunner(QObject):
                 self._pending -= 1
             if not self._closed.is_set():
                 self._finished.emit((on_done, on_error, result, error))
-            # The callbacks refer to windows: once handed to the GUI thread, this thread must
-            # not keep them until its next call, or the last reference to a closed window could
-            # be dropped here, destroying it off the GUI thread.
-            del item, fn, on_done, on_error, result
         if client is not None:
             client.close()
 
