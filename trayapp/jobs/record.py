@@ -1,0 +1,250 @@
+"""A job as the parts of Headroom see it: one typed, frozen record.
+
+The job manager builds it and replaces it (``dataclasses.replace``, ``moved``) as the job
+changes; the guard reads it as it is; the store, the control channel, the CLI and the UI carry
+it as JSON (``to_json``, the contract of DESIGN.md) and read it back with ``from_json``, which
+takes anything (a record of an older version, a hand-edited database row, a garbled reply) and
+gives a record whose fields have their types: a field that cannot be read gets its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from trayapp import vocab
+from trayapp.vocab import JobState
+
+# Fields renamed since: read the old name when the new one is absent.
+_OLD_NAMES = {"parked_by": "park_by", "stopped_by": "stop_by"}
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job. Sizes in bytes, times in seconds since the epoch, epochs 1-based as Keras
+    prints them (``epoch`` is the one under way or the last one done)."""
+
+    id: str
+    name: str = ""
+    state: str = JobState.STARTING.value
+    kind: str = "script"  # "script" (launched by Headroom)
+    pid: Optional[int] = None
+    pids: Tuple[int, ...] = ()
+    create_time: Optional[float] = None
+    rss_bytes: Optional[int] = None
+    vram_bytes: Optional[int] = None
+    memory_method: Optional[str] = None  # how rss_bytes was measured ("pss", "rss")
+    epoch: Optional[int] = None
+    epochs: Optional[int] = None
+    step: Optional[int] = None
+    steps: Optional[int] = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    eta_seconds: Optional[float] = None
+    tf_memory: Optional[Tuple[Mapping[str, Any], ...]] = None
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    end_reason: Optional[str] = None
+    exit_code: Optional[int] = None
+    hooked: bool = False  # the runner said hello: pause and park go through it
+    connected: bool = False
+    runner_state: Optional[str] = None  # the runner's own word (trayapp.runner.protocol)
+    hello: Optional[Mapping[str, Any]] = None
+    bye: Optional[Mapping[str, Any]] = None
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    script: str = ""
+    cwd: Optional[str] = None
+    argv: Tuple[str, ...] = ()
+    checkpoint_dir: Optional[str] = None
+    checkpoint: Optional[Mapping[str, Any]] = None  # the last checkpoint the runner saved
+    log_path: Optional[str] = None
+    process: Optional[Mapping[str, Any]] = None  # the priority it was given (nice, oom_score_adj)
+    paused_by: Optional[str] = None
+    pause_reason: Optional[str] = None
+    pause_mode: Optional[str] = None  # "runner" (at a batch end) or "signal" (tree suspended)
+    paused_at: Optional[float] = None
+    parked_by: Optional[str] = None
+    park_reason: Optional[str] = None
+    stopped_by: Optional[str] = None
+    stop_reason: Optional[str] = None
+    ram_budget_bytes: Optional[int] = None
+    vram_budget_bytes: Optional[int] = None
+    auto_resume: bool = True
+    notes: Tuple[Mapping[str, Any], ...] = ()
+    warnings: Tuple[str, ...] = ()
+    dropped_fields: int = 0
+    runs: int = 0
+    resumed_at: Optional[float] = None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in vocab.LIVE
+
+    @property
+    def is_ended(self) -> bool:
+        return self.state in vocab.ENDED
+
+    @property
+    def is_parked(self) -> bool:
+        return self.state in vocab.PARKED
+
+    def moved(self, new: str, **changes: Any) -> JobRecord:
+        """This record in state ``new`` (and with ``changes``). A change of state that
+        ``vocab.TRANSITIONS`` does not have raises ``ValueError``."""
+        if not vocab.can_move(self.state, new):
+            raise ValueError(f"job {self.id}: no change of state {self.state} -> {new}")
+        return dataclasses.replace(self, state=str(new), **changes)
+
+    def with_(self, **changes: Any) -> JobRecord:
+        return dataclasses.replace(self, **changes)
+
+    # -- JSON --------------------------------------------------------------------------------
+
+    def to_json(self) -> Dict[str, Any]:
+        """The record as plain JSON types (tuples as lists, mappings as dicts)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in _FIELDS}
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobRecord:
+        """A record from ``data``; a field missing or of the wrong type gets its default, an
+        unknown key is left out. ``data`` without a string ``id`` raises ``ValueError``."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a job record is an object")
+        job_id = data.get("id")
+        if not isinstance(job_id, str) or not job_id:
+            raise ValueError("a job record needs an id")
+        values: Dict[str, Any] = {"id": job_id}
+        for f in _FIELDS[1:]:
+            name = f.name
+            if name in data:
+                raw = data[name]
+            elif name in _OLD_NAMES and _OLD_NAMES[name] in data:
+                raw = data[_OLD_NAMES[name]]
+            else:
+                continue
+            read = _READERS[name]
+            try:
+                values[name] = read(raw)
+            except (TypeError, ValueError, OverflowError):
+                continue  # the default
+        return cls(**values)
+
+
+# -- field readers -------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _opt(read: Any) -> Any:
+    return lambda v: None if v is None else read(v)
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TypeError("not a number")
+    return int(v)
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TypeError("not a number")
+    return float(v)
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError("not a string")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError("not a boolean")
+    return v
+
+
+def _state(v: Any) -> str:
+    if v not in vocab.ALL:
+        raise ValueError("not a job state")
+    return str(v)
+
+
+def _mapping(v: Any) -> Dict[str, Any]:
+    if not isinstance(v, Mapping):
+        raise TypeError("not an object")
+    return {str(k): x for k, x in v.items()}
+
+
+def _metrics(v: Any) -> Dict[str, float]:
+    out = {}
+    for k, x in _mapping(v).items():
+        try:
+            out[k] = _float(x)
+        except TypeError:
+            continue
+    return out
+
+
+def _ints(v: Any) -> Tuple[int, ...]:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError("not a list")
+    return tuple(_int(x) for x in v)
+
+
+def _strs(v: Any) -> Tuple[str, ...]:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError("not a list")
+    return tuple(x for x in v if isinstance(x, str))
+
+
+def _mappings(v: Any) -> Tuple[Dict[str, Any], ...]:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError("not a list")
+    return tuple(_mapping(x) for x in v if isinstance(x, Mapping))
+
+
+_FIELDS = dataclasses.fields(JobRecord)
+_READERS: Dict[str, Any] = {
+    "name": _str, "state": _state, "kind": _str,
+    "pid": _opt(_int), "pids": _ints, "create_time": _opt(_float),
+    "rss_bytes": _opt(_int), "vram_bytes": _opt(_int), "memory_method": _opt(_str),
+    "epoch": _opt(_int), "epochs": _opt(_int), "step": _opt(_int), "steps": _opt(_int),
+    "metrics": _metrics, "eta_seconds": _opt(_float), "tf_memory": _opt(_mappings),
+    "started": _opt(_float), "ended": _opt(_float), "end_reason": _opt(_str),
+    "exit_code": _opt(_int), "hooked": _bool, "connected": _bool,
+    "runner_state": _opt(_str), "hello": _opt(_mapping), "bye": _opt(_mapping),
+    "spec": _mapping, "script": _str, "cwd": _opt(_str), "argv": _strs,
+    "checkpoint_dir": _opt(_str), "checkpoint": _opt(_mapping), "log_path": _opt(_str),
+    "process": _opt(_mapping),
+    "paused_by": _opt(_str), "pause_reason": _opt(_str), "pause_mode": _opt(_str),
+    "paused_at": _opt(_float), "parked_by": _opt(_str), "park_reason": _opt(_str),
+    "stopped_by": _opt(_str), "stop_reason": _opt(_str),
+    "ram_budget_bytes": _opt(_int), "vram_budget_bytes": _opt(_int), "auto_resume": _bool,
+    "notes": _mappings, "warnings": _strs, "dropped_fields": _int, "runs": _int,
+    "resumed_at": _opt(_float),
+}
+if set(_READERS) != {f.name for f in _FIELDS[1:]}:  # pragma: no cover - caught by any import
+    raise ImportError("every field of JobRecord needs a reader")
+
+
+def records(items: Any) -> List[JobRecord]:
+    """The readable records among ``items`` (a list from a reply or the store); the others are
+    left out."""
+    out = []
+    for item in items if isinstance(items, (list, tuple)) else ():
+        try:
+            out.append(JobRecord.from_json(item))
+        except ValueError:
+            continue
+    return out
