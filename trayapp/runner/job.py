@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 
-from . import hooks, joblog, priority, protocol, tfoptions, training
+from . import control, fithook, hooks, joblog, priority, protocol, tfoptions
 from .channel import Channel, NullChannel
 
 RUNNER_VERSION = 1
@@ -75,7 +75,7 @@ class Session:
         self.job_id = job_id
         self.script = script
         self.channel = NullChannel()
-        self.control = training.Control(self.send_state)
+        self.control = control.Control(self.send_state)
         self.active_run = None
         self.fit_count = 0
         self.fit_seen = False
@@ -178,7 +178,7 @@ class Session:
             except tfoptions.OptionError as e:
                 self.fail_options(str(e))
         try:
-            hooked = training.install(keras, self)
+            hooked = fithook.install(keras, self)
         except Exception as e:
             hooked = False
             self.note("warn", f"cannot follow fit(): {e}")
@@ -266,7 +266,7 @@ class Session:
     def forked(self):
         """In a child made by fork(): it is not the job; it reports nothing."""
         self.channel = NullChannel()
-        self.control = training.Control(self.send_state)
+        self.control = control.Control(self.send_state)
         self._finished = True
         self._timer = None
 
