@@ -95,7 +95,7 @@ def umask_env() -> dict:
 
 def _owner(uid: int) -> str:
     try:
-        import pwd
+        import pwd  # POSIX only (this module is imported on Windows too)
 
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except (ImportError, KeyError):
@@ -121,7 +121,7 @@ def _group_is_only_yours(gid: int) -> bool:
     user's own primary group, named after the user, with no other member. Write access for it
     is write access for the user alone (as Debian's OpenSSH also judges it)."""
     try:
-        import grp
+        import grp  # POSIX only, as pwd
         import pwd
 
         me = pwd.getpwuid(os.getuid())
@@ -229,7 +229,7 @@ def open_private_file(path: os.PathLike | str, mode: str = "ab",
 def rotating_log_handler(path: os.PathLike | str, max_bytes: int, backups: int) -> Any:
     """A ``logging.handlers.RotatingFileHandler`` (UTF-8) whose file is opened through
     ``open_private``: no link followed, 0600. Raises OSError or UnsafePath."""
-    from logging.handlers import RotatingFileHandler
+    from logging.handlers import RotatingFileHandler  # only processes that write a log
 
     class PrivateRotatingFileHandler(RotatingFileHandler):
         def _open(self) -> Any:

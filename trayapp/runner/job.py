@@ -45,7 +45,7 @@ _KERAS_DISTRIBUTIONS = ("keras", "tf_keras", "keras_nightly")
 def _installed_version(module, distributions):
     """The version of the package that provides ``module``, from its ``*.dist-info`` folder name,
     without importing it (nor importlib.metadata, which costs more than the rest of the runner)."""
-    import importlib.util
+    import importlib.util  # the runner's start-up cost: only when a version is asked for
 
     try:
         spec = importlib.util.find_spec(module)
@@ -121,7 +121,7 @@ class Session:
             self.keras_version = self.keras_version or _installed_version(
                 "keras", _KERAS_DISTRIBUTIONS
             )
-        import platform
+        import platform  # once, for the hello: kept off the runner's start-up
 
         return protocol.make(
             protocol.HELLO,
@@ -325,7 +325,7 @@ def _print_exception(error, bootstrap_file):
     try:
         sys.excepthook(type(error), error, tb)
     except Exception:
-        import traceback
+        import traceback  # only when the script's own excepthook failed
 
         traceback.print_exception(type(error), error, tb)
     try:
