@@ -5,6 +5,7 @@ import functools
 import inspect
 import os
 
+from . import shrink
 from .control import Parked
 from .training import WEIGHTS_FILE, FitRun, _first_line, _int
 
@@ -151,17 +152,24 @@ def install(keras, session):
             bound.arguments.get("initial_epoch", 0),
         )
         run.prepare_folder()
-        first = [first_cls(run)]
-        if run.dir and restore_cls is not None:
-            first.insert(0, _restorer(restore_cls, run, keras3))
-        bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+        shrinker = shrink.Shrinker(keras, session, self, bound, keras3)
+        shrinker.prepare(tf_backend)
+        _resume_shrunk(run, shrinker)
+
+        def set_callbacks(restore):
+            first = [first_cls(run)]
+            if restore and run.dir and restore_cls is not None:
+                first.insert(0, _restorer(restore_cls, run, keras3))
+            bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+
+        set_callbacks(True)
         if hasattr(self, "_initial_epoch"):
             # Set by a BackupAndRestore of an earlier fit() of this model; only this fit's own
             # checkpoint may choose where it starts.
             self._initial_epoch = None
         session.fit_started(run)
         try:
-            history = original(*bound.args, **bound.kwargs)
+            history = _fit_shrinking(original, bound, run, shrinker, set_callbacks)
         except Parked:
             history = None
         finally:
@@ -203,3 +211,88 @@ def _after_fit(session):
     if session.control.stop:
         # Stopped (at a batch, or as fit() was ending): the rest of the script does not run.
         session.exit_stopped()
+
+
+def _resume_shrunk(run, shrinker):
+    """A job resumed from a checkpoint saved at a shrunk batch goes on with it: the
+    accumulation is set before the checkpoint is restored (its optimizer state has the
+    accumulators)."""
+    if not run.dir or not run.session.options["resume"]:
+        return
+    metadata = run.read_metadata() or {}
+    extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
+    k = _int(extra.get("accumulation"), 1)
+    if k <= 1:
+        return
+    refusal = shrinker.refusal()
+    if refusal is not None:
+        run.session.note("warn", f"the checkpoint was trained at a shrunk batch, but {refusal}")
+        return
+    micro = shrinker.apply(k)
+    run.accumulation = k
+    run.session.note("info", f"resumed at micro-batches of {micro} x {k} "
+                             f"(batch {shrinker.effective_batch()}, the same training)")
+
+
+def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
+    """``fit()``, trained again at half the micro-batch (twice the accumulation) after an
+    out-of-memory error, from where it stood, as often as the floor allows."""
+    session = run.session
+    earlier = None
+    while True:
+        try:
+            history = original(*bound.args, **bound.kwargs)
+            return _merged(earlier, history)
+        except Exception as error:
+            if not shrink.is_oom(error) or run.stopping:
+                raise
+            refusal = shrinker.refusal()
+            if refusal is not None:
+                session.note("error", f"out of memory in fit(); not shrunk: {refusal}")
+                raise
+            halved = shrinker.halve()
+            what = shrink.oom_text(error)
+            earlier = _merged(earlier, getattr(run.model, "history", None))
+            if halved is None:
+                _below_floor(run, shrinker, what)
+                raise
+        # Out of the except block, the failed step's frames (and their tensors) are gone.
+        shrink.release_memory()
+        epoch, done = run.updates_done()
+        micro, k = halved
+        shrinker.apply(k)
+        run.restart_in_memory(epoch, done, k)
+        set_callbacks(False)  # the weights in memory are newer than any checkpoint
+        bound.arguments["initial_epoch"] = epoch
+        session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+                             f"training micro-batches of {micro} x {k} "
+                             f"(batch {shrinker.effective_batch()}, the same training)")
+
+
+def _below_floor(run, shrinker, what):
+    """No smaller micro-batch: with a checkpoint folder, save where training is and park."""
+    floor = f"micro-batch {shrink.micro_batch(shrinker.effective_batch(), shrinker.k)}, " \
+            f"--min-batch {shrinker.floor}"
+    session = run.session
+    if not run.dir:
+        session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
+        return
+    epoch, done = run.updates_done()
+    shrink.to_update_boundary(run.model.optimizer)
+    run.accumulation = shrinker.k
+    if run.save(epoch, done * shrinker.k, "oom"):
+        session.note("error", f"out of memory in fit() at the smallest batch ({floor}); "
+                              "parked with a checkpoint: resume it when memory is free")
+        session.control.parked = True
+        session.exit_parked()
+
+
+def _merged(earlier, history):
+    """One History for the whole fit: the epochs of the attempts before an out-of-memory error
+    come first."""
+    if earlier is None or history is None or earlier is history:
+        return history if history is not None else earlier
+    for key, values in (getattr(earlier, "history", None) or {}).items():
+        history.history[key] = list(values) + list(history.history.get(key, []))
+    history.epoch = list(getattr(earlier, "epoch", [])) + list(getattr(history, "epoch", []))
+    return history

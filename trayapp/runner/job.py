@@ -25,7 +25,7 @@ import sys
 import threading
 
 from . import control, fithook, hooks, joblog, priority, protocol, tfoptions
-from .channel import Channel, NullChannel
+from .channel import Channel, NullChannel, start_small
 
 RUNNER_VERSION = 1
 NO_FIT_NOTE = "no Keras fit() seen: progress is not available"
@@ -202,7 +202,7 @@ class Session:
             return
         self._timer = threading.Timer(self.options["no_fit_note_seconds"], self._no_fit_yet)
         self._timer.daemon = True
-        self._timer.start()
+        start_small(self._timer)
 
     def _no_fit_yet(self):
         if not self.fit_seen:

@@ -24,6 +24,8 @@ the training, and ``set_accumulation`` refuses (``NoAccumulation``).
 Keras is passed in: the runner cannot import it (the script chooses which Keras it uses).
 """
 
+import sys
+
 MAX_ACCUMULATION = 1024
 
 
@@ -84,6 +86,7 @@ def set_accumulation(keras, optimizer, k):
             "the training")
     old = accumulation(optimizer)
     if k == old:
+        to_update_boundary(optimizer)
         return
     updates = int(optimizer._iterations.numpy()) // old
     optimizer.gradient_accumulation_steps = k if k > 1 else None
@@ -94,6 +97,18 @@ def set_accumulation(keras, optimizer, k):
     base = keras.optimizers.schedules.LearningRateSchedule
     if isinstance(schedule, base):
         optimizer._learning_rate = update_schedule(keras, schedule, k) if k > 1 else schedule
+
+
+def to_update_boundary(optimizer):
+    """Drop a half-accumulated update (after an error in the middle of one): the counter goes
+    back to the last update and the accumulators are emptied, so training repeats those
+    micro-batches instead of counting them twice."""
+    k = accumulation(optimizer)
+    if k <= 1:
+        return
+    optimizer._iterations.assign((int(optimizer._iterations.numpy()) // k) * k)
+    for acc in getattr(optimizer, "_accumulated_gradients", None) or ():
+        acc.assign(acc * 0)
 
 
 def _make_accumulators(optimizer):
@@ -195,3 +210,147 @@ def _assert_cardinality(count):
     import tensorflow as tf  # the job's own TensorFlow, already imported by its dataset
 
     return tf.data.experimental.assert_cardinality(count)
+
+
+# -- an out-of-memory error in fit() -------------------------------------------------------------
+
+
+def is_oom(error):
+    """An out-of-memory error of TensorFlow (``ResourceExhaustedError``, "OOM when allocating")
+    or of the host (``MemoryError``, numpy's included)."""
+    if isinstance(error, MemoryError):
+        return True
+    return type(error).__name__ == "ResourceExhaustedError" or "OOM when allocating" in str(error)
+
+
+def oom_text(error):
+    """What ran out, in one line: TensorFlow's "OOM when allocating tensor with shape[...]",
+    else the error's first line."""
+    for line in str(error).splitlines():
+        if "OOM when allocating" in line:
+            line = line.strip()
+            return line.split(" and type ")[0] if " and type " in line else line[:200]
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__
+
+
+def release_memory():
+    """Give back what the failed step held: its frames are gone once the error is dropped;
+    collect their cycles, and hand freed heap pages back to the system (glibc), so the smaller
+    step finds the room the bigger one had (measured: the difference between an abort on the
+    next thread TensorFlow starts and a retry that trains, under an address-space limit)."""
+    import gc  # only after an out-of-memory error
+
+    gc.collect()
+    try:
+        import ctypes  # only after an out-of-memory error
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def make_atomic(tf, optimizer):
+    """Make each optimizer step all or nothing: no variable is updated (nor the step counted)
+    before every gradient of the step exists. Without it, TensorFlow updates the variables
+    whose gradients are ready while it still computes the others, so an out-of-memory error in
+    an earlier layer's gradient leaves the later layers updated and the earlier ones not
+    (measured on tensorflow-cpu: the last Dense layer updated, the two before not, the counter
+    advanced) and no training can go on from such weights. Returns True when patched now."""
+    if getattr(optimizer, "_headroom_atomic", False) or not hasattr(optimizer, "apply"):
+        return False
+    original = optimizer.apply
+
+    def apply(grads, trainable_variables=None):
+        grads = list(grads)
+        tensors = [g for g in grads if isinstance(g, tf.Tensor)]
+        with tf.control_dependencies(tensors):
+            grads = [tf.identity(g) if isinstance(g, tf.Tensor) else g for g in grads]
+            return original(grads, trainable_variables)
+
+    optimizer.apply = apply
+    optimizer._headroom_atomic = True
+    return True
+
+
+class Shrinker:
+    """What one hooked ``fit()`` call can do on an out-of-memory error: the effective batch, the
+    current micro-batch and accumulation, and the input it re-batches."""
+
+    def __init__(self, keras, session, model, bound, keras3):
+        self.keras = keras
+        self.session = session
+        self.model = model
+        self.bound = bound
+        options = session.options
+        self.enabled = options["on_oom"] == "shrink"
+        self.floor = options["min_batch"]
+        self.keras3 = keras3
+        self.x = bound.arguments.get("x")
+        self.kind, self.why = input_kind(self.x) if self.x is not None else (None, "no input")
+        self.k = accumulation(getattr(model, "optimizer", None))
+        self.batch = None  # the effective batch, known once needed
+        self.steps_per_epoch = bound.arguments.get("steps_per_epoch")
+
+    def prepare(self, tf_backend):
+        """At the start of the fit: say when it cannot shrink; else make its steps atomic, so
+        an out-of-memory error leaves the weights of the last whole update."""
+        if not self.enabled:
+            return
+        if self.kind is None and self.x is not None:
+            self.session.note("info", f"{self.why}; an out-of-memory error ends the job")
+            return
+        tf = sys.modules.get("tensorflow")
+        optimizer = getattr(self.model, "optimizer", None)
+        if self.refusal() is None and tf_backend and tf is not None and optimizer is not None:
+            if make_atomic(tf, optimizer):
+                self.model.train_function = None  # traced again, with the atomic step
+
+    def effective_batch(self):
+        if self.batch is None:
+            if self.kind == ARRAYS:
+                self.batch = int(self.bound.arguments.get("batch_size") or 32) * self.k
+            elif self.kind == DATASET:
+                dim = _batch_dim(self.x.element_spec)
+                self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * self.k
+        return self.batch
+
+    def refusal(self):
+        """Why this fit cannot shrink, or None."""
+        if not self.enabled:
+            return "--on-oom stop"
+        if not self.keras3 or not can_accumulate(getattr(self.model, "optimizer", None)):
+            return ("Keras 2 has no gradient accumulation: a smaller batch would change the "
+                    "training")
+        if self.kind is None:
+            return self.why
+        if int(getattr(self.model, "steps_per_execution", 1) or 1) > 1:
+            return "steps_per_execution > 1 (a failed call may have trained some of its steps)"
+        return None
+
+    def apply(self, k):
+        """Train micro-batches of ``effective / k`` accumulated ``k`` times from the next
+        ``fit()`` attempt on (``k`` after a halving, or as a checkpoint recorded it)."""
+        batch = self.effective_batch()
+        micro = micro_batch(batch, k)
+        optimizer = self.model.optimizer
+        if not getattr(optimizer, "built", False) and getattr(self.model, "built", False):
+            # Built first and the accumulators added after, always: a checkpoint holds the
+            # optimizer's variables in the order they were made, and one saved after a shrink
+            # in the middle of training has them after the optimizer's own.
+            optimizer.build(self.model.trainable_variables)
+        set_accumulation(self.keras, optimizer, k)
+        if self.kind == ARRAYS:
+            self.bound.arguments["batch_size"] = micro
+        else:
+            self.bound.arguments["x"] = rebatch(self.x, micro) if k > 1 else self.x
+        if self.steps_per_epoch:
+            self.bound.arguments["steps_per_epoch"] = int(self.steps_per_epoch) * k
+        self.model.train_function = None  # compiled for the old optimizer: built again
+        self.k = k
+        return micro
+
+    def halve(self):
+        """(micro-batch, accumulation) of the next halving, or None (the floor, or a batch that
+        does not split evenly)."""
+        return plan_halving(self.effective_batch(), self.k, self.floor)

@@ -114,6 +114,9 @@ class FitRun:
         self.restored_finished = False
         self.last_saved = None
         self.gpu_names = []
+        self.accumulation = 1  # micro-batches per optimizer update (shrunk: > 1)
+        self.epoch_updates = None  # the optimizer's updates when this epoch began
+        self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -155,6 +158,7 @@ class FitRun:
                 "batch": max(done - 1, 0),
                 "headroom": {
                     "batches_done": done,
+                    "accumulation": self.accumulation,
                     "finished": finished,
                     "fit": self.index,
                     "time": time.time(),
@@ -174,7 +178,7 @@ class FitRun:
                 protocol.CHECKPOINTED,
                 path=self.dir,
                 epoch=epoch,
-                step=done,
+                step=done // self.accumulation,
                 fit=self.index,
                 reason=reason,
             )
@@ -229,7 +233,7 @@ class FitRun:
         start = _int(getattr(self.model, "_initial_epoch", None), 0) or self.initial_epoch
         self.epoch = start
         self.position = (start, 0)
-        if self.dir and self.keras3:
+        if self.dir and self.keras3 and not self.in_memory:
             metadata = self.read_metadata()
             extra = metadata.get("headroom") if metadata else None
             if isinstance(extra, dict) and metadata.get("epoch") == start:
@@ -255,6 +259,8 @@ class FitRun:
     def epoch_begin(self, epoch):
         self.epoch = epoch
         self.position = (epoch, 0)
+        skipped = self.skip if self.skip and epoch == self.skip_epoch else 0
+        self.epoch_updates = self._updates() - skipped // self.accumulation
         if self.skip and epoch == self.skip_epoch:
             self._start_skip()
         if self.session.control.pending and not self.skipping:
@@ -312,6 +318,30 @@ class FitRun:
         # restores these weights and trains no more epochs of it.
         self.save(self.epochs, 0, "end", finished=True)
 
+    # -- after an out-of-memory error ---------------------------------------------------------
+
+    def _updates(self):
+        try:
+            return int(self.model.optimizer.iterations)
+        except Exception:  # no optimizer yet, or one without a counter
+            return 0
+
+    def updates_done(self):
+        """(epoch, optimizer updates done in it): where training stands after a failed step,
+        whose update may or may not have been applied (the counter says)."""
+        if self.epoch_updates is None:
+            return self.epoch, 0
+        return self.epoch, max(0, self._updates() - self.epoch_updates)
+
+    def restart_in_memory(self, epoch, updates, accumulation):
+        """Train on from ``epoch`` with ``updates`` of it done, at ``accumulation`` micro-batches
+        an update: the next fit() attempt drops the micro-batches already trained."""
+        self.accumulation = accumulation
+        self.in_memory = True
+        self.initial_epoch = epoch
+        self.skip, self.skip_epoch = updates * accumulation, epoch
+        self.stop_seen = False
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _progress(self, epoch, step, logs):
@@ -323,14 +353,15 @@ class FitRun:
         if self.gpu_names:
             tf = sys.modules.get("tensorflow")
             memory = gpu_memory(tf, self.gpu_names) if tf is not None else None
+        acc = self.accumulation
         self.session.send_progress(
             protocol.make(
                 protocol.PROGRESS,
                 fit=self.index,
                 epoch=epoch + 1,
                 epochs=self.epochs,
-                step=step,
-                steps=self.steps,
+                step=step // acc if step is not None else None,
+                steps=-(-self.steps // acc) if self.steps is not None else None,
                 logs=values,
                 tf_memory=memory,
             )
