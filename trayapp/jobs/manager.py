@@ -389,7 +389,7 @@ def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
             if adopted_gone else "the process ended (exit status unknown)"
         return Ending(S.LOST, reason, E.JOB_LOST, "warn", f"{head}: {reason}")
     if code == 0:
-        return Ending(S.FINISHED, "finished", E.JOB_FINISHED, "info", f"{head} finished")
+        return Ending(S.FINISHED, S.FINISHED.value, E.JOB_FINISHED, "info", f"{head} finished")
     reason = f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
     return Ending(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed ({reason})")
 

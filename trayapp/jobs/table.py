@@ -86,8 +86,8 @@ class JobTable:
         job = self._find(job_ref)
         if not isinstance(job, Job) or job.state not in vocab.LIVE:
             rec = job if isinstance(job, JobRecord) else job.rec
-            raise ValueError(f"job {rec.id} is {rec.state}; it cannot be "
-                             f"{'parked' if what == 'park' else what + 'd'}")
+            done = what + ("d" if what.endswith("e") else "ed")  # paused, parked
+            raise ValueError(f"job {rec.id} is {rec.state}; it cannot be {done}")
         return job
 
     # -- the store ----------------------------------------------------------------------------
