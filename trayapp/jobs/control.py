@@ -230,9 +230,11 @@ class JobControl(Launching):
 
     def _advance_stop(self, job: Job, t: float, *, runner_gone: bool = False) -> None:
         """The next stop step, when one is due at monotonic time ``t``."""
+        # Only SIGKILL's repeat asks what is left (a look at every process seen in the tree).
+        remnants = job.stop_stage < Stage.KILL or \
+            (t >= job.stop_next and bool(trees.remnants(job)))
         self._take_step(job, ladder.next_step(job.stop_stage, job.stop_next, t,
-                                              remnants=bool(trees.remnants(job)),
-                                              runner_gone=runner_gone))
+                                              remnants=remnants, runner_gone=runner_gone))
 
     def _take_step(self, job: Job, step: Optional[Step]) -> None:
         """Take a stop step now: ask the runner (the next step at once when it cannot be

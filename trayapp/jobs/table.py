@@ -22,6 +22,7 @@ from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import GpuReading
 from trayapp.runner import protocol as rp
+from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
@@ -99,16 +100,17 @@ class JobTable:
         if not isinstance(data, dict):
             return None
         job_id = data.get("id")
-        reset = messages.clean_record(data)
-        if reset and adopting:
-            log.warning("job %s: its saved %s did not pass the checks; reset", job_id,
-                        ", ".join(reset))
         try:
+            reset = messages.clean_record(data)
+            if reset and adopting:
+                log.warning("job %s: its saved %s did not pass the checks; reset", one(job_id),
+                            ", ".join(reset))
             if data.get("state") not in vocab.ALL:
                 raise ValueError(f"its state {one(data.get('state'))} is not a job state")
             return JobRecord.from_json(data)
-        except ValueError as e:
-            log.warning("job %s: its saved record cannot be read (%s); left out", one(job_id), e)
+        except Exception as e:  # any row at all: one that cannot be read must not stop the rest
+            log.warning("job %s: its saved record cannot be read (%s); left out", one(job_id),
+                        one_line(e, 200))
             return None
 
     def _stored_list(self, include_finished: bool, limit: int) -> List[JobRecord]:
@@ -185,5 +187,7 @@ def _match(ref: str, names: Dict[str, str]) -> Optional[str]:
 
 
 def one(value: Any) -> str:
-    """A value of a saved record, short, for a log line."""
+    """A value of a saved record, short, for a log line (a plain id as it is)."""
+    if isinstance(value, str) and len(value) <= 80 and value.isprintable():
+        return value
     return repr(value)[:80]
