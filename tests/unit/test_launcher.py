@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List
 
@@ -17,6 +18,7 @@ from trayapp.jobs import eta, ladder, logpages
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.record import JobRecord
+from trayapp.runner import protocol as rp
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
@@ -258,10 +260,6 @@ def _fake_python(tmp_path: Path) -> str:
 
 def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, events: Events,
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from multiprocessing.connection import Client
-
-    from trayapp.runner import protocol as rp
-
     monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
     job = manager.start(ticker(python=_fake_python(tmp_path)))
     jid = job["id"]
@@ -316,15 +314,12 @@ def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, event
                               "job_note", "job_stopped"]
     assert "not JSON" in events.seen[1]["message"] and stopped["dropped_fields"] == 1
     assert events.seen[4]["level"] == "warn"
+    assert {e["job_id"] for e in events.seen} == {jid}  # every event names its job
 
 
 def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths: Paths,
                                                      tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from multiprocessing.connection import Client
-
-    from trayapp.runner import protocol as rp
-
     monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
     job = manager.start(ticker(python=_fake_python(tmp_path)))
     jid = job["id"]
