@@ -214,8 +214,9 @@ class JobControl(Launching):
     def _begin_stop(self, job: Job, by: str, reason: str, force: bool,
                     ask: bool = True) -> None:
         if job.state == S.STOPPING:
-            if force and job.stop_stage < Stage.KILL:
-                self._take_step(job, ladder.step(Stage.KILL, time.monotonic()))
+            if force and job.stop_stage < Stage.KILL:  # kill: SIGKILL now
+                self._take_step(job, ladder.next_step(job.stop_stage, job.stop_next,
+                                                      time.monotonic(), force=True))
             return
         job.stop_note = (by, reason)
         job.move(S.STOPPING, stopped_by=by, stop_reason=reason or None)
