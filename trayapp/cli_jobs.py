@@ -283,7 +283,7 @@ class Follower:
         """A job the guard parked and will resume by itself is followed on (until Ctrl-C)."""
         if self.handled:
             return False
-        by = self.job.get("park_by")
+        by = self.job.get("parked_by") or self.job.get("park_by")
         return by == "guard" and bool(self.job.get("auto_resume"))
 
     def _interrupt(self) -> bool:

@@ -82,12 +82,12 @@ def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
     from tests.unit.test_launcher import _fake_python, ticker
     from trayapp.config import get_paths
     from trayapp.engine.store import Store
-    from trayapp.jobs import launcher
+    from trayapp.jobs import ladder, launcher
     from trayapp.runner import protocol as rp
 
     monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
-    monkeypatch.setattr(launcher, "STOP_RUNNER_SECONDS", 1.0)
+    monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
+    monkeypatch.setattr(ladder, "STOP_RUNNER_SECONDS", 1.0)
     paths = get_paths()
     paths.ensure()
     store = Store(paths.db_file)

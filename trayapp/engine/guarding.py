@@ -226,7 +226,7 @@ class GuardService:
         if manager is None:
             return ()
         try:
-            records: Sequence[Any] = manager.guard_jobs()
+            records: Sequence[Any] = [dict(r.to_json(), park_by=r.parked_by) for r in manager.guard_jobs()]  # noqa: E501 - until the guard reads JobRecord
             self._parts.worked("guard: the job list")
         except Exception as e:
             self._parts.failed("guard: the job list", e)

@@ -28,6 +28,9 @@ import psutil
 from trayapp.probes.snapshot import GpuReading, ProcessMemory
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
+# A pid is still the process seen before when its create time is within this of the one kept
+# (the times psutil reads back are rounded to clock ticks and the boot time they start from).
+SAME_PROCESS_SECONDS = 0.05
 
 
 def tree_pids(pid: int) -> List[int]:
