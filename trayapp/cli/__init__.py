@@ -41,8 +41,9 @@ Command = Callable[[argparse.Namespace, Paths], int]
 
 
 def cmd_engine(args: argparse.Namespace, paths: Paths) -> int:
-    # The engine's parts (store, guard, job manager): only this command needs them.
-    from trayapp.engine.service import Engine, setup_logging
+    # Here, not at the top: the engine's parts (store, guard, job manager) stay off the start
+    # of every other command, ``headroom status`` first.
+    from trayapp.engine.service import Engine, setup_logging  # off the other commands' path
 
     try:
         paths.ensure()
@@ -60,8 +61,7 @@ def cmd_tray(args: argparse.Namespace, paths: Paths) -> int:
     if problem:
         say(problem)
         return EXIT_FAILED
-    # Qt: only the tray loads it, never a command of the terminal.
-    from trayapp.ui.app import run_tray
+    from trayapp.ui.app import run_tray  # here: Qt loads for the tray only, never for a command
 
     return run_tray(args, paths)
 
