@@ -129,7 +129,6 @@ def icon_state(status: Optional[Dict[str, Any]], reachable: bool = True) -> Icon
 # The formatters shared with the command line, under the names the UI imports.
 format_duration = formats.duration
 percent = formats.percent
-clock_text = formats.clock
 
 
 def job_progress(job: Dict[str, Any]) -> str:
@@ -341,3 +340,7 @@ def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:
     """Job id -> name, for the legend of the VRAM stack."""
     return {str(j.get("id")): str(j.get("name") or j.get("id"))
             for j in (status or {}).get("jobs") or []}
+
+
+def clock_text(t: float) -> str:
+    return formats.clock(t)
