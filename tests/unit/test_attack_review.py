@@ -57,12 +57,12 @@ def test_a_log_opened_to_append_blocks_on_writes_as_before(tmp_path: Path) -> No
 def test_a_crash_of_run_keeps_the_env_names_but_not_their_values(
         home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
         form: List[str]) -> None:
-    from trayapp import cli, cli_jobs
+    from trayapp import cli
 
     def broken(*args: Any, **kw: Any) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli_jobs, "dispatch", broken)
+    monkeypatch.setattr(cli, "dispatch", broken)
     argv = ["run", *form, "train.py"]
     monkeypatch.setattr(sys, "argv", ["headroom", *argv])
     assert cli.main(argv) == 1

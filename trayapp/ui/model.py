@@ -6,11 +6,10 @@ the status (and of the events), so they are tested with recorded status dicts.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from trayapp import vocab
+from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -127,34 +126,15 @@ def icon_state(status: Optional[Dict[str, Any]], reachable: bool = True) -> Icon
 # -- text ----------------------------------------------------------------------------------------
 
 
-def format_duration(seconds: Optional[float]) -> str:
-    """``3725`` -> ``"1 h 2 min"``; None -> "n/a"."""
-    if seconds is None or seconds != seconds:
-        return "n/a"
-    s = max(0, int(round(float(seconds))))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s" if s < 600 else f"{s // 60} min"
-    if s < 86400:
-        return f"{s // 3600} h {(s % 3600) // 60} min"
-    return f"{s // 86400} d {(s % 86400) // 3600} h"
-
-
-def percent(part: Optional[float], whole: Optional[float]) -> str:
-    if part is None or not whole:
-        return "n/a"
-    return f"{100.0 * float(part) / float(whole):.0f}%"
+# The formatters shared with the command line, under the names the UI imports.
+format_duration = formats.duration
+percent = formats.percent
 
 
 def job_progress(job: Dict[str, Any]) -> str:
     """``"epoch 2/10, step 120/500"`` or "" when the job reports no progress."""
-    parts = []
-    if job.get("epochs"):
-        parts.append(f"epoch {job.get('epoch') or 0}/{job['epochs']}")
-    if job.get("steps"):
-        parts.append(f"step {job.get('step') or 0}/{job['steps']}")
-    return ", ".join(parts)
+    return formats.progress(job.get("epoch"), job.get("epochs"), job.get("step"),
+                            job.get("steps"))
 
 
 def job_label(job: Dict[str, Any]) -> str:
@@ -363,4 +343,4 @@ def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:
 
 
 def clock_text(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    return formats.clock(t)
