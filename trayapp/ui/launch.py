@@ -44,9 +44,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from trayapp.config import ConfigError, atomic_write, format_bytes, get_paths, parse_size
+from trayapp.config import atomic_write, format_bytes, get_paths
+from trayapp.config import load as load_config
 from trayapp.engine.client import EngineClient
 from trayapp.jobs import options as opts
+from trayapp.jobs import plan as planmod
+from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
 from trayapp.ui.forms import (
     ERROR_STYLE,
@@ -87,31 +90,17 @@ EXPLAIN = {
     "env": "KEY=VALUE a line; variables TensorFlow ignores are flagged.",
 }
 
-# Which field an error from options.validate is about: the start of its message -> field key.
-ERROR_FIELDS: Tuple[Tuple[str, str], ...] = (
-    ("script", "script"),
-    ("--cwd", "cwd"),
-    ("--python", "python"),
-    ("--name", "name"),
-    ("--gpu", "gpu"),
-    ("--cpu-only", "gpu"),
-    ("--vram-limit and --vram-reserve", "vram"),
-    ("--vram-limit", "vram"),
-    ("--vram-reserve", "vram"),
-    ("memory growth", "growth"),
-    ("--allocator", "allocator"),
-    ("--precision", "precision"),
-    ("--threads", "threads"),
-    ("--ram-budget", "ram_budget"),
-    ("--vram-budget", "vram_budget"),
-    ("--checkpoint-every", "checkpoint_every"),
-    ("--checkpoint-dir", "checkpoint"),
-    ("--resume", "resume"),
-    ("--fresh", "fresh"),
-    ("--env", "env"),
-    ("--preset", "preset"),
-    ("arguments", "args"),
-)
+# The form row of each spec field a SpecError names (SpecError.field).
+FORM_ROWS: Dict[str, str] = {
+    sv.SCRIPT: "script", sv.ARGS: "args", sv.PYTHON: "python", sv.NAME: "name", sv.CWD: "cwd",
+    sv.ENV: "env", sv.GPUS: "gpu", sv.CPU_ONLY: "gpu", sv.MEMORY_GROWTH: "growth",
+    sv.VRAM_LIMIT: "vram", sv.VRAM_RESERVE: "vram", sv.ALLOCATOR: "allocator",
+    sv.PRECISION: "precision", sv.XLA: "xla", sv.THREADS: "threads",
+    "options.inter_threads": "threads", sv.RAM_BUDGET: "ram_budget",
+    sv.VRAM_BUDGET: "vram_budget", sv.CHECKPOINT_DIR: "checkpoint",
+    sv.CHECKPOINT_EVERY: "checkpoint_every", sv.RESUME: "resume", sv.FRESH: "fresh",
+    sv.PRESET: "preset", sv.AUTO_RESUME: "auto_resume",
+}
 
 
 # -- pure helpers -----------------------------------------------------------------------------
@@ -138,55 +127,9 @@ def gpu_status_view(status: Dict[str, Any]) -> Any:
     return SimpleNamespace(**d)
 
 
-def field_for_error(message: str) -> Optional[str]:
-    """The form field an error message names, or None."""
-    text = message.strip()
-    for prefix, key in ERROR_FIELDS:
-        if text.startswith(prefix) or text.startswith(f"job spec: {prefix}"):
-            return key
-    return None
-
-
-def parse_mb(flag: str, text: str) -> Optional[int]:
-    """A size typed by the user in MB: ``"4096"`` (MB), ``"12 GiB"``, or empty for none.
-    Raises SpecError naming ``flag``."""
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = parse_size(text) // MIB
-    except ConfigError:
-        raise SpecError(f"{flag}: {text!r} is not a size (like 4096 for MB, or 12 GiB)") \
-            from None
-    if value <= 0:
-        raise SpecError(f"{flag}: {text!r} is less than 1 MB")
-    return value
-
-
-def split_args(text: str) -> Tuple[str, ...]:
-    """The script's arguments as typed (shell-like quoting). Raises SpecError."""
-    try:
-        return tuple(shlex.split(text, posix=True))
-    except ValueError as e:
-        raise SpecError(f"arguments: {e} (close the quote)") from None
-
-
-def parse_env(text: str) -> Tuple[Tuple[str, str], ...]:
-    """``KEY=VALUE`` lines (blank lines and ``#`` comments skipped). Raises SpecError."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise SpecError(f"--env: {line!r} is not KEY=VALUE")
-        out.append((key.strip(), value))
-    return tuple(out)
+def form_row(error: SpecError) -> Optional[str]:
+    """The form row an error is about (by its ``field``), or None."""
+    return FORM_ROWS.get(error.field or "")
 
 
 def _mib_text(mb: Optional[int]) -> str:
@@ -455,7 +398,10 @@ class LaunchDialog(QDialog):
         self.probing: set = set()
         self.spec: Optional[JobSpec] = None  # the valid spec, or None
         self.warnings: List[str] = []
-        self.error: Optional[str] = None
+        self.error: Optional[SpecError] = None
+        # The environment the job starts from, sent with the launch and shown by the plan: one
+        # for both, so "Show command" is what is launched (the engine's own otherwise).
+        self.environ: Dict[str, str] = dict(os.environ)
         self.launching = False
         self._filling = False  # the form is being filled by code, not by the user
         self._script_loaded: Optional[str] = None
@@ -1126,7 +1072,7 @@ class LaunchDialog(QDialog):
             if name is None:
                 return
             try:
-                budget = parse_mb("--ram-budget", self.ram_budget_edit.text())
+                budget = sv.parse_mb("--ram-budget", self.ram_budget_edit.text(), sv.RAM_BUDGET)
             except SpecError:
                 budget = None
             # Presets fill only what is unset: a RAM budget already given stays.
@@ -1225,7 +1171,7 @@ class LaunchDialog(QDialog):
         """The spec the form describes. Raises SpecError for a field that cannot be read."""
         script = self.script()
         if not script:
-            raise SpecError("script: choose a training script")
+            raise SpecError("script: choose a training script", sv.SCRIPT)
         script = os.path.abspath(os.path.expanduser(script))
         gpus, cpu_only = self._gpu_choice()
         mode = self.vram_mode.currentData()
@@ -1244,14 +1190,16 @@ class LaunchDialog(QDialog):
         python = self.python_combo.currentData()
         return JobSpec(
             script=script,
-            args=split_args(self.args_edit.text()),
+            args=sv.split_args(self.args_edit.text()),
             python=None if python in (None, AUTO_PYTHON) else str(python),
             name=self.name_edit.text().strip() or None,
             cwd=os.path.abspath(os.path.expanduser(cwd)) if cwd else os.path.dirname(script),
-            env=parse_env(self.env_edit.toPlainText()),
+            env=sv.parse_env_lines(self.env_edit.toPlainText()),
             options=options,
-            ram_budget_mb=parse_mb("--ram-budget", self.ram_budget_edit.text()),
-            vram_budget_mb=parse_mb("--vram-budget", self.vram_budget_edit.text()),
+            ram_budget_mb=sv.parse_mb("--ram-budget", self.ram_budget_edit.text(),
+                                      sv.RAM_BUDGET),
+            vram_budget_mb=sv.parse_mb("--vram-budget", self.vram_budget_edit.text(),
+                                       sv.VRAM_BUDGET),
             checkpoint_dir=os.path.abspath(os.path.expanduser(ckpt)) if ckpt else None,
             checkpoint_every_steps=self.ckpt_every_spin.value() or None,
             resume=self.resume_box.isChecked(),
@@ -1271,19 +1219,19 @@ class LaunchDialog(QDialog):
             spec = self.form_spec()
             warnings = opts.validate(spec, gpu_views(self.gpus()), check_paths=True)
         except SpecError as e:
-            self._show_error(one_line(e))
+            self._show_error(e)
         else:
             self.spec, self.warnings = spec, list(warnings)
         self._show_state()
         return self.spec
 
-    def _show_error(self, message: str) -> None:
-        self.error = message
-        key = field_for_error(message)
+    def _show_error(self, error: SpecError) -> None:
+        self.error = error
+        key = form_row(error)
         if key == "script" and not self.script():
             return  # nothing chosen yet: not an error, only a missing field
         if key is not None and key in self.row_errors:
-            set_message(self.row_errors[key], message)
+            set_message(self.row_errors[key], str(error))
             widget = self.row_widgets[key]
             widget.setStyleSheet(f"{type(widget).__name__} {{{INVALID_STYLE}}}")
 
@@ -1300,8 +1248,8 @@ class LaunchDialog(QDialog):
                                        "one, or drop a .py file here).")
         else:
             self.summary_label.setText("Fix the field marked in red to launch.")
-        unplaced = self.error and field_for_error(self.error) is None
-        set_message(self.error_label, self.error if unplaced else None)
+        unplaced = self.error is not None and form_row(self.error) not in self.row_errors
+        set_message(self.error_label, str(self.error) if unplaced else None)
         if self.plan_view.isVisible():
             self._fill_plan()
         self._update_launch_button()
@@ -1320,23 +1268,25 @@ class LaunchDialog(QDialog):
         if on:
             self._fill_plan()
 
+    def launch_plan(self, spec: JobSpec) -> planmod.LaunchPlan:
+        """The plan the engine makes of ``spec`` when this dialog launches it: the same
+        environment (``self.environ``, sent with the launch), GPUs and settings file. Raises
+        SpecError (or ValueError) for a spec the engine would refuse."""
+        # The job's id is only known once the engine starts it: "new" stands in for it.
+        # The priority and log cap: from the settings file the engine reads.
+        process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
+        return planmod.build_launch(
+            spec, job_id="new", address=self.paths.job_address("new"),
+            keyfile=str(self.paths.jobs_dir / "new" / "key"),
+            gpus=tuple(gpu_views(self.gpus())), base_env=self.environ,
+            process=process, log_path=str(self.paths.jobs_dir / "new" / "log"))
+
     def plan_text(self) -> str:
         """The dry-run plan of the current spec, or why there is none."""
         if self.spec is None:
-            return "No plan: " + (self.error or "the form is not complete") + "."
-        from trayapp.config import load as load_config
-        from trayapp.jobs import plan as planmod
-
+            return "No plan: " + (str(self.error or "") or "the form is not complete") + "."
         try:
-            # The job's id is only known once the engine starts it: "new" stands in for it.
-            # The priority and log cap: from the settings file the engine reads.
-            process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
-            plan = planmod.build_launch(
-                self.spec, job_id="new", address=self.paths.job_address("new"),
-                keyfile=str(self.paths.jobs_dir / "new" / "key"),
-                gpus=tuple(gpu_views(self.gpus())), base_env=dict(os.environ),
-                process=process, log_path=str(self.paths.jobs_dir / "new" / "log"))
-            return planmod.format_plan(plan)
+            return planmod.format_plan(self.launch_plan(self.spec))
         except Exception as e:  # a plan that cannot be made says why, in one line
             return f"No plan: {one_line(e)}"
 
@@ -1356,7 +1306,8 @@ class LaunchDialog(QDialog):
         self.launch_button.setText("Launching…")
         set_message(self.engine_label, None)
         data = spec.to_json()
-        self._runner.submit(lambda c: c.job_start(data),
+        environ = dict(self.environ)
+        self._runner.submit(lambda c: c.job_start(data, environ=environ),
                             lambda job: self._launched(data, job), self._launch_failed)
 
     def _launched(self, data: Dict[str, Any], job: Dict[str, Any]) -> None:
@@ -1370,11 +1321,25 @@ class LaunchDialog(QDialog):
         self.launching = False
         self.launch_button.setText("Launch")
         text = one_line(message)
-        key = field_for_error(text)
+        # The engine answers in words; the row is the one its plan of the spec is refused on.
+        key = self._plan_refusal_row()
         if key is not None and key in self.row_errors:
             set_message(self.row_errors[key], text)
         set_message(self.engine_label, f"The engine did not start the job: {text}")
         self._update_launch_button()
+
+    def _plan_refusal_row(self) -> Optional[str]:
+        """The form row of the SpecError the plan of the current spec is refused with, or None
+        (a valid plan, or a refusal about no one field)."""
+        if self.spec is None:
+            return None
+        try:
+            self.launch_plan(self.spec)
+        except SpecError as e:
+            return form_row(e)
+        except Exception:  # not about a field: the engine's answer says what
+            return None
+        return None
 
     def done(self, result: int) -> None:
         self._revalidate_timer.stop()
