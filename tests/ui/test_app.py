@@ -9,13 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, List
 
 import pytest
 
 from tests.conftest import REPO, headroom_cmd
 from trayapp.config import Paths, get_paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
+from trayapp.jobs.record import JobRecord
 from trayapp.ui import app as appmod
 from trayapp.ui.app import QUIT_CANCEL, QUIT_KEEP, QUIT_STOP
 from trayapp.ui.single_instance import SingleInstance
@@ -83,14 +84,14 @@ def test_quit_with_jobs_asks_and_keeps_guarding(qtbot, demo_engine, app_on, path
     app.start()
     qtbot.waitUntil(lambda: any(j["id"] == job_id for j in (app.status or {}).get("jobs", [])),
                     timeout=15000)
-    asked: List[List[Dict[str, Any]]] = []
+    asked: List[List[JobRecord]] = []
     answers = [QUIT_CANCEL, QUIT_KEEP]
     app.quit_prompt = lambda jobs: asked.append(jobs) or answers.pop(0)  # type: ignore
     assert app.request_quit() is False  # cancelled: still running
     assert not app._finished and app.worker.isRunning()
     assert app.request_quit() is True
     assert app._finished
-    assert [j["id"] for j in asked[0]] == [job_id]
+    assert [j.id for j in asked[0]] == [job_id]
     # The engine stays and keeps guarding the job.
     time.sleep(0.5)
     assert demo_engine.proc.poll() is None

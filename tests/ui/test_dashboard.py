@@ -100,9 +100,10 @@ def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> No
     qtbot.waitUntil(lambda: d.updates >= 2 and d.history_loads >= 1, timeout=20000)
     with EngineClient(paths) as c:
         job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
-        qtbot.waitUntil(lambda: d.marker_count >= 1, timeout=15000)
-        labels = [items[0][1].label.format for items in d._markers.values()]
-        assert "ticker started" in labels
+        # The job's first event may come before a status names the job: its marker is named
+        # as soon as one does (by the event's job id).
+        qtbot.waitUntil(lambda: "ticker started" in [
+            items[0][1].label.format for items in d._markers.values()], timeout=15000)
         qtbot.waitUntil(lambda: job_id in d.jobs_strip.rows,
                         timeout=15000)
         # A warning threshold above what is free now: the guard warns at once.
@@ -157,9 +158,19 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     # A message with braces cannot break a marker label (they are format strings).
     d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}", job_id=None))
     assert d._markers[8][0][1].label.toPlainText() == "KeyError: {'x'}"
-    # A job the status no longer lists is named from the engine's message.
-    d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (resnet) finished", job_id="3fa2"))
+    # A job the status no longer lists is named by the event's job id, from the jobs the
+    # history load names (not from the words of the message); one never named shows its id.
+    assert d.load_history({"range": d.range_seconds, "history": {"series": {}}, "events": [],
+                           "jobs": {"3fa2": "resnet"}})
+    d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (other words) finished",
+                      job_id="3fa2"))
     assert d._markers[9][0][1].label.format == "resnet finished"
+    d.add_event(event(10, "job_finished", t0 + 9, "job 4b5c (gan) finished", job_id="4b5c"))
+    assert d._markers[10][0][1].label.format == "4b5c finished"
+    # A job seen in a status once keeps its name after it has gone from the status.
+    d.apply_snapshot(make_status("ok", t=t0 + 14, jobs=[]))
+    d.add_event(event(11, "job_stopped", t0 + 14, "stopped", job_id="j1"))
+    assert d._markers[11][0][1].label.format == "mnist stopped"
 
 
 def test_the_jobs_strip_shows_progress_loss_and_eta(qtbot, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ui.test_jobs_window import EXIT_WITH, job_state, open_window, start_job
-from trayapp.ui.jobs_window import process_rows
+from trayapp.ui.job_rows import process_rows
 
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 

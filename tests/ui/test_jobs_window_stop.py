@@ -10,13 +10,9 @@ import pytest
 from PySide6.QtCore import Qt
 
 from trayapp.engine.client import EngineClient
-from trayapp.ui.jobs_window import (
-    RELAUNCH_CHOICES,
-    JobsWindow,
-    actions_for,
-    relaunch_spec,
-    stop_question,
-)
+from trayapp.jobs.record import JobRecord
+from trayapp.ui.job_rows import RELAUNCH_CHOICES, actions_for, relaunch_spec, stop_question
+from trayapp.ui.jobs_window import JobsWindow
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITH = str(REPO / "tests" / "scripts" / "jobs" / "exit_with.py")
@@ -24,21 +20,23 @@ pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateS
 
 
 def test_the_stop_question_says_what_happens_to_the_checkpoint_and_the_script() -> None:
-    keras = {"id": "ab12", "name": "mnist", "hooked": True, "checkpoint_dir": "/ck"}
+    keras = JobRecord(id="ab12", name="mnist", hooked=True, checkpoint_dir="/ck")
     text = stop_question(keras)
     assert "saves a checkpoint" in text and "after fit()) does not run" in text
     assert "Resume continues it" in text
-    bare = stop_question({**keras, "checkpoint_dir": None})
+    bare = stop_question(keras.with_(checkpoint_dir=None))
     assert "no checkpoint folder" in bare and "progress is lost" in bare
     assert "after fit()) does not run" in bare
-    plain = stop_question({"id": "cd34", "name": "loop", "hooked": False})
+    plain = stop_question(JobRecord(id="cd34", name="loop", hooked=False))
     assert "interrupted" in plain and "rest of its script does not run" in plain
 
 
 def test_a_stopped_job_with_a_checkpoint_folder_can_be_resumed() -> None:
-    assert actions_for({"state": "stopped", "resumable": True}) == ("resume",)
-    assert actions_for({"state": "stopped", "resumable": False}) == ()
-    assert actions_for({"state": "finished"}) == ()
+    assert actions_for(JobRecord(id="a", state="stopped", resumable=True)) == ("resume",)
+    assert actions_for(JobRecord(id="a", state="stopped", resumable=False)) == ()
+    assert actions_for(JobRecord(id="a", state="finished")) == ()
+    # The engine's word for it reaches the record.
+    assert JobRecord.from_json({"id": "a", "state": "stopped", "resumable": True}).resumable
 
 
 def test_the_relaunch_choice_becomes_resume_or_fresh() -> None:

@@ -28,9 +28,10 @@ def test_relaunch_gets_the_hidden_env_value_back(qtbot, paths, start_engine) -> 
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.loaded, timeout=15000)
-    qtbot.waitUntil(lambda: (window.selected_job() or {}).get("state") == "finished",
+    qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == "finished",
                     timeout=30000)
-    assert window.selected_job()["spec"]["env"] == [["API_KEY", None]]
+    selected = window.selected_job()
+    assert selected is not None and selected.spec["env"] == [["API_KEY", None]]
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
         qtbot.mouseClick(window.buttons["relaunch"], Qt.MouseButton.LeftButton)
     new = relaunched.args[0]

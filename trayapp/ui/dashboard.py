@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -33,7 +32,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from trayapp import series
 from trayapp.config import ConfigError, Threshold, format_bytes
+from trayapp.jobs.record import JobRecord
 from trayapp.ui import data as datamod
 from trayapp.ui.model import (
     active_jobs,
@@ -41,9 +42,11 @@ from trayapp.ui.model import (
     format_duration,
     is_demo,
     job_names,
-    vram_split,
+    status_jobs,
 )
 from trayapp.ui.timeline import Table, align_series
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import GuardLevel as L
 
 GIB = float(1 << 30)
 RANGES: Tuple[Tuple[str, int], ...] = (("5 min", 300), ("1 h", 3600), ("24 h", 86400),
@@ -58,54 +61,40 @@ FOLLOW_STEP = 0.02
 MAX_MARKERS = 300
 MAX_SPANS = 100
 
-BANNER_STYLES = {
-    "warn": "background:#fff3cd;color:#5c4500;border:1px solid #f2a900;",
-    "pause": "background:#ffe3d1;color:#6b2a00;border:1px solid #ee6a1c;",
-    "park": "background:#f8d7da;color:#6b0f1a;border:1px solid #d7263d;",
+BANNER_STYLES: Dict[str, str] = {
+    L.WARN: "background:#fff3cd;color:#5c4500;border:1px solid #f2a900;",
+    L.PAUSE: "background:#ffe3d1;color:#6b2a00;border:1px solid #ee6a1c;",
+    L.PARK: "background:#f8d7da;color:#6b0f1a;border:1px solid #d7263d;",
     "unreachable": "background:#e2e3e5;color:#2b2f33;border:1px solid #8c8c8c;",
     "info": "background:#e7f1ff;color:#0b3d91;border:1px solid #8fb3e8;",
 }
-SPAN_COLOURS = {"warn": (242, 169, 0, 45), "pause": (238, 106, 28, 55), "park": (215, 38, 61, 60)}
-MARKER_COLOURS = {
-    "job_started": "#1f77b4", "job_resumed": "#1f77b4", "job_paused": "#ee6a1c",
-    "job_parked": "#9467bd", "job_finished": "#2e9d46", "job_failed": "#d7263d",
-    "job_stopped": "#555555",
+SPAN_COLOURS: Dict[str, Tuple[int, int, int, int]] = {
+    L.WARN: (242, 169, 0, 45), L.PAUSE: (238, 106, 28, 55), L.PARK: (215, 38, 61, 60)}
+# The guard's events that open a shaded span of their level (guard_ok closes it).
+SPAN_LEVELS: Dict[str, str] = {E.GUARD_WARN: L.WARN, E.GUARD_PAUSE: L.PAUSE, E.GUARD_PARK: L.PARK}
+MARKER_COLOURS: Dict[str, str] = {
+    E.JOB_STARTED: "#1f77b4", E.JOB_RESUMED: "#1f77b4", E.JOB_PAUSED: "#ee6a1c",
+    E.JOB_PARKED: "#9467bd", E.JOB_FINISHED: "#2e9d46", E.JOB_FAILED: "#d7263d",
+    E.JOB_STOPPED: "#555555",
 }
-MARKER_WORDS = {
-    "job_started": "started", "job_resumed": "resumed", "job_paused": "paused",
-    "job_parked": "parked", "job_finished": "finished", "job_failed": "failed",
-    "job_stopped": "stopped",
-}
-THRESHOLD_COLOURS = {"warn": "#f2a900", "pause": "#ee6a1c", "park": "#d7263d",
+# A marker's word is its kind's: job_parked -> "parked".
+MARKER_WORDS: Dict[str, str] = {kind: kind[len("job_"):] for kind in MARKER_COLOURS}
+# The guard's thresholds drawn on the RAM plot (``guard.<name>_available``).
+THRESHOLD_COLOURS: Dict[str, str] = {L.WARN: "#f2a900", L.PAUSE: "#ee6a1c", L.PARK: "#d7263d",
                      "resume": "#2e9d46"}
 LAYER_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d")
 OTHER_COLOUR = "#bab0ac"
 
-_JOB_NAME = re.compile(r"^job \S+ \((.+?)\)")
 HOVER_HINT = "Point at the timelines to read the values at that time."
 NO_TRAY_TEXT = ("No system tray is available here ({why}), so Headroom runs in this window; "
                 "closing it quits Headroom.")
 
 
 def snapshot_values(status: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    """A status dict as the history's series names (``mem.used``, ``gpu0.job.<id>``...)."""
-    m = status.get("memory") or {}
-    values: Dict[str, Optional[float]] = {
-        "mem.total": m.get("total_bytes"), "mem.used": m.get("used_bytes"),
-        "mem.available": m.get("available_bytes"), "swap.total": m.get("swap_total_bytes"),
-        "swap.used": m.get("swap_used_bytes"), "psi.some": m.get("psi_some_avg10"),
-        "psi.full": m.get("psi_full_avg10"),
-    }
-    for g in status.get("gpus") or []:
-        p = f"gpu{g.get('index')}"
-        values[f"{p}.total"] = g.get("memory_total_bytes")
-        values[f"{p}.used"] = g.get("memory_used_bytes")
-        values[f"{p}.util"] = g.get("utilization_percent")
-        values[f"{p}.temp"] = g.get("temperature_c")
-    for index, layers in vram_split(status).items():
-        for name, used in layers.items():
-            values[f"gpu{index}.{name}"] = used
-    return values
+    """A status dict as the history's series (``trayapp.series``: ``mem.used``,
+    ``gpu0.job.<id>``...), as the engine records them."""
+    return series.sample_values(status.get("memory") or {}, status.get("gpus") or [],
+                                status_jobs(status))
 
 
 def _ratio(a: np.ndarray, b: np.ndarray, scale: float = 1.0) -> np.ndarray:
@@ -125,14 +114,12 @@ class _Curve:
 
 
 def marker_label(event: Dict[str, Any], names: Dict[str, str]) -> str:
-    """A short marker text: the job's name and what happened ("mnist paused")."""
+    """A short marker text: the job's name (from ``names`` by the event's ``job_id``, else the
+    id) and what happened ("mnist paused"); an event of no job shows its message."""
     kind = str(event.get("kind") or "")
     message = str(event.get("message") or kind.replace("_", " "))
     job_id = event.get("job_id")
-    name = names.get(str(job_id)) if job_id is not None else None
-    if name is None:
-        m = _JOB_NAME.match(message)
-        name = m.group(1) if m else (str(job_id) if job_id is not None else None)
+    name = names.get(str(job_id), str(job_id)) if job_id is not None else None
     text = f"{name} {MARKER_WORDS[kind]}" if name and kind in MARKER_WORDS else message
     return text if len(text) <= 40 else text[:39] + "…"
 
@@ -161,12 +148,12 @@ class JobsStrip(QWidget):
         self.rows: Dict[str, Dict[str, Any]] = {}
         self._order: List[str] = []
 
-    def update_jobs(self, jobs: Sequence[Dict[str, Any]]) -> None:
-        ids = [str(j.get("id")) for j in jobs]
+    def update_jobs(self, jobs: Sequence[JobRecord]) -> None:
+        ids = [j.id for j in jobs]
         if ids != self._order:
             self._rebuild(ids)
         for job in jobs:
-            self._fill(self.rows[str(job.get("id"))], job)
+            self._fill(self.rows[job.id], job)
 
     def _rebuild(self, ids: List[str]) -> None:
         for row in self.rows.values():
@@ -205,15 +192,15 @@ class JobsStrip(QWidget):
             bar.setValue(0)
             bar.setFormat(f"{what} n/a")
 
-    def _fill(self, row: Dict[str, Any], job: Dict[str, Any]) -> None:
-        row["name"].setText(f"{job.get('name') or job.get('id')}  ({job.get('state')})")
-        self._bar(row["epoch"], "epoch", job.get("epoch"), job.get("epochs"))
-        self._bar(row["step"], "step", job.get("step"), job.get("steps"))
-        loss = (job.get("metrics") or {}).get("loss")
-        row["loss"].setText(f"loss {loss:.4g}" if isinstance(loss, (int, float)) else "loss n/a")
-        row["eta"].setText(f"ETA {format_duration(job.get('eta_seconds'))}")
-        row["mem"].setText(f"RAM {format_bytes(job.get('rss_bytes'))} · "
-                           f"VRAM {format_bytes(job.get('vram_bytes'))}")
+    def _fill(self, row: Dict[str, Any], job: JobRecord) -> None:
+        row["name"].setText(f"{job.name or job.id}  ({job.state})")
+        self._bar(row["epoch"], "epoch", job.epoch, job.epochs)
+        self._bar(row["step"], "step", job.step, job.steps)
+        loss = job.metrics.get("loss")
+        row["loss"].setText(f"loss {loss:.4g}" if loss is not None else "loss n/a")
+        row["eta"].setText(f"ETA {format_duration(job.eta_seconds)}")
+        row["mem"].setText(f"RAM {format_bytes(job.rss_bytes)} · "
+                           f"VRAM {format_bytes(job.vram_bytes)}")
 
 
 class Dashboard(QWidget):
@@ -229,6 +216,8 @@ class Dashboard(QWidget):
         self.demo = demo
         self.close_handler: Optional[Callable[[], bool]] = None
         self.status: Optional[Dict[str, Any]] = None
+        # Job id -> name, of every job seen in a status or the history: the markers' names.
+        self.job_names: Dict[str, str] = {}
         self.reachable = False
         self.reason: Optional[str] = "connecting to the engine"
         self.following = True
@@ -473,15 +462,15 @@ class Dashboard(QWidget):
 
     def _sync_layers(self, index: int) -> None:
         """Stacked VRAM layers of one GPU: the guard's jobs (by name), then "other"."""
-        prefix = f"gpu{index}."
+        prefix = series.gpu_series(index, "")
         jobs = sorted(n[len(prefix):] for n in self.table.columns
-                      if n.startswith(prefix + "job."))
-        layers = jobs + ["other"]
+                      if n.startswith(prefix) and series.layer_job(n[len(prefix):]))
+        layers = jobs + [series.OTHER]
         if layers == self._layers.get(index):
             return
         plot = self.vram_plots[index]
         items = self._stack_items[index]
-        names = job_names(self.status)
+        names = self.job_names
         for key in list(items):
             if key != "__total__" and key not in layers:
                 plot.removeItem(items.pop(key))
@@ -490,10 +479,10 @@ class Dashboard(QWidget):
         for depth, key in enumerate(layers):
             item = items.get(key)
             if item is None:
-                if key == "other":
+                jid = series.layer_job(key)
+                if jid is None:
                     label, colour = "other processes", OTHER_COLOUR
                 else:
-                    jid = key[len("job."):]
                     label = names.get(jid, jid)
                     colour = LAYER_COLOURS[len(items) % len(LAYER_COLOURS)]
                 item = pg.PlotDataItem(pen=pg.mkPen(QColor(colour).darker(130), width=1),
@@ -517,6 +506,7 @@ class Dashboard(QWidget):
     def apply_snapshot(self, status: Dict[str, Any]) -> None:
         """One status dict from the engine: a live row, the banner, the jobs strip."""
         self.status = status
+        self._learn_names(job_names(status))
         self.reachable = True
         self.reason = None
         t = float(status.get("time") or time.time())
@@ -530,7 +520,7 @@ class Dashboard(QWidget):
         self._set_totals(m.get("total_bytes"), m.get("limit_source"), status)
         guard = status.get("guard") or {}
         if self._open_span is not None:
-            if guard.get("state") not in ("warn", "pause", "park"):
+            if guard.get("state") not in SPAN_COLOURS:
                 self._close_span(t)
             else:
                 self._open_span["end"] = t
@@ -679,6 +669,7 @@ class Dashboard(QWidget):
         self._clear_annotations()
         for event in answer.get("events") or []:
             self.add_event(event)
+        self._learn_names({str(k): str(v) for k, v in (answer.get("jobs") or {}).items()})
         self.history_loads += 1
         self.redraw(follow_to=self._now())
         return True
@@ -702,17 +693,29 @@ class Dashboard(QWidget):
             self._add_marker(key, event)
         elif kind in datamod.SPAN_KINDS:
             self._events[key] = event
-            level = kind[len("guard_"):]
-            if level == "ok":
+            level = SPAN_LEVELS.get(kind)
+            if level is None:  # guard_ok: headroom is back, the span ends
                 self._close_span(float(t))
             elif self._open_span is None or self._open_span["level"] != level:
                 self._close_span(float(t))
                 self._start_span(float(t), level, str(event.get("message") or ""))
 
+    def _learn_names(self, names: Dict[str, str]) -> None:
+        """Job names learned (a status, the history's jobs): markers drawn before their job's
+        name was known (a job's first event comes before the status lists it) get it now."""
+        new = {jid for jid, name in names.items() if self.job_names.get(jid) != name}
+        if not new:
+            return
+        self.job_names.update(names)
+        for key, items in self._markers.items():
+            event = self._events.get(key) or {}
+            if str(event.get("job_id")) in new and items:
+                items[0][1].label.setFormat(_escape(marker_label(event, self.job_names)))
+
     def _add_marker(self, key: Any, event: Dict[str, Any]) -> None:
         kind = str(event.get("kind"))
         colour = MARKER_COLOURS.get(kind, "#555555")
-        label = marker_label(event, job_names(self.status))
+        label = marker_label(event, self.job_names)
         items = []
         for n, plot in enumerate(self._plot_order):
             line = pg.InfiniteLine(
@@ -732,7 +735,7 @@ class Dashboard(QWidget):
                 plot.removeItem(line)
 
     def _start_span(self, t: float, level: str, message: str) -> None:
-        colour = SPAN_COLOURS.get(level, SPAN_COLOURS["warn"])
+        colour = SPAN_COLOURS.get(level, SPAN_COLOURS[L.WARN])
         items = []
         for plot in self._plot_order:
             region = pg.LinearRegionItem(values=(t, max(t, self._now())), movable=False,
@@ -873,12 +876,12 @@ class Dashboard(QWidget):
             if np.isfinite(v):
                 parts.append(f"{curve.label} {v:.1f}{'' if curve.unit == '%' else ' '}"
                              f"{curve.unit}")
-        names = job_names(self.status)
         for index in self.vram_plots:
             for key in self._layers.get(index, []):
-                v = tb.column(f"gpu{index}.{key}")[i]
+                v = tb.column(series.gpu_series(index, key))[i]
                 if np.isfinite(v):
-                    who = "other" if key == "other" else names.get(key[4:], key[4:])
+                    jid = series.layer_job(key)
+                    who = series.OTHER if jid is None else self.job_names.get(jid, jid)
                     parts.append(f"GPU{index} {who} {v / GIB:.2f} GiB")
         text = " · ".join(parts)
         self.readout.setText(text)
