@@ -18,14 +18,9 @@ from trayapp.engine.client import EngineClient
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError, validate
 from trayapp.probes.snapshot import GpuReading
-from trayapp.ui.launch import (
-    AUTO_PYTHON,
-    LaunchDialog,
-    RecentLaunches,
-    form_row,
-    gpu_views,
-    summary_text,
-)
+from trayapp.ui.launch import LaunchDialog
+from trayapp.ui.launch_form import AUTO_PYTHON
+from trayapp.ui.launch_plan import RecentLaunches, form_row, gpu_views, summary_text
 from trayapp.vocab import ENDED
 
 GiB = 1024**3
