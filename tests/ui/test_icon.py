@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtGui import QColor, QImage, QPainter
 
 from tests.ui.statuses import GiB, make_status
-from trayapp.ui.icon import COLOURS, OUTLINE, SIZES, TRACK, geometry, render_image
+from trayapp.ui.icon import COLOURS, OUTLINE, SIZES, TRACK, geometry, make_icon, render_image
 from trayapp.ui.model import LEVELS, UNREACHABLE, IconState, icon_state, quantise
 from trayapp.ui.tray import TrayController
 
@@ -97,8 +97,6 @@ def test_bars_stand_out_on_light_and_dark_panels(qapp, size: int, panel: str) ->
 
 
 def test_the_icon_holds_every_size(qapp) -> None:
-    from trayapp.ui.icon import make_icon
-
     icon = make_icon(IconState("park", 3, 7))
     assert sorted(s.width() for s in icon.availableSizes()) == sorted(SIZES)
 

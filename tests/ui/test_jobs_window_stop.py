@@ -13,6 +13,7 @@ from trayapp.engine.client import EngineClient
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.job_rows import RELAUNCH_CHOICES, actions_for, relaunch_spec, stop_question
 from trayapp.ui.jobs_window import JobsWindow
+from trayapp.ui.launch import LaunchDialog
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITH = str(REPO / "tests" / "scripts" / "jobs" / "exit_with.py")
@@ -117,7 +118,6 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
 
 def test_the_launch_dialog_needs_resume_or_start_over_on_a_checkpoint(  # type: ignore
         qtbot, paths, start_engine, tmp_path) -> None:
-    from trayapp.ui.launch import LaunchDialog
 
     start_engine(demo=True)
     script = tmp_path / "train.py"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import sys
@@ -107,8 +108,6 @@ specs = st.builds(
 
 @given(specs)
 def test_a_spec_survives_json(s):
-    import json
-
     assert JobSpec.from_json(json.loads(json.dumps(s.to_json()))) == s
 
 

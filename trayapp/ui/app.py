@@ -38,6 +38,7 @@ from trayapp.engine.client import EngineClient, EngineError
 from trayapp.jobs.record import JobRecord
 from trayapp.private import UnsafePath
 from trayapp.text import one_line
+from trayapp.ui.data import load_range
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
 from trayapp.ui.single_instance import WINDOWS, SingleInstance
@@ -152,7 +153,7 @@ class HeadroomApp(QObject):
     def dashboard(self) -> Any:
         """The dashboard, created on first use (pyqtgraph loads only then)."""
         if self._dashboard is None:
-            from trayapp.ui.dashboard import Dashboard
+            from trayapp.ui.dashboard import Dashboard  # pyqtgraph and numpy load only now
 
             d = Dashboard(self.settings, no_tray_reason=self.no_tray_reason, demo=self.demo)
             d.setWindowIcon(make_icon(IconState(L.OK, 10, 5)))
@@ -293,8 +294,6 @@ class HeadroomApp(QObject):
         self._forward("set_reachable", False, reason)
 
     def _fetch_history(self, seconds: float, gpus: List[int]) -> None:
-        from trayapp.ui.data import load_range
-
         d = self._dashboard
         now = float((self.status or {}).get("time") or 0) or None
         def failed(message: str) -> None:
