@@ -9,6 +9,7 @@ import pytest
 
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError, spec_from_cli, validate
+from trayapp.jobs.plan import build_launch
 
 
 def cli_spec(*argv: str) -> JobSpec:
@@ -84,3 +85,10 @@ def test_json_type_errors_name_their_field() -> None:
     with pytest.raises(SpecError) as e:
         JobSpec.from_json({"script": "t.py", "options": {"vram_limit_mb": "big"}})
     assert e.value.field == "options.vram_limit_mb"
+
+
+def test_a_plan_refused_for_its_reserve_names_the_reserve() -> None:
+    spec = JobSpec(script="t.py", options=MemoryOptions(vram_reserve_mb=512))
+    with pytest.raises(SpecError) as e:
+        build_launch(spec, job_id="x", gpus=(), base_env={})
+    assert e.value.field == sv.VRAM_RESERVE
