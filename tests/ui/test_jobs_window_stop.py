@@ -14,6 +14,7 @@ from trayapp.jobs.record import JobRecord
 from trayapp.ui.job_rows import RELAUNCH_CHOICES, actions_for, relaunch_spec, stop_question
 from trayapp.ui.jobs_window import JobsWindow
 from trayapp.ui.launch import LaunchDialog
+from trayapp.vocab import JobState as S
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITH = str(REPO / "tests" / "scripts" / "jobs" / "exit_with.py")
@@ -33,11 +34,11 @@ def test_the_stop_question_says_what_happens_to_the_checkpoint_and_the_script() 
 
 
 def test_a_stopped_job_with_a_checkpoint_folder_can_be_resumed() -> None:
-    assert actions_for(JobRecord(id="a", state="stopped", resumable=True)) == ("resume",)
-    assert actions_for(JobRecord(id="a", state="stopped", resumable=False)) == ()
-    assert actions_for(JobRecord(id="a", state="finished")) == ()
+    assert actions_for(JobRecord(id="a", state=S.STOPPED, resumable=True)) == ("resume",)
+    assert actions_for(JobRecord(id="a", state=S.STOPPED, resumable=False)) == ()
+    assert actions_for(JobRecord(id="a", state=S.FINISHED)) == ()
     # The engine's word for it reaches the record.
-    assert JobRecord.from_json({"id": "a", "state": "stopped", "resumable": True}).resumable
+    assert JobRecord.from_json({"id": "a", "state": S.STOPPED, "resumable": True}).resumable
 
 
 def test_the_relaunch_choice_becomes_resume_or_fresh() -> None:
@@ -69,7 +70,7 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     with engine.client() as c:
         job = c.job_start({"script": EXIT_WITH, "args": ["0"], "name": "quick",
                            "checkpoint_dir": str(ckpt), "options": {"cpu_only": True}})
-    qtbot.waitUntil(lambda: state(engine, job["id"]) == "finished",
+    qtbot.waitUntil(lambda: state(engine, job["id"]) == S.FINISHED,
                     timeout=30000)
     # What the earlier run left: a checkpoint the runner wrote.
     (ckpt / "fit-1").mkdir()
@@ -102,7 +103,7 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     assert (fresh["spec"]["fresh"], fresh["spec"]["resume"]) == (True, False)
 
     # Continue: from the checkpoint.
-    qtbot.waitUntil(lambda: state(engine, fresh["id"]) == "finished",
+    qtbot.waitUntil(lambda: state(engine, fresh["id"]) == S.FINISHED,
                     timeout=30000)
     (ckpt / "fit-1").mkdir(exist_ok=True)
     (ckpt / "fit-1" / "training_metadata.json").write_text('{"epoch": 3}')

@@ -9,6 +9,7 @@ import pytest
 from tests.ui.statuses import job, make_status, pin, recorded_status
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.model import active_jobs, job_names
+from trayapp.vocab import JobState as S
 
 
 def test_every_field_of_the_recorded_job_is_one_the_record_reads() -> None:
@@ -27,6 +28,6 @@ def test_a_field_the_engine_does_not_send_cannot_be_pinned() -> None:
 
 
 def test_the_tray_reads_the_recorded_jobs() -> None:
-    status = make_status(jobs=[job("a1", "mnist"), job("b2", "gan", "finished")])
+    status = make_status(jobs=[job("a1", "mnist"), job("b2", "gan", S.FINISHED)])
     assert [j.id for j in active_jobs(status)] == ["a1"]
     assert job_names(status) == {"a1": "mnist", "b2": "gan"}

@@ -13,6 +13,7 @@ from trayapp.jobs.record import JobRecord
 from trayapp.ui.job_rows import progress_fraction
 from trayapp.ui.jobs_window import JobsWindow
 from trayapp.ui.launch import LaunchDialog
+from trayapp.vocab import JobState as S
 
 KERAS_TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "jobs" / "keras_train.py"
 
@@ -60,18 +61,18 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
 
     # Pause from the window: the runner stops at a batch end and progress stands still.
     qtbot.mouseClick(window.buttons["pause"], Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: job().state == "paused", timeout=30000)
+    qtbot.waitUntil(lambda: job().state == S.PAUSED, timeout=30000)
     assert job().pause_mode == "cooperative"
     held = (job().epoch, job().step)
     qtbot.wait(1500)
     assert (job().epoch, job().step) == held
-    assert job().state == "paused"
+    assert job().state == S.PAUSED
 
     # Resume from the window: training goes on to the end.
     qtbot.waitUntil(lambda: window.buttons["resume"].isEnabled(), timeout=5000)
     qtbot.mouseClick(window.buttons["resume"], Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: (job().epoch, job().step) != held, timeout=30000)
-    qtbot.waitUntil(lambda: job().state == "finished", timeout=90000)
+    qtbot.waitUntil(lambda: job().state == S.FINISHED, timeout=90000)
     assert job().exit_code == 0
     assert "exit status 0" in window.header_label.text()
     assert progress_fraction(job()) == 1.0
