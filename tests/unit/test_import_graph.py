@@ -28,6 +28,7 @@ ROOT = Path(trayapp.__file__).resolve().parent
 LAYERS: Mapping[str, int] = {
     "trayapp": 0, "text": 0, "private": 0, "vocab": 0, "channel": 0, "winpipe": 0, "formats": 0,
     "cli_base": 0,
+    "series": 0,
     "config": 1,
     "probes": 2,
     "jobs": 3,

@@ -155,12 +155,12 @@ def _runner_options(
         if visible is None or any(total_mb(g) is None for g in visible):
             raise SpecError(
                 "--vram-reserve: cannot tell the total memory of each GPU the job sees; "
-                "use --gpu or --vram-limit MB"
+                "use --gpu or --vram-limit MB", field="options.vram_reserve_mb"
             )
         if not visible:
             raise SpecError(
                 "--vram-reserve: the GPUs' total memory is unknown (no NVML reading); "
-                "use --vram-limit MB"
+                "use --vram-limit MB", field="options.vram_reserve_mb"
             )
         limit = [int(total_mb(g) or 0) - o.vram_reserve_mb for g in visible]
     return {

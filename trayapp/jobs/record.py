@@ -76,7 +76,7 @@ class JobRecord:
     dropped_fields: int = 0
     runs: int = 0
     resumed_at: Optional[float] = None
-    resumable: bool = False  # ended (parked, or stopped with a checkpoint folder): resume continues
+    resumable: bool = False  # ended with a checkpoint to continue from (parked, or stopped)
 
     # -- reading ---------------------------------------------------------------------------
 
