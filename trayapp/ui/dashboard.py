@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from trayapp import formats
 from trayapp.config import ConfigError, Threshold, format_bytes
 from trayapp.ui.dashboard_charts import DashboardPlots
 from trayapp.ui.dashboard_parts import (
@@ -346,7 +347,7 @@ class Dashboard(DashboardPlots):
         width = min(float(self.range_seconds), 600.0)
         self._set_following(False)
         self.ram_plot.setXRange(float(t) - width * 0.6, float(t) + width * 0.4, padding=0)
-        when = time.strftime("%H:%M:%S", time.localtime(float(t)))
+        when = formats.clock(float(t))
         self.readout.setText(f"{when}  {event.get('message') or event.get('kind')}")
 
     # -- window state ----------------------------------------------------------------------

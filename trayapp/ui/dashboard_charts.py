@@ -20,7 +20,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
-from trayapp import series
+from trayapp import formats, series
 from trayapp.ui import data as datamod
 from trayapp.ui.dashboard_parts import (
     FOLLOW_STEP,
@@ -427,7 +427,7 @@ class DashboardPlots(QWidget):
             return ""
         tb = self.table
         t = float(tb.t()[i])
-        parts = [time.strftime("%H:%M:%S", time.localtime(t))]
+        parts = [formats.clock(t)]
         for curve in self._curves:
             v = curve.compute(tb)[i]
             if np.isfinite(v):

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
-from trayapp import series
+from trayapp import formats, series
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.model import format_duration, status_jobs
@@ -167,7 +167,7 @@ class JobsStrip(QWidget):
         self._bar(row["epoch"], "epoch", job.epoch, job.epochs)
         self._bar(row["step"], "step", job.step, job.steps)
         loss = job.metrics.get("loss")
-        row["loss"].setText(f"loss {loss:.4g}" if loss is not None else "loss n/a")
+        row["loss"].setText(f"loss {formats.loss(loss)}" if loss is not None else "loss n/a")
         row["eta"].setText(f"ETA {format_duration(job.eta_seconds)}")
         row["mem"].setText(f"RAM {format_bytes(job.rss_bytes)} · "
                            f"VRAM {format_bytes(job.vram_bytes)}")

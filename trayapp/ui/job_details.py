@@ -6,7 +6,6 @@ Each pane only shows what it is given; the window asks the engine and hands the 
 
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pyqtgraph as pg
@@ -33,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from trayapp import formats
 from trayapp import series as seriesmod
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
@@ -194,7 +194,7 @@ class EventList(QTreeWidget):
         self.setColumnWidth(1, 60)
 
     def add(self, event: Dict[str, Any]) -> None:
-        when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
+        when = formats.clock(float(event.get("time") or 0))
         level = str(event.get("level") or "info")
         item = QTreeWidgetItem([when, level, str(event.get("message") or event.get("kind"))])
         item.setToolTip(2, str(event.get("message") or ""))

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from trayapp import vocab
+from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.model import JOB_ACTIONS, format_duration
@@ -56,17 +56,11 @@ def progress_fraction(job: JobRecord) -> Optional[float]:
 
 def progress_text(job: JobRecord) -> str:
     """``"epoch 2/5 · step 30/100"``, or "" without progress reports."""
-    parts = []
-    if job.epochs:
-        parts.append(f"epoch {job.epoch or 0}/{job.epochs}")
-    if job.steps:
-        parts.append(f"step {job.step or 0}/{job.steps}")
-    return " · ".join(parts)
+    return formats.progress(job.epoch, job.epochs, job.step, job.steps, sep=" · ")
 
 
 def loss_text(job: JobRecord) -> str:
-    loss = job.metrics.get("loss")
-    return "" if loss is None else f"{loss:.4g}"
+    return formats.loss(job.metrics.get("loss"))
 
 
 def elapsed_seconds(job: JobRecord, now: float) -> Optional[float]:
