@@ -43,40 +43,6 @@ def plain(script: Path, *args: str, python: str = sys.executable,
                           timeout=JOB_TIMEOUT, env=env)
 
 
-def with_options(job_spec: JobSpec, tmp_path: Path, engine: TestEngine, jobs: List[Job],
-                 **options: Any) -> Job:
-    """A job started as the launcher would, with runner options the spec has no field for."""
-    job = start(jobs, job_spec, tmp_path, engine) if not options else None
-    if job is not None:
-        return job
-    original = Job.__init__
-
-    def patched(self: Job, spec: JobSpec, path: Path, eng: Any = None) -> None:
-        from trayapp.jobs import plan as plan_module
-
-        build = plan_module.build_launch
-
-        def build_with(*a: Any, **k: Any) -> Any:
-            plan = build(*a, **k)
-            current = json.loads(plan.env[protocol.ENV_OPTIONS])
-            plan.env[protocol.ENV_OPTIONS] = json.dumps({**current, **options})
-            return plan
-
-        import tests.integration.test_runner as tr
-
-        tr.build_launch = build_with
-        try:
-            original(self, spec, path, eng)
-        finally:
-            tr.build_launch = build
-
-    Job.__init__ = patched  # type: ignore[method-assign]
-    try:
-        return start(jobs, job_spec, tmp_path, engine)
-    finally:
-        Job.__init__ = original  # type: ignore[method-assign]
-
-
 @pytest.fixture
 def engine() -> Iterator[TestEngine]:
     e = TestEngine()
@@ -144,8 +110,8 @@ def test_ooms_again_halve_again_down_to_the_floor(tmp_path: Path, engine: TestEn
     out = tmp_path / "report.json"
     spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "1:2", "--oom", "2:5",
                                                  "--above", "8"),
-                   python=sys.executable)
-    job = with_options(spec, tmp_path, engine, jobs, min_batch=8)
+                   python=sys.executable, min_batch=8)
+    job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 0, job.output[-3000:]
     got = report(out)
     same_weights(reference, got)
@@ -162,8 +128,8 @@ def test_below_the_floor_it_parks_with_a_checkpoint_and_resumes_at_the_shrunk_si
     # The first OOM (epoch 2) halves to 16 x 2; the second, at the 4th micro-batch of epoch 3
     # (one update and a half done: the half is trained again), is below the floor.
     spec = JobSpec(script=str(SHRINK_FIT), args=args[:3] + ("--oom", "3:4", "--above", "8"),
-                   python=sys.executable, checkpoint_dir=str(ckpt))
-    job = with_options(spec, tmp_path, engine, jobs, min_batch=16)
+                   python=sys.executable, checkpoint_dir=str(ckpt), min_batch=16)
+    job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == protocol.PARK_EXIT_CODE, job.output[-3000:]
     said = notes(engine)
     assert any("smallest batch" in n and "parked with a checkpoint" in n for n in said), said
@@ -173,9 +139,8 @@ def test_below_the_floor_it_parks_with_a_checkpoint_and_resumes_at_the_shrunk_si
 
     once.touch()  # the resumed job has the memory it needs
     resumed = JobSpec(script=str(SHRINK_FIT), args=args, python=sys.executable,
-                      checkpoint_dir=str(ckpt), resume=True)
-    engine2 = engine
-    job = with_options(resumed, tmp_path, engine2, jobs, min_batch=16)
+                      checkpoint_dir=str(ckpt), resume=True, min_batch=16)
+    job = start(jobs, resumed, tmp_path, engine)
     assert job.wait() == 0, job.output[-3000:]
     got = report(out)
     assert got["accumulation"] == 2
@@ -187,8 +152,8 @@ def test_on_oom_stop_fails_as_without_headroom(tmp_path: Path, engine: TestEngin
                                                jobs: List[Job]) -> None:
     out = tmp_path / "report.json"
     spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "1:3"),
-                   python=sys.executable)
-    job = with_options(spec, tmp_path, engine, jobs, on_oom="stop")
+                   python=sys.executable, on_oom="stop")
+    job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 1
     assert "ResourceExhaustedError" in job.output
     assert not out.exists()

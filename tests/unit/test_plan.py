@@ -104,6 +104,8 @@ def test_defaults_change_nothing_in_tensorflow(script):
         "checkpoint_dir": None,
         "checkpoint_every_steps": None,
         "resume": False,
+        "on_oom": "shrink",
+        "min_batch": 8,
     }
     assert runner_steps(plan.runner_options) == []
 

@@ -102,6 +102,8 @@ class JobSpec:
     fresh: bool = False  # start over on a checkpoint folder that holds one (deleted as it starts)
     preset: Optional[str] = None
     auto_resume: Optional[bool] = None  # None: the guard's default
+    on_oom: str = "shrink"  # an out-of-memory error in fit(): shrink the micro-batch, or stop
+    min_batch: Optional[int] = None  # None: sv.MIN_BATCH_DEFAULT
 
     def to_json(self) -> Dict[str, Any]:
         """A JSON-able dict; ``JobSpec.from_json`` reads it back unchanged."""
@@ -154,6 +156,8 @@ class JobSpec:
             "fresh": sv.want_bool("fresh", d.get("fresh", False)),
             "preset": sv.want_opt_str("preset", d.get("preset")),
             "auto_resume": sv.want_opt_bool("auto_resume", d.get("auto_resume")),
+            "on_oom": sv.want_str("on_oom", d.get("on_oom", "shrink")),
+            "min_batch": sv.want_opt_int("min_batch", d.get("min_batch")),
         }
         return cls(**values)
 
@@ -359,6 +363,12 @@ def _check_choices(spec: JobSpec) -> None:
             f"--precision: unknown precision {o.precision!r} (choose {', '.join(PRECISIONS)})",
             sv.PRECISION,
         )
+    if spec.on_oom not in sv.ON_OOM_CHOICES:
+        raise SpecError(f"--on-oom: {spec.on_oom!r} is not one of "
+                        f"{', '.join(sv.ON_OOM_CHOICES)}", sv.ON_OOM)
+    if spec.min_batch is not None and spec.min_batch < 1:
+        raise SpecError(f"--min-batch: {spec.min_batch} is not a batch size; give 1 or more",
+                        sv.MIN_BATCH)
 
 
 def _check_numbers(spec: JobSpec) -> None:
@@ -595,4 +605,6 @@ def spec_from_cli(ns: argparse.Namespace) -> JobSpec:
         fresh=bool(arg("fresh", False)),
         preset=arg("preset"),
         auto_resume=False if arg("manual_resume", False) else None,
+        on_oom=arg("on_oom") or "shrink",
+        min_batch=sv.parse_int("--min-batch", arg("min_batch"), "a batch size", sv.MIN_BATCH),
     )

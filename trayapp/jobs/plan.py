@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import trayapp.runner
 from trayapp.jobs import interpreters
+from trayapp.jobs import spec_values as sv
 from trayapp.jobs.interpreters import REMOVED
 from trayapp.jobs.options import (
     JobSpec,
@@ -174,6 +175,8 @@ def _runner_options(
         "checkpoint_dir": os.path.abspath(spec.checkpoint_dir) if spec.checkpoint_dir else None,
         "checkpoint_every_steps": spec.checkpoint_every_steps,
         "resume": spec.resume,
+        "on_oom": spec.on_oom,
+        "min_batch": spec.min_batch or sv.MIN_BATCH_DEFAULT,
     }
 
 
@@ -428,6 +431,14 @@ def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
     return out
 
 
+def oom_line(options: Mapping[str, Any]) -> str:
+    """What the runner does on an out-of-memory error in fit()."""
+    if options.get("on_oom") == "shrink":
+        return (f"shrink: micro-batches of half the batch, twice the gradient accumulation "
+                f"(the same training, Keras 3), down to {options.get('min_batch')}")
+    return "stop: the job fails, as without Headroom"
+
+
 def format_plan(plan: LaunchPlan) -> str:
     """The plan for ``headroom run --dry-run``: command, folder, variables, runner steps,
     warnings."""
@@ -447,6 +458,7 @@ def format_plan(plan: LaunchPlan) -> str:
             lines.append(f"    {call}")
     else:
         lines.append("  nothing (TensorFlow's defaults)")
+    lines += ["", "Out of memory in fit():", "  " + oom_line(plan.runner_options)]
     if plan.warnings:
         lines += ["", "Warnings:"]
         lines += [f"  ! {w}" for w in plan.warnings]

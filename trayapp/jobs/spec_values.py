@@ -57,6 +57,10 @@ RESUME = "resume"
 FRESH = "fresh"
 PRESET = "preset"
 AUTO_RESUME = "auto_resume"
+ON_OOM = "on_oom"
+MIN_BATCH = "min_batch"
+ON_OOM_CHOICES = ("shrink", "stop")
+MIN_BATCH_DEFAULT = 8
 
 
 class SpecError(ValueError):
@@ -231,6 +235,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="after a park, wait for `headroom resume` instead of resuming by itself",
     )
+    s = parser.add_argument_group("when the training does not fit")
+    s.add_argument(
+        "--on-oom", choices=ON_OOM_CHOICES,
+        help="an out-of-memory error in fit(): train micro-batches with gradient accumulation, "
+        "the same training (shrink, the default with Keras 3), or fail (stop)")
+    s.add_argument("--min-batch", metavar="N",
+                   help=f"the smallest micro-batch shrinking goes down to (default "
+                   f"{MIN_BATCH_DEFAULT}); below it the job parks")
     parser.add_argument("--dry-run", action="store_true", help="print the launch plan and exit")
     parser.add_argument("script", metavar="SCRIPT", help="the training script")
     parser.add_argument(
