@@ -103,6 +103,14 @@ def progress(epoch: Optional[int], epochs: Optional[int], step: Optional[int],
     return sep.join(progress_parts(epoch, epochs, step, steps))
 
 
+def batch(size: Optional[int], micro: Optional[int], accumulation: Optional[int]) -> str:
+    """A shrunk batch, ``"batch 256 = 64 x 4"`` (the effective batch, trained as micro-batches
+    accumulated before each update); "" for a batch as the user gave it."""
+    if not size or not micro or not accumulation or accumulation <= 1:
+        return ""
+    return f"batch {size} = {micro} x {accumulation}"
+
+
 def loss(value: Optional[float]) -> str:
     """A loss with four significant digits (``"0.1234"``); "" when there is none."""
     return "" if value is None else f"{value:.4g}"

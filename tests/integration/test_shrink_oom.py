@@ -17,8 +17,11 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
+from tests.conftest import run_cli
 from tests.integration.test_runner import JOB_TIMEOUT, Job, TestEngine, start
+from trayapp.engine.client import EngineClient
 from trayapp.jobs.options import JobSpec
+from trayapp.jobs.record import JobRecord
 from trayapp.runner import protocol
 
 pytestmark = pytest.mark.tensorflow
@@ -187,3 +190,26 @@ def test_a_real_oom_under_an_address_space_limit_finishes_under_headroom(
                            for n in shrinks), said
     assert f"micro-batches of {16384 // got['accumulation']} x {got['accumulation']}" \
         in shrinks[-1]
+
+
+# -- as a user sees it: headroom run, the job's record, the events ------------------------------
+
+
+def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: Any,
+                                                           start_engine: Any) -> None:
+    (home / "config.toml").write_text('[guard]\nmode = "off"\n')
+    start_engine()
+    out = home / "report.json"
+    r = run_cli("run", "--name", "shrinks", "--python", sys.executable, str(SHRINK_FIT),
+                str(out), "--oom", "2:4", timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "out of memory at epoch 2, batch 4" in r.stdout + r.stderr
+    with EngineClient(paths) as c:
+        (job,) = [JobRecord.from_json(j) for j in c.jobs(all=True)]
+        events = c.events(after_id=0)
+    assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
+    assert job.steps == 16, "steps count the user's batches"
+    shrink_events = [e for e in events if "micro-batches of 16 x 2" in e["message"]]
+    assert shrink_events and shrink_events[0]["job_id"] == job.id
+    listing = run_cli("jobs", "--all")
+    assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout

@@ -31,6 +31,8 @@ def progress_text(job: JobRecord) -> str:
     """One line: state, epoch, step, loss, ETA, RAM, VRAM."""
     parts = [f"[{job.id}] {state_text(job)}"]
     parts += formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    if job.accumulation:
+        parts.append(formats.batch(job.batch, job.micro_batch, job.accumulation))
     loss = job.metrics.get("loss")
     if loss is not None:
         parts.append(f"loss {formats.loss(loss)}")
@@ -44,6 +46,8 @@ def progress_text(job: JobRecord) -> str:
 def progress_cell(job: JobRecord) -> str:
     """The table's progress: ``"epoch 3/10, step 50/100"``, an ended job's exit status."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    if job.accumulation:
+        parts.append(formats.batch(job.batch, job.micro_batch, job.accumulation))
     if not job.is_live and job.exit_code is not None:
         parts.append(f"exit {job.exit_code}")
     return ", ".join(parts) or "-"

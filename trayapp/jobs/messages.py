@@ -240,6 +240,9 @@ class Progress(Message):
     steps: Optional[int] = None
     logs: Tuple[Tuple[str, Optional[float]], ...] = ()
     tf_memory: Optional[Tuple[TfMemory, ...]] = None
+    batch: Optional[int] = None
+    micro_batch: Optional[int] = None
+    accumulation: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
         out = super().to_json()
@@ -315,6 +318,7 @@ _SCHEMAS: Dict[str, Tuple[type, Mapping[str, Callable[[Any], Any]]]] = {
     rp.PROGRESS: (Progress, {
         "fit": _COUNT, "epoch": _COUNT, "epochs": _COUNT, "step": _COUNT, "steps": _COUNT,
         "logs": _metrics, "tf_memory": _optional(_objects(_tf_memory)),
+        "batch": _COUNT, "micro_batch": _COUNT, "accumulation": _COUNT,
     }),
     rp.STATE: (State, {"state": _choice(RUNNER_STATES), "epoch": _COUNT, "step": _COUNT}),
     rp.CHECKPOINTED: (Checkpointed, {

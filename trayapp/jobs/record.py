@@ -40,6 +40,9 @@ class JobRecord:
     epochs: Optional[int] = None
     step: Optional[int] = None
     steps: Optional[int] = None
+    batch: Optional[int] = None  # once shrunk: the effective batch ...
+    micro_batch: Optional[int] = None  # ... trained as micro-batches of this size ...
+    accumulation: Optional[int] = None  # ... this many to an optimizer update
     metrics: Mapping[str, float] = field(default_factory=dict)
     eta_seconds: Optional[float] = None
     tf_memory: Optional[Tuple[Mapping[str, Any], ...]] = None
@@ -221,6 +224,7 @@ _READERS: Dict[str, Any] = {
     "pid": _opt(_int), "pids": _ints, "create_time": _opt(_float),
     "rss_bytes": _opt(_int), "vram_bytes": _opt(_int), "memory_method": _opt(_str),
     "epoch": _opt(_int), "epochs": _opt(_int), "step": _opt(_int), "steps": _opt(_int),
+    "batch": _opt(_int), "micro_batch": _opt(_int), "accumulation": _opt(_int),
     "metrics": _metrics, "eta_seconds": _opt(_float), "tf_memory": _opt(_mappings),
     "started": _opt(_float), "ended": _opt(_float), "end_reason": _opt(_str),
     "exit_code": _opt(_int), "hooked": _bool, "connected": _bool,

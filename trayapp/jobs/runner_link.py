@@ -27,7 +27,8 @@ MAX_NOTES = 50
 # Warnings and errors a job sends become events (database rows kept for days, log lines): at
 # most this many a minute per job; the rest are kept with the job only.
 NOTE_EVENTS_PER_MINUTE = 20
-PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps")  # kept as the runner sends them
+# Kept as the runner sends them.
+PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps", "batch", "micro_batch", "accumulation")
 MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
 
 

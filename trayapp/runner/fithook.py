@@ -230,6 +230,7 @@ def _resume_shrunk(run, shrinker):
         return
     micro = shrinker.apply(k)
     run.accumulation = k
+    run.batch = (shrinker.effective_batch(), micro)
     run.session.note("info", f"resumed at micro-batches of {micro} x {k} "
                              f"(batch {shrinker.effective_batch()}, the same training)")
 
@@ -262,6 +263,7 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
         micro, k = halved
         shrinker.apply(k)
         run.restart_in_memory(epoch, done, k)
+        run.batch = (shrinker.effective_batch(), micro)
         set_callbacks(False)  # the weights in memory are newer than any checkpoint
         bound.arguments["initial_epoch"] = epoch
         session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "

@@ -41,7 +41,8 @@ MAX_MESSAGE_BYTES = 1 << 20
 
 # job -> engine
 HELLO = "hello"  # applied options, versions, devices, whether fit() is hooked
-PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory
+PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory; once shrunk:
+# batch (the effective batch), micro_batch, accumulation (micro-batches per update)
 STATE = "state"  # state: running | pausing | paused | checkpointing | parking | stopping
 # ("stopping" only while a fit() runs: the runner ends it at the next batch and exits)
 CHECKPOINTED = "checkpointed"  # path, epoch

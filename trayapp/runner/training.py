@@ -115,6 +115,7 @@ class FitRun:
         self.last_saved = None
         self.gpu_names = []
         self.accumulation = 1  # micro-batches per optimizer update (shrunk: > 1)
+        self.batch = None  # once shrunk: (effective batch, micro-batch)
         self.epoch_updates = None  # the optimizer's updates when this epoch began
         self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
         self._last_progress = 0.0
@@ -354,6 +355,9 @@ class FitRun:
             tf = sys.modules.get("tensorflow")
             memory = gpu_memory(tf, self.gpu_names) if tf is not None else None
         acc = self.accumulation
+        shrunk = {}
+        if acc > 1 and self.batch:
+            shrunk = {"batch": self.batch[0], "micro_batch": self.batch[1], "accumulation": acc}
         self.session.send_progress(
             protocol.make(
                 protocol.PROGRESS,
@@ -364,6 +368,7 @@ class FitRun:
                 steps=-(-self.steps // acc) if self.steps is not None else None,
                 logs=values,
                 tf_memory=memory,
+                **shrunk,
             )
         )
 

@@ -56,7 +56,9 @@ def progress_fraction(job: JobRecord) -> Optional[float]:
 
 def progress_text(job: JobRecord) -> str:
     """``"epoch 2/5 · step 30/100"``, or "" without progress reports."""
-    return formats.progress(job.epoch, job.epochs, job.step, job.steps, sep=" · ")
+    parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
+    return " · ".join(parts + [shrunk] if shrunk else parts)
 
 
 def loss_text(job: JobRecord) -> str:
