@@ -33,6 +33,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_store": ([], ["--hours", "2"]),
     "bench_guard": ([], ["--quick"]),
     "bench_runner": ([], ["--quick"]),
+    "bench_shrink": (["--rounds", "9"], ["--quick"]),
     "bench_joblog": ([], ["--size-mb", "256"]),
     "bench_tray": (["--seconds", "60"], ["--seconds", "10"]),
     "bench_dashboard": ([], []),
