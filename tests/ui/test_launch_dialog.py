@@ -19,7 +19,7 @@ from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError, validate
 from trayapp.probes.snapshot import GpuReading
 from trayapp.ui.launch import LaunchDialog
-from trayapp.ui.launch_form import AUTO_PYTHON
+from trayapp.ui.launch_form import AUTO_PYTHON, select
 from trayapp.ui.launch_plan import RecentLaunches, form_row, gpu_views, summary_text
 from trayapp.vocab import ENDED
 
@@ -443,3 +443,24 @@ def test_show_command_is_what_is_launched(qtbot, paths, start_engine, probe_cach
 
     assert seen["ONLY_IN_THE_DIALOG"] == "shown and launched" and seen["MY_SETTING"] == "1"
     assert ours(seen) == ours(plan.env)
+
+
+def test_out_of_memory_choice_reaches_the_spec_and_the_plan(qtbot, paths, start_engine,  # type: ignore
+                                                             probe_cache, script) -> None:
+    start_engine()
+    dialog = open_dialog(qtbot, paths, probe_cache)
+    dialog.choose_script(str(script))
+    spec = dialog.form_spec()
+    assert (spec.on_oom, spec.min_batch) == ("shrink", None)  # the defaults
+    select(dialog.on_oom_combo, "stop")
+    dialog.min_batch_spin.setValue(16)
+    settle(dialog)
+    spec = dialog.form_spec()
+    assert (spec.on_oom, spec.min_batch) == ("stop", 16)
+    qtbot.mouseClick(dialog.plan_button, Qt.MouseButton.LeftButton)
+    assert "stop: the job fails, as without Headroom" in dialog.plan_view.toPlainText()
+    dialog.reset_options(keep_script=True)
+    assert dialog.form_spec().on_oom == "shrink"
+    dialog.fill_from_spec(spec)  # a relaunch, or the script's last settings
+    assert (dialog.form_spec().on_oom, dialog.form_spec().min_batch) == ("stop", 16)
+    assert form_row(SpecError("--min-batch: 0 is not a batch size", sv.MIN_BATCH)) == "on_oom"

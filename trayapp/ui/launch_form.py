@@ -55,6 +55,7 @@ EXPLAIN = {
     "threads": "TensorFlow's CPU thread pools; auto lets it choose.",
     "ram_budget": "The guard pauses the job above this much RAM.",
     "vram_budget": "The guard pauses the job above this much GPU memory.",
+    "on_oom": "Out of memory in fit(): train half-size batches, the same training (Keras 3).",
     "checkpoint": "Progress is saved here, so a parked job continues.",
     "env": "KEY=VALUE a line; variables TensorFlow ignores are flagged.",
 }
@@ -278,6 +279,15 @@ class LaunchForm(QDialog):
                   EXPLAIN["vram_budget"])
         self.manual_resume_box = QCheckBox("After a park, wait for me to resume it")
         self._row(form, "", "auto_resume", self.manual_resume_box)
+        self.on_oom_combo = combo([("Shrink the batch", "shrink"), ("Stop the job", "stop")],
+                                  "On out of memory")
+        self.min_batch_spin = QSpinBox()
+        self.min_batch_spin.setRange(1, 1 << 20)
+        self.min_batch_spin.setValue(sv.MIN_BATCH_DEFAULT)
+        self.min_batch_spin.setPrefix("down to ")
+        self.min_batch_spin.setAccessibleName("Smallest micro-batch")
+        self._row(form, "Out of memory", "on_oom", self.on_oom_combo, EXPLAIN["on_oom"],
+                  extra=self.min_batch_spin)
         return box
 
     def _checkpoint_box(self) -> QGroupBox:
@@ -350,7 +360,8 @@ class LaunchForm(QDialog):
             self.growth_combo,
             self.vram_mode, self.vram_spin, self.allocator_combo, self.precision_combo,
             self.xla_combo, self.intra_spin, self.inter_spin, self.ram_budget_edit,
-            self.vram_budget_edit, self.manual_resume_box, self.plan_button, self.launch_button,
+            self.vram_budget_edit, self.manual_resume_box, self.on_oom_combo,
+            self.min_batch_spin, self.plan_button, self.launch_button,
             self.cancel_button])
         self.script_combo.setFocus()
         self.resize(1040, 720)
@@ -406,4 +417,7 @@ class LaunchForm(QDialog):
             resume=self.resume_box.isChecked(),
             fresh=self.fresh_box.isChecked(),
             preset=self.preset_combo.currentData(),
-            auto_resume=False if self.manual_resume_box.isChecked() else None)
+            auto_resume=False if self.manual_resume_box.isChecked() else None,
+            on_oom=str(self.on_oom_combo.currentData()),
+            min_batch=None if self.min_batch_spin.value() == sv.MIN_BATCH_DEFAULT
+            else self.min_batch_spin.value())

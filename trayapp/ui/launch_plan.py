@@ -31,7 +31,8 @@ FORM_ROWS: Dict[str, str] = {
     "options.inter_threads": "threads", sv.RAM_BUDGET: "ram_budget",
     sv.VRAM_BUDGET: "vram_budget", sv.CHECKPOINT_DIR: "checkpoint",
     sv.CHECKPOINT_EVERY: "checkpoint_every", sv.RESUME: "resume", sv.FRESH: "fresh",
-    sv.PRESET: "preset", sv.AUTO_RESUME: "auto_resume",
+    sv.PRESET: "preset", sv.AUTO_RESUME: "auto_resume", sv.ON_OOM: "on_oom",
+    sv.MIN_BATCH: "on_oom",
 }
 
 
