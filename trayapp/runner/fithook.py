@@ -214,25 +214,33 @@ def _after_fit(session):
 
 
 def _resume_shrunk(run, shrinker):
-    """A job resumed from a checkpoint saved at a shrunk batch goes on with it: the
-    accumulation is set before the checkpoint is restored (its optimizer state has the
-    accumulators)."""
-    if not run.dir or not run.session.options["resume"]:
-        return
-    metadata = run.read_metadata() or {}
-    extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
-    k = _int(extra.get("accumulation"), 1)
+    """A job resumed from a checkpoint saved at a shrunk batch goes on with it, and a job
+    started smaller (``accumulation`` > 1) starts so: the accumulation is set before the
+    checkpoint is restored (its optimizer state has the accumulators)."""
+    options = run.session.options
+    k = options["accumulation"]
+    if run.dir and options["resume"]:
+        metadata = run.read_metadata() or {}
+        extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
+        k = max(k, _int(extra.get("accumulation"), 1))
     if k <= 1:
         return
     refusal = shrinker.refusal()
     if refusal is not None:
-        run.session.note("warn", f"the checkpoint was trained at a shrunk batch, but {refusal}")
+        run.session.note("warn", f"asked to train micro-batches ({k} to an update), but "
+                                 f"{refusal}: trained at the full batch")
+        return
+    batch = shrinker.effective_batch()
+    if batch % k:
+        run.session.note("warn", f"batch {batch} does not split into {k} micro-batches: "
+                                 "trained at the full batch")
         return
     micro = shrinker.apply(k)
     run.accumulation = k
-    run.batch = (shrinker.effective_batch(), micro)
-    run.session.note("info", f"resumed at micro-batches of {micro} x {k} "
-                             f"(batch {shrinker.effective_batch()}, the same training)")
+    run.batch = (batch, micro)
+    how = "resumed" if options["resume"] else "started"
+    run.session.note("info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the "
+                             "same training)")
 
 
 def _fit_shrinking(original, bound, run, shrinker, set_callbacks):

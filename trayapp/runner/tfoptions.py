@@ -14,6 +14,8 @@ The options arrive as JSON in ``HEADROOM_JOB_OPTIONS`` (written by ``trayapp.job
     on_oom            "shrink" | "stop"   an out-of-memory error in fit(): train micro-batches
                       with gradient accumulation (the same training), or fail as without Headroom
     min_batch         int   the smallest micro-batch shrinking goes down to
+    accumulation      int   train micro-batches of batch / N from the start, N to an update (a
+                      job relaunched smaller by the guard; a checkpoint's own, when larger, wins)
     no_fit_note_seconds   number (how long after TensorFlow/Keras import to say "no fit()")
 
 Environment-only options (GPU choice, allocator, growth's environment variable) are set by the
@@ -36,6 +38,7 @@ _KEYS = {
     "resume": (bool,),
     "on_oom": (str,),
     "min_batch": (int,),
+    "accumulation": (int,),
     "no_fit_note_seconds": (int, float),
 }
 
@@ -52,6 +55,7 @@ DEFAULTS = {
     "resume": False,
     "on_oom": "shrink",
     "min_batch": 8,
+    "accumulation": 1,
     "no_fit_note_seconds": 60,
 }
 
@@ -90,6 +94,9 @@ def read_options(text):
         raise OptionError(f"job option vram_limit_mb: {limits!r} is not a list of sizes")
     if options["on_oom"] not in ON_OOM:
         raise OptionError("job option on_oom: {!r} is not valid".format(options["on_oom"]))
+    if not 1 <= options["accumulation"] <= 1024:
+        raise OptionError("job option accumulation: {!r} is not valid".format(
+            options["accumulation"]))
     if options["min_batch"] < 1:
         raise OptionError("job option min_batch: {!r} is not valid".format(options["min_batch"]))
     if options["precision"] is not None and options["precision"] not in PRECISIONS:
