@@ -22,6 +22,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.checkpoint_folder import checkpoint_position, holds_checkpoint
+from trayapp.jobs.gpu_choice import (  # where they were
+    FLOAT16_MIN_CAPABILITY,
+    compute_capability,
+    float16_ok,
+    selected_gpus,
+    total_mb,
+)
 from trayapp.jobs.spec_values import (  # the flags and choices, where they were
     ALLOCATORS,
     MIB,
@@ -37,7 +44,6 @@ from trayapp.runner import protocol
 
 DESKTOP_RESERVE_MB = 1024
 DESKTOP_RAM_PERCENT = 75
-FLOAT16_MIN_CAPABILITY = (7, 0)
 
 # Environment variables that TensorFlow does not read (though advice on the web uses them), and
 # the option that does what was meant.
@@ -184,41 +190,6 @@ def _options_from_json(d: Any) -> MemoryOptions:
 
 
 # ---------------------------------------------------------------------------------------------
-# GPUs
-
-
-def selected_gpus(options: MemoryOptions, gpus: Sequence[GpuReading]) -> List[GpuReading]:
-    """The readings of the GPUs the job will use (none with --cpu-only)."""
-    if options.cpu_only:
-        return []
-    if options.gpus is None:
-        return list(gpus)
-    wanted = set(options.gpus)
-    return [g for g in gpus if g.index in wanted]
-
-
-def compute_capability(gpu: GpuReading) -> Optional[Tuple[int, int]]:
-    """The GPU's CUDA compute capability as (major, minor), or None when the reading lacks it."""
-    value = getattr(gpu, "compute_capability", None)
-    if value is None:
-        return None
-    try:
-        if isinstance(value, str):
-            major, _, minor = value.partition(".")
-            return int(major), int(minor or 0)
-        major, minor = value
-        return int(major), int(minor)
-    except (TypeError, ValueError):
-        return None
-
-
-def total_mb(gpu: GpuReading) -> Optional[int]:
-    if gpu.memory_total_bytes is None:
-        return None
-    return gpu.memory_total_bytes // MIB
-
-
-# ---------------------------------------------------------------------------------------------
 # Presets
 
 
@@ -265,16 +236,11 @@ def apply_preset(
                 changes["memory_growth"] = False
             if o.allocator is None:
                 changes["allocator"] = "cuda_malloc_async"
-            if o.precision is None and _float16_ok(selected_gpus(o, gpus)):
+            if o.precision is None and float16_ok(selected_gpus(o, gpus)):
                 changes["precision"] = "mixed_float16"
         if o.xla is None:
             changes["xla"] = True
     return replace(spec, options=replace(o, **changes), preset=name, ram_budget_mb=ram_budget)
-
-
-def _float16_ok(selected: Sequence[GpuReading]) -> bool:
-    caps = [compute_capability(g) for g in selected]
-    return bool(caps) and all(c is not None and c >= FLOAT16_MIN_CAPABILITY for c in caps)
 
 
 # ---------------------------------------------------------------------------------------------
