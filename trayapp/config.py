@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from trayapp import private
 from trayapp.text import one_line
+from trayapp.vocab import GuardAct, GuardMode
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -246,7 +247,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("history", "keep_days", 30.0, _as_float,
             "Days of one-minute min/mean/max kept.", 1, 3650),
     # [guard]
-    Setting("guard", "mode", "act", _choice("act", "dry-run", "off"),
+    Setting("guard", "mode", GuardMode.ACT.value, _choice(*(m.value for m in GuardMode)),
             "act: warn, pause and park jobs; dry-run: record what it would do and do nothing; "
             "off: watch only."),
     Setting("guard", "warn_available", "15%", _as_threshold,
@@ -317,6 +318,8 @@ SETTINGS: Tuple[Setting, ...] = (
 
 SETTINGS_BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
 SECTIONS = tuple(dict.fromkeys(s.section for s in SETTINGS))
+# What a [[guard.rules]] entry may do to the processes it names.
+RULE_ACTS = (GuardAct.WARN.value, GuardAct.PAUSE.value, GuardAct.STOP.value)
 # Sections holding lists or tables the flat table above does not describe.
 FREE_FORM = {("guard", "rules")}
 
@@ -358,8 +361,8 @@ def _check_rules(raw: Any, problems: List[str]) -> List[Dict[str, Any]]:
         if not isinstance(r, dict) or not isinstance(r.get("process"), str):
             problems.append(f"config: guard rule {i + 1} needs process = \"name pattern\"; ignored")
             continue
-        action = r.get("action", "warn")
-        if action not in ("warn", "pause", "stop"):
+        action = r.get("action", GuardAct.WARN.value)
+        if action not in RULE_ACTS:
             problems.append(f"config: guard rule {i + 1}: action {_shown(action)} is not warn, "
                             "pause or stop; ignored")
             continue
@@ -398,12 +401,13 @@ def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
 
 def _check_order(cfg: Config) -> None:
     """The ladder's thresholds must nest; when they do not, say so (they still apply)."""
+    ref = 16 * 1024**3
     try:
-        t = {k: cfg.threshold(f"guard.{k}_available") for k in ("warn", "pause", "park", "resume")}
+        park, pause, warn = (cfg.threshold(f"guard.{k}").bytes_of(ref)
+                             for k in ("park_available", "pause_available", "warn_available"))
     except ConfigError:  # pragma: no cover - validated above
         return
-    ref = 16 * 1024**3
-    if not (t["park"].bytes_of(ref) <= t["pause"].bytes_of(ref) <= t["warn"].bytes_of(ref)):
+    if not park <= pause <= warn:
         cfg.problems.append("config: guard thresholds should satisfy park <= pause <= warn")
 
 

@@ -25,13 +25,29 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Deque, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from enum import Enum
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Tuple,
+)
 
 from trayapp import vocab
 from trayapp.config import Threshold, format_bytes
 from trayapp.probes.snapshot import GpuReading, MemoryReading
+from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C
 from trayapp.vocab import GuardLevel as L
+from trayapp.vocab import GuardMode as M
+from trayapp.vocab import JobState as S
 
 LEVELS = vocab.LEVELS
 _RANK = vocab.RANK
@@ -75,6 +91,39 @@ CLOCK_STEP_SECONDS = 1.0
 MEM = "mem"  # history series: minus available memory, so a positive slope means filling
 
 
+# -- what a condition is about -------------------------------------------------------------
+
+
+class Watch(str, Enum):
+    """What a condition is about: one kind of thing the guard watches."""
+
+    MEM = "mem"  # available memory against the ladder's thresholds
+    TREND = "trend"  # the fill rate's prediction
+    PSI = "psi"  # memory pressure
+    RAM = "ram"  # a job's RAM budget
+    VRAM = "vram"  # a job's VRAM budget
+    GPU = "gpu"  # a GPU's memory
+    NOCKPT = "nockpt"  # a paused job that cannot be parked
+    RULE = "rule"  # a process a user rule names
+
+
+# Machine-wide memory conditions (they name the largest processes); a job's own budgets.
+MEMORY_WATCHES = frozenset({Watch.MEM, Watch.TREND, Watch.PSI})
+BUDGET_WATCHES = frozenset({Watch.RAM, Watch.VRAM})
+
+
+class CondKey(NamedTuple):
+    """One thing watched: what (``watch``) and which (a job id, a GPU index, a pid)."""
+
+    watch: Watch
+    ref: Optional[str] = None
+
+
+MEM_KEY = CondKey(Watch.MEM)
+TREND_KEY = CondKey(Watch.TREND)
+PSI_KEY = CondKey(Watch.PSI)
+
+
 # -- inputs -----------------------------------------------------------------------------------
 
 
@@ -83,14 +132,14 @@ class Rule:
     """A user rule for processes Headroom did not start: fnmatch ``pattern`` on the name."""
 
     pattern: str
-    action: str  # "warn" | "pause" | "stop"
+    action: str  # a GuardAct: warn, pause or stop
 
 
 @dataclass(frozen=True)
 class Policy:
     """The guard's settings (section ``[guard]`` of config.toml), as the decision uses them."""
 
-    mode: str = "act"  # "act" | "dry-run" | "off"
+    mode: str = M.ACT  # a GuardMode
     warn_available: Threshold = Threshold(percent=15.0)
     pause_available: Threshold = Threshold(percent=8.0)
     park_available: Threshold = Threshold(percent=5.0)
@@ -140,7 +189,7 @@ class Policy:
             resume_after_seconds=float(config["guard.resume_after_seconds"]),
             cooldown_seconds=float(config["guard.cooldown_seconds"]),
             rate_window_seconds=float(config["guard.rate_window_seconds"]),
-            rules=tuple(Rule(str(r["process"]), str(r.get("action", "warn")))
+            rules=tuple(Rule(str(r["process"]), str(r.get("action", A.WARN)))
                         for r in getattr(config, "rules", ()) or ()),
         )
 
@@ -166,6 +215,12 @@ class JobView:
     @property
     def label(self) -> str:
         return f"job {self.id} ({self.name})" if self.name else f"job {self.id}"
+
+    def budget(self, watch: Watch) -> Tuple[Optional[int], Optional[int]]:
+        """(what it uses, its budget) of RAM or of VRAM."""
+        if watch is Watch.RAM:
+            return self.rss_bytes, self.ram_budget_bytes
+        return self.vram_bytes, self.vram_budget_bytes
 
 
 @dataclass(frozen=True)
@@ -304,6 +359,12 @@ def _least_squares(pts: List[Tuple[float, float]], last_step: Optional[float]) -
 # -- thresholds and conditions ----------------------------------------------------------------
 
 
+# The guard setting of each threshold -> its field in Thresholds.
+_THRESHOLD_OF = {"warn_available": "warn", "pause_available": "pause",
+                 "park_available": "park", "stop_available": "stop",
+                 "resume_available": "resume", "hysteresis": "hysteresis"}
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """The policy's thresholds in bytes for one total."""
@@ -330,6 +391,10 @@ class Thresholds:
         return {f"{k}_bytes": getattr(self, k)
                 for k in ("warn", "pause", "park", "stop", "resume")}
 
+    def at(self, setting: str) -> int:
+        """The bytes of the threshold setting ``setting`` names (``pause_available``...)."""
+        return int(getattr(self, _THRESHOLD_OF[setting]))
+
     def below(self, available: int) -> int:
         """The nearest threshold under ``available`` (0 when it is under all of them)."""
         under = [x for x in (self.warn, self.pause, self.park, self.stop) if x < available]
@@ -340,8 +405,8 @@ class Thresholds:
 class Condition:
     """Something the guard sees now: a key (one per thing watched), a level and a line."""
 
-    key: str  # "mem", "trend", "psi", "ram:<job>", "vram:<job>", "gpu:<i>", ...
-    level: str  # "warn" | "pause" | "park"
+    key: CondKey
+    level: str  # a GuardLevel: the cause's (``CAUSES``)
     cause: str  # what acting on it means; checked again on a fresh reading before acting
     reason: str
     job_id: Optional[str] = None
@@ -361,7 +426,7 @@ class Assessment:
     psi_pause_since: Optional[float]
     trend_since: Optional[float]
 
-    def condition(self, key: str) -> Optional[Condition]:
+    def condition(self, key: CondKey) -> Optional[Condition]:
         for c in self.conditions:
             if c.key == key:
                 return c
@@ -384,24 +449,25 @@ class GuardState:
     trend_since: Optional[float] = None
     calm_since: Optional[float] = None
     rate_since: Optional[float] = None  # fill rates are fitted to samples from here on
-    announced: Dict[str, Tuple[int, float]] = field(default_factory=dict)  # key -> (rank, t)
+    announced: Dict[CondKey, Tuple[int, float]] = field(default_factory=dict)  # -> (rank, t)
     ok_pending: bool = False  # something was announced; say so when all is well again
     pending: Dict[str, Tuple[str, float, str]] = field(default_factory=dict)  # target ->
     # (action kind, time, target state then)
     resumed_at: Dict[str, float] = field(default_factory=dict)  # target -> automatic resume
     relapses: Dict[str, int] = field(default_factory=dict)
     paused_for: Dict[str, str] = field(default_factory=dict)  # target -> cause of its pause
-    grace: Dict[str, float] = field(default_factory=dict)  # "ram:<job>" -> raised budget
+    grace: Dict[CondKey, float] = field(default_factory=dict)  # a job's budget -> raised to
     parked_size: Dict[str, int] = field(default_factory=dict)  # target -> RSS when parked
     job_states: Dict[str, Tuple[str, Optional[str]]] = field(default_factory=dict)
     would: FrozenSet[str] = frozenset()  # dry-run: actions already reported
-    keys: FrozenSet[str] = frozenset()  # the condition keys of the last decision
+    keys: FrozenSet[CondKey] = frozenset()  # the condition keys of the last decision
     last_action: Optional[Dict[str, Any]] = None
 
 
 # -- outputs ----------------------------------------------------------------------------------
 
-_PAST = {"pause": "paused", "resume": "resumed", "park": "parking", "stop": "stopping"}
+_PAST: Mapping[str, str] = {A.PAUSE: "paused", A.RESUME: "resumed", A.PARK: "parking",
+                            A.STOP: "stopping"}
 EVENT_KINDS = vocab.GUARD_EVENTS
 
 
@@ -409,7 +475,7 @@ EVENT_KINDS = vocab.GUARD_EVENTS
 class Action:
     """One thing to do: a notification (``warn``, ``ok``) or an act on a job or process."""
 
-    kind: str  # "warn" | "ok" | "pause" | "resume" | "park" | "stop"
+    kind: str  # a GuardAct: a notification (warn, ok) or an act
     reason: str
     cause: str = ""
     job_id: Optional[str] = None
@@ -417,13 +483,14 @@ class Action:
     label: str = ""
     deadline_seconds: Optional[float] = None  # pause: how long a cooperative pause may take
     dry_run: bool = False
-    key: str = ""  # "<kind>:<target>" for acts; the condition key for notifications
+    key: str = ""  # "<kind>:<target>" for acts
     target_state: str = ""
     data: Dict[str, Any] = field(default_factory=dict)
+    condition: Optional[CondKey] = None  # a notification: the condition it announces
 
     @property
     def target(self) -> Optional[str]:
-        if self.job_id is not None and self.kind not in ("warn", "ok"):
+        if self.job_id is not None and self.kind in vocab.ACTS:
             return f"job:{self.job_id}"
         if self.pid is not None:
             return f"pid:{self.pid}"
@@ -431,7 +498,7 @@ class Action:
 
     @property
     def acts(self) -> bool:
-        return self.kind in ("pause", "resume", "park", "stop")
+        return self.kind in vocab.ACTS
 
     @property
     def event_kind(self) -> str:
@@ -439,9 +506,9 @@ class Action:
 
     @property
     def event_level(self) -> str:
-        if self.dry_run or self.kind in ("ok", "resume"):
+        if self.dry_run or self.kind in (A.OK, A.RESUME):
             return "info"
-        return "error" if self.kind == "stop" else "warn"
+        return "error" if self.kind == A.STOP else "warn"
 
     @property
     def message(self) -> str:
@@ -457,7 +524,7 @@ class Action:
 class Decision:
     """The outcome of one tick: the level (``state``), why, the prediction, what to do."""
 
-    state: str  # "ok" | "warn" | "pause" | "park"
+    state: str  # a GuardLevel
     reasons: Tuple[str, ...]
     seconds_to_exhaustion: Optional[float]
     fill_rate_bytes_per_s: Optional[float]
@@ -501,7 +568,168 @@ def top_text(processes: Iterable[ProcessView], jobs: Iterable[JobView], limit: i
     return "largest: " + ", ".join(parts) if parts else ""
 
 
+# The memory ladder's steps, as its sentences name them.
+STEP_WORDS: Mapping[str, str] = {C.MEM_STOP: "last-resort", C.MEM_PARK: "park",
+                                 C.MEM_PAUSE: "pause", C.MEM_WARN: "warning"}
+
+
+def memory_have(avail: int, total: int, limit_source: str) -> str:
+    """"1.1 GiB (7% of 16.0 GiB)", with "(cgroup limit)" when the total is a cgroup's."""
+    where = " (cgroup limit)" if limit_source == "cgroup" else ""
+    return f"{format_bytes(avail)} ({_share(avail, total)} of {format_bytes(total)}{where})"
+
+
+def below_line(cause: str, have: str, line: int, setting: Threshold,
+               rate: Optional[float]) -> str:
+    falling = f", filling at {format_rate(rate)}" if rate else ""
+    return f"available memory {have} is below the {STEP_WORDS[cause]} threshold " \
+           f"{_th_text(line, setting)}{falling}"
+
+
+def just_above_line(have: str, warn: int, setting: Threshold, clears: int) -> str:
+    return f"available memory {have} is just above the warning threshold " \
+           f"{_th_text(warn, setting)}; the warning clears above {format_bytes(clears)}"
+
+
+def trend_line(rate: float, tte: float, park: int) -> str:
+    return f"memory is filling at {format_rate(rate)}: about {tte:.0f} s until available " \
+           f"memory reaches the park threshold {format_bytes(park)}"
+
+
+def psi_line(psi: float, threshold: float, seconds: float) -> str:
+    return f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, above " \
+           f"{threshold:g}% for {seconds:.0f} s"
+
+
+def budget_line(job: JobView, watch: Watch, used: int, limit: float, budget: int) -> str:
+    what = "RAM" if watch is Watch.RAM else "VRAM"
+    if used >= limit:
+        extra = " (raised when you resumed it)" if limit > budget else ""
+        return f"{job.label} uses {format_bytes(used)} of {what}, over its budget of " \
+               f"{format_bytes(limit)}{extra}"
+    return f"{job.label} uses {format_bytes(used)} of {what}, {_share(used, budget)} of its " \
+           f"budget of {format_bytes(budget)}"
+
+
+def no_checkpoint_line(job: JobView) -> str:
+    return f"{job.label} holds {format_bytes(job.rss_bytes)} but has no checkpoint folder: " \
+           "parking it would lose its progress, so it stays paused"
+
+
+def rule_line(p: ProcessView) -> str:
+    assert p.rule is not None
+    rate = f", {format_rate(p.rate_bytes_per_s)}" if p.rate_bytes_per_s is not None else ""
+    return f"{p.name} (pid {p.pid}, your rule {p.rule.pattern!r}) holds " \
+           f"{format_bytes(p.rss_bytes)}{rate}"
+
+
+def gpu_line(g: GpuReading, used: int, total: int, holder: str) -> str:
+    share = f"{_share(used, total)} ({format_bytes(used)} of {format_bytes(total)})"
+    if g.display_active:
+        return f"GPU {g.index} ({g.name}) drives the desktop and {share} of its memory is " \
+               f"used{holder}: the desktop may stall"
+    return f"GPU {g.index} ({g.name}): {share} of its memory is used{holder}"
+
+
+# -- causes: their level, threshold and check ----------------------------------------------
+
+# Whether a cause still holds on a fresh assessment: (assessment, cause, the act's job id).
+Holds = Callable[["Assessment", str, Optional[str]], bool]
+
+
+def _seen(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
+    """A machine-wide condition of this cause is there."""
+    return (cause, None) in a.causes()
+
+
+def _seen_for_job(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
+    """A condition of this cause is there for the same job."""
+    return (cause, job_id) in a.causes()
+
+
+def _below(setting: str) -> Holds:
+    """Available memory is under the threshold ``setting`` names."""
+    def holds(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
+        return a.available_bytes < a.thresholds.at(setting)
+    return holds
+
+
+def _predicted(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
+    return _seen(a, cause, None) or a.available_bytes < a.thresholds.pause
+
+
+def _calm_now(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
+    """Room to resume: above the resume threshold, nothing machine-wide at pause or more."""
+    return a.available_bytes >= a.thresholds.resume and not any(
+        _RANK[c.level] >= _RANK[L.PAUSE] for c in a.conditions
+        if c.key.watch not in BUDGET_WATCHES)
+
+
+@dataclass(frozen=True)
+class CauseRule:
+    """What a cause means: the level it sets, the most it does, the setting of its threshold
+    (None: a job's own budget, a user rule) and its check on a fresh reading."""
+
+    level: L
+    act: A
+    setting: Optional[str] = None
+    holds: Holds = _seen
+
+
+CAUSES: Mapping[str, CauseRule] = {
+    C.MEM_STOP: CauseRule(L.PARK, A.STOP, "stop_available", _below("stop_available")),
+    C.MEM_PARK: CauseRule(L.PARK, A.PARK, "park_available", _below("park_available")),
+    C.MEM_PAUSE: CauseRule(L.PAUSE, A.PAUSE, "pause_available", _below("pause_available")),
+    C.MEM_WARN: CauseRule(L.WARN, A.WARN, "warn_available"),
+    C.MEM_PREDICTED: CauseRule(L.PAUSE, A.PAUSE, "pause_horizon_seconds", _predicted),
+    C.MEM_TREND: CauseRule(L.WARN, A.WARN, "warn_horizon_seconds"),
+    C.MEM_FALLING: CauseRule(L.PARK, A.PARK, "pause_available", _below("pause_available")),
+    C.PSI_PAUSE: CauseRule(L.PAUSE, A.PAUSE, "psi_pause_threshold"),
+    C.PSI_WARN: CauseRule(L.WARN, A.WARN, "psi_full_threshold"),
+    C.BUDGET_RAM: CauseRule(L.PAUSE, A.PAUSE, None, _seen_for_job),
+    C.BUDGET_VRAM: CauseRule(L.PAUSE, A.PAUSE, None, _seen_for_job),
+    C.BUDGET_RAM_WARN: CauseRule(L.WARN, A.WARN, "budget_warn_percent", _seen_for_job),
+    C.BUDGET_VRAM_WARN: CauseRule(L.WARN, A.WARN, "budget_warn_percent", _seen_for_job),
+    C.GPU_VRAM: CauseRule(L.WARN, A.WARN, "vram_warn_percent"),
+    C.NO_CHECKPOINT: CauseRule(L.WARN, A.WARN, "park_available", _seen_for_job),
+    C.RULE_WARN: CauseRule(L.WARN, A.WARN),
+    C.CALM: CauseRule(L.OK, A.RESUME, "resume_available", _calm_now),
+    C.OK: CauseRule(L.OK, A.OK),
+}
+_UNKNOWN_CAUSE = CauseRule(L.OK, A.OK)  # a cause not in the table holds while it is seen
+# The memory ladder, lowest threshold first: the first one crossed names the condition.
+MEMORY_LADDER = (C.MEM_STOP, C.MEM_PARK, C.MEM_PAUSE, C.MEM_WARN)
+
+
+def _cond(key: CondKey, cause: str, reason: str, job_id: Optional[str] = None) -> Condition:
+    return Condition(key, CAUSES[cause].level, cause, reason, job_id)
+
+
+def _last_resort(c: Optional[Condition]) -> bool:
+    """A memory condition so short that the guard parks or stops rather than waits."""
+    return c is not None and CAUSES[c.cause].act in (A.PARK, A.STOP)
+
+
+def _pausing(c: Optional[Condition]) -> bool:
+    """A condition whose cause pauses (rather than warns, parks or stops)."""
+    return c is not None and CAUSES[c.cause].act is A.PAUSE
+
+
 # -- the decision -----------------------------------------------------------------------------
+
+
+def fill_rate(history: FillHistory, now: float, policy: Policy,
+              since: Optional[float]) -> Optional[float]:
+    """The significant fill rate of available memory (bytes/s, positive), or None."""
+    fit = history.fit(MEM, now, policy.rate_window_seconds, since=since)
+    rate = fit.rate if fit is not None and fit.significant and fit.rate > 0 else None
+    if rate is not None:
+        # The last second must still show the fill: a burst that has ended (a job importing
+        # TensorFlow) stays in the window for a while but predicts nothing.
+        recent = history.fit(MEM, now, RECENT_WINDOW_SECONDS, since=since)
+        if recent is None or recent.rate < RECENT_SHARE * rate:
+            rate = None
+    return rate
 
 
 def assess(inp: GuardInput, history: FillHistory, policy: Policy,
@@ -512,127 +740,120 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
     total = max(1, m.total_bytes)
     th = Thresholds.of(policy, total)
     avail = m.available_bytes
-    conds: List[Condition] = []
-
-    fit = history.fit(MEM, now, policy.rate_window_seconds, since=state.rate_since)
-    rate = fit.rate if fit is not None and fit.significant and fit.rate > 0 else None
-    if rate is not None:
-        # The last second must still show the fill: a burst that has ended (a job importing
-        # TensorFlow) stays in the window for a while but predicts nothing.
-        recent = history.fit(MEM, now, RECENT_WINDOW_SECONDS, since=state.rate_since)
-        if recent is None or recent.rate < RECENT_SHARE * rate:
-            rate = None
+    rate = fill_rate(history, now, policy, state.rate_since)
     tte: Optional[float] = None
     if avail <= th.park:
         tte = 0.0
     elif rate:
         tte = (avail - th.park) / rate
 
-    where = " (cgroup limit)" if m.limit_source == "cgroup" else ""
-    have = f"{format_bytes(avail)} ({_share(avail, total)} of {format_bytes(total)}{where})"
-    falling = f", filling at {format_rate(rate)}" if rate else ""
-    # The ladder, lowest threshold first: the first one crossed names the condition.
-    ladder = ((th.stop, L.PARK, C.MEM_STOP, "last-resort", policy.stop_available),
-              (th.park, L.PARK, C.MEM_PARK, "park", policy.park_available),
-              (th.pause, L.PAUSE, C.MEM_PAUSE, "pause", policy.pause_available),
-              (th.warn, L.WARN, C.MEM_WARN, "warning", policy.warn_available))
-    crossed = next((step for step in ladder if avail < step[0]), None)
-    if crossed is not None:
-        line, level, code, word, setting = crossed
-        conds.append(Condition(MEM, level, code,
-                               f"available memory {have} is below the {word} threshold "
-                               f"{_th_text(line, setting)}{falling}"))
-    elif MEM in state.keys and avail < th.warn + th.hysteresis:
-        conds.append(Condition(MEM, L.WARN, C.MEM_WARN,
-                               f"available memory {have} is just above the warning threshold "
-                               f"{_th_text(th.warn, policy.warn_available)}; the warning "
-                               f"clears above {format_bytes(th.warn + th.hysteresis)}"))
+    conds: List[Condition] = []
+    mem = _memory_condition(avail, memory_have(avail, total, m.limit_source), th, policy,
+                            state, rate)
+    if mem is not None:
+        conds.append(mem)
+    trend, trend_since = _trend_condition(now, avail, th, rate, tte, policy, state)
+    if trend is not None:
+        conds.append(trend)
+    psi, psi_warn_since, psi_pause_since = _psi_condition(now, m.psi_full_avg10, policy, state)
+    if psi is not None:
+        conds.append(psi)
+    job_rates = _budget_conditions(inp, history, policy, state, conds)
+    for g in inp.gpus:
+        c = _gpu_condition(g, inp, policy)
+        if c is not None:
+            conds.append(c)
+    if avail < th.park:
+        conds.extend(_cond(CondKey(Watch.NOCKPT, job.id), C.NO_CHECKPOINT,
+                           no_checkpoint_line(job), job.id)
+                     for job in inp.jobs if job.state in PAUSED_STATES and not job.checkpoint)
+    if any(c.key.watch in MEMORY_WATCHES for c in conds):
+        conds.extend(_cond(CondKey(Watch.RULE, str(p.pid)), C.RULE_WARN, rule_line(p))
+                     for p in inp.processes
+                     if p.rule is not None and p.rule.action == A.WARN and not p.job_id)
+    return Assessment(th, avail, rate, tte, tuple(conds), job_rates, psi_warn_since,
+                      psi_pause_since, trend_since)
 
-    trend_since = None
-    if tte is not None and rate and avail > th.park:
-        ahead = f"about {tte:.0f} s until available memory reaches the park threshold " \
-                f"{format_bytes(th.park)}"
-        if 0 < policy.pause_horizon_seconds and tte <= policy.pause_horizon_seconds:
-            trend_since = state.trend_since if state.trend_since is not None else now
-            conds.append(Condition("trend", L.PAUSE, C.MEM_PREDICTED,
-                                   f"memory is filling at {format_rate(rate)}: {ahead}"))
-        elif 0 < policy.warn_horizon_seconds and tte <= policy.warn_horizon_seconds:
-            trend_since = state.trend_since if state.trend_since is not None else now
-            if now - trend_since >= TREND_HOLD_SECONDS:
-                conds.append(Condition("trend", L.WARN, C.MEM_TREND,
-                                       f"memory is filling at {format_rate(rate)}: {ahead}"))
 
-    psi = m.psi_full_avg10
-    psi_warn_since = psi_pause_since = None
-    if psi is not None and psi > policy.psi_warn_percent:
-        psi_warn_since = state.psi_warn_since if state.psi_warn_since is not None else now
-    if psi is not None and psi > policy.psi_pause_percent:
-        psi_pause_since = state.psi_pause_since if state.psi_pause_since is not None else now
-    if psi is not None and psi_pause_since is not None and \
-            now - psi_pause_since >= policy.psi_pause_seconds:
-        conds.append(Condition("psi", L.PAUSE, C.PSI_PAUSE,
-                               f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, "
-                               f"above {policy.psi_pause_percent:g}% for "
-                               f"{now - psi_pause_since:.0f} s"))
-    elif psi is not None and psi_warn_since is not None and \
-            now - psi_warn_since >= policy.psi_warn_seconds:
-        conds.append(Condition("psi", L.WARN, C.PSI_WARN,
-                               f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, "
-                               f"above {policy.psi_warn_percent:g}% for "
-                               f"{now - psi_warn_since:.0f} s"))
+def _memory_condition(avail: int, have: str, th: Thresholds, policy: Policy,
+                      state: GuardState, rate: Optional[float]) -> Optional[Condition]:
+    for cause in MEMORY_LADDER:
+        setting = CAUSES[cause].setting
+        assert setting is not None
+        line = th.at(setting)
+        if avail < line:
+            return _cond(MEM_KEY, cause, below_line(cause, have, line, getattr(policy, setting),
+                                                    rate))
+    if MEM_KEY in state.keys and avail < th.warn + th.hysteresis:
+        return _cond(MEM_KEY, C.MEM_WARN, just_above_line(
+            have, th.warn, policy.warn_available, th.warn + th.hysteresis))
+    return None
 
+
+def _trend_condition(now: float, avail: int, th: Thresholds, rate: Optional[float],
+                     tte: Optional[float], policy: Policy,
+                     state: GuardState) -> Tuple[Optional[Condition], Optional[float]]:
+    """The prediction's condition, if any, and since when it has been predicted."""
+    if tte is None or not rate or avail <= th.park:
+        return None, None
+    since = state.trend_since if state.trend_since is not None else now
+    if 0 < policy.pause_horizon_seconds and tte <= policy.pause_horizon_seconds:
+        return _cond(TREND_KEY, C.MEM_PREDICTED, trend_line(rate, tte, th.park)), since
+    if 0 < policy.warn_horizon_seconds and tte <= policy.warn_horizon_seconds:
+        if now - since >= TREND_HOLD_SECONDS:
+            return _cond(TREND_KEY, C.MEM_TREND, trend_line(rate, tte, th.park)), since
+        return None, since
+    return None, None
+
+
+def _psi_condition(now: float, psi: Optional[float], policy: Policy, state: GuardState
+                   ) -> Tuple[Optional[Condition], Optional[float], Optional[float]]:
+    """The pressure condition, if any, and since when PSI is above each threshold."""
+    if psi is None:
+        return None, None, None
+    warn_since = pause_since = None
+    if psi > policy.psi_warn_percent:
+        warn_since = state.psi_warn_since if state.psi_warn_since is not None else now
+    if psi > policy.psi_pause_percent:
+        pause_since = state.psi_pause_since if state.psi_pause_since is not None else now
+    cond = None
+    if pause_since is not None and now - pause_since >= policy.psi_pause_seconds:
+        cond = _cond(PSI_KEY, C.PSI_PAUSE,
+                     psi_line(psi, policy.psi_pause_percent, now - pause_since))
+    elif warn_since is not None and now - warn_since >= policy.psi_warn_seconds:
+        cond = _cond(PSI_KEY, C.PSI_WARN, psi_line(psi, policy.psi_warn_percent, now - warn_since))
+    return cond, warn_since, pause_since
+
+
+# Each budget of a job: what it watches, the cause over it and the cause near it.
+_BUDGETS = ((Watch.RAM, C.BUDGET_RAM, C.BUDGET_RAM_WARN),
+            (Watch.VRAM, C.BUDGET_VRAM, C.BUDGET_VRAM_WARN))
+
+
+def _budget_conditions(inp: GuardInput, history: FillHistory, policy: Policy,
+                       state: GuardState, conds: List[Condition]) -> Dict[str, float]:
+    """Add a condition for each job at or near one of its budgets; returns each job's RSS
+    growth (bytes/s, 0 when noise)."""
     job_rates: Dict[str, float] = {}
     warn_share = policy.budget_warn_percent / 100.0
     for job in inp.jobs:
         if job.state in ENDED_STATES:
             continue
-        jf = history.fit(f"rss:{job.id}", now, policy.rate_window_seconds)
+        jf = history.fit(f"rss:{job.id}", inp.time, policy.rate_window_seconds)
         job_rates[job.id] = jf.rate if jf is not None and jf.significant and jf.rate > 0 else 0.0
-        for kind, used, budget, over, near in (
-                ("ram", job.rss_bytes, job.ram_budget_bytes, C.BUDGET_RAM, C.BUDGET_RAM_WARN),
-                ("vram", job.vram_bytes, job.vram_budget_bytes, C.BUDGET_VRAM,
-                 C.BUDGET_VRAM_WARN)):
+        for watch, over, near in _BUDGETS:
+            used, budget = job.budget(watch)
             if not budget or used is None:
                 continue
-            what = "RAM" if kind == "ram" else "VRAM"
-            limit = max(float(budget), state.grace.get(f"{kind}:{job.id}", 0.0))
+            key = CondKey(watch, job.id)
+            limit = max(float(budget), state.grace.get(key, 0.0))
             if used >= limit:
-                extra = " (raised when you resumed it)" if limit > budget else ""
-                conds.append(Condition(f"{kind}:{job.id}", L.PAUSE, over,
-                                       f"{job.label} uses {format_bytes(used)} of {what}, over "
-                                       f"its budget of {format_bytes(limit)}{extra}", job.id))
+                conds.append(_cond(key, over, budget_line(job, watch, used, limit, budget),
+                                   job.id))
             elif used >= warn_share * budget:
-                conds.append(Condition(f"{kind}:{job.id}", L.WARN, near,
-                                       f"{job.label} uses {format_bytes(used)} of {what}, "
-                                       f"{_share(used, budget)} of its budget of "
-                                       f"{format_bytes(budget)}", job.id))
-
-    for g in inp.gpus:
-        c = _gpu_condition(g, inp, policy)
-        if c is not None:
-            conds.append(c)
-
-    if avail < th.park:
-        for job in inp.jobs:
-            if job.state in PAUSED_STATES and not job.checkpoint:
-                conds.append(Condition(f"nockpt:{job.id}", L.WARN, C.NO_CHECKPOINT,
-                                       f"{job.label} holds {format_bytes(job.rss_bytes)} but has "
-                                       "no checkpoint folder: parking it would lose its "
-                                       "progress, so it stays paused", job.id))
-
-    memory_short = any(c.key in (MEM, "trend", "psi") for c in conds)
-    if memory_short:
-        for p in inp.processes:
-            if p.rule is not None and p.rule.action == "warn" and not p.job_id:
-                rate_txt = f", {format_rate(p.rate_bytes_per_s)}" \
-                    if p.rate_bytes_per_s is not None else ""
-                conds.append(Condition(f"rule:{p.pid}", L.WARN, C.RULE_WARN,
-                                       f"{p.name} (pid {p.pid}, your rule "
-                                       f"{p.rule.pattern!r}) holds {format_bytes(p.rss_bytes)}"
-                                       f"{rate_txt}"))
-
-    return Assessment(th, avail, rate, tte, tuple(conds), job_rates, psi_warn_since,
-                      psi_pause_since, trend_since)
+                conds.append(_cond(key, near, budget_line(job, watch, used, limit, budget),
+                                   job.id))
+    return job_rates
 
 
 def _gpu_condition(g: GpuReading, inp: GuardInput, policy: Policy) -> Optional[Condition]:
@@ -659,13 +880,8 @@ def _gpu_condition(g: GpuReading, inp: GuardInput, policy: Policy) -> Optional[C
                  f"{format_bytes(top_proc.used_memory_bytes)}"
     else:
         holder = ""
-    share = f"{_share(used, total)} ({format_bytes(used)} of {format_bytes(total)})"
-    if g.display_active:
-        reason = f"GPU {g.index} ({g.name}) drives the desktop and {share} of its memory is " \
-                 f"used{holder}: the desktop may stall"
-    else:
-        reason = f"GPU {g.index} ({g.name}): {share} of its memory is used{holder}"
-    return Condition(f"gpu:{g.index}", L.WARN, C.GPU_VRAM, reason, job_id)
+    return _cond(CondKey(Watch.GPU, str(g.index)), C.GPU_VRAM, gpu_line(g, used, total, holder),
+                 job_id)
 
 
 def decide(inp: GuardInput, history: FillHistory, policy: Policy,
@@ -689,27 +905,26 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
             held = L.PARK if t.parked else L.PAUSE
             level = level if _RANK[level] >= _RANK[held] else held
             reasons.append(_held_line(t, a, policy, st))
-    memory_short = any(c.key in (MEM, "trend", "psi") for c in conds)
+    memory_short = any(c.key.watch in MEMORY_WATCHES for c in conds)
     top = top_text(inp.processes, inp.jobs) if memory_short else ""
     if top:
         reasons.append(top)
 
-    calm = (a.available_bytes >= a.thresholds.resume
-            and not any(_RANK[c.level] >= _RANK[L.PAUSE] or c.key in ("trend", "psi")
-                        for c in conds if not c.key.startswith(("ram:", "vram:"))))
+    # Calm enough to count towards a resume: no prediction or pressure either.
+    calm = _calm_now(a, C.CALM, None) and not any(c.key in (TREND_KEY, PSI_KEY) for c in conds)
     st = replace(st, calm_since=(st.calm_since if st.calm_since is not None else now)
                  if calm else None)
 
     actions: List[Action] = []
-    if policy.mode != "off":
+    if policy.mode != M.OFF:
         notes, st = _announce(conds, level, st, now, inp, a, top)
         actions.extend(notes)
         act = _choose(inp, a, policy, st, targets)
         if act is not None:
-            if policy.mode == "dry-run":
+            if policy.mode == M.DRY_RUN:
                 act = replace(act, dry_run=True)
             actions.append(act)
-    if level == "ok" and st.would:
+    if level == L.OK and st.would:
         st = replace(st, would=frozenset())
     st = replace(st, level=level, keys=frozenset(c.key for c in conds))
     return Decision(level, tuple(reasons), a.seconds_to_exhaustion, a.fill_rate_bytes_per_s,
@@ -732,7 +947,7 @@ def acted(state: GuardState, action: Action, now: float, policy: Policy,
     st = replace(state, pending=pending, last_action=record)
     if not done:
         return st
-    if action.kind == "resume":
+    if action.kind == A.RESUME:
         resumed = dict(st.resumed_at)
         resumed[target] = now
         paused_for = dict(st.paused_for)
@@ -742,14 +957,14 @@ def acted(state: GuardState, action: Action, now: float, policy: Policy,
         return replace(st, resumed_at=resumed, paused_for=paused_for, calm_since=now,
                        rate_since=now)
     st = replace(st, rate_since=now, calm_since=None)
-    if action.kind in ("pause", "park"):
+    if action.kind in (A.PAUSE, A.PARK):
         paused_for = dict(st.paused_for)
         paused_for[target] = action.cause
         relapses = dict(st.relapses)
         if now - st.resumed_at.get(target, -math.inf) < policy.cooldown_seconds:
             relapses[target] = relapses.get(target, 0) + 1
         st = replace(st, paused_for=paused_for, relapses=relapses)
-    if action.kind == "park":
+    if action.kind == A.PARK:
         sizes = dict(st.parked_size)
         sizes[target] = int(action.data.get("rss_bytes") or 0)
         st = replace(st, parked_size=sizes)
@@ -767,38 +982,22 @@ def still_holds(action: Action, inp: GuardInput, history: FillHistory, policy: P
         job = next((j for j in inp.jobs if j.id == action.job_id), None)
         if job is None:
             return False, f"job {action.job_id} is gone"
-        if action.kind == "pause" and job.state not in RUNNING_STATES:
-            return False, f"{job.label} is {job.state}"
-        if action.kind == "park" and job.state not in PAUSED_STATES:
-            return False, f"{job.label} is {job.state}"
-        if action.kind == "resume" and job.state not in PAUSED_STATES | PARKED_STATES:
+        needs = _ACT_NEEDS.get(action.kind)
+        if needs is not None and job.state not in needs:
             return False, f"{job.label} is {job.state}"
     a = assess(inp, history, policy, state)
-    if action.kind == "resume":
-        calm = a.available_bytes >= a.thresholds.resume and not any(
-            _RANK[c.level] >= _RANK[L.PAUSE] for c in a.conditions
-            if not c.key.startswith(("ram:", "vram:")))
-        return (True, "") if calm else (False, "memory is short again")
-    causes = a.causes()
-    cause = action.cause
-    if cause in vocab.BUDGET_CAUSES:
-        ok = (cause, action.job_id) in causes
-    elif cause == C.MEM_FALLING:
-        ok = a.available_bytes < a.thresholds.pause
-    elif cause == C.MEM_PARK:
-        ok = a.available_bytes < a.thresholds.park
-    elif cause == C.MEM_STOP:
-        ok = a.available_bytes < a.thresholds.stop
-    elif cause == C.MEM_PAUSE:
-        ok = a.available_bytes < a.thresholds.pause
-    elif cause == C.MEM_PREDICTED:
-        ok = (C.MEM_PREDICTED, None) in causes or a.available_bytes < a.thresholds.pause
-    else:
-        ok = (cause, None) in causes
-    if ok:
+    rule = CAUSES.get(action.cause, _UNKNOWN_CAUSE)
+    if rule.holds(a, action.cause, action.job_id):
         return True, ""
-    return False, f"on a fresh reading the cause ({cause}) has passed: " \
+    if action.kind == A.RESUME:
+        return False, "memory is short again"
+    return False, f"on a fresh reading the cause ({action.cause}) has passed: " \
                   f"{format_bytes(a.available_bytes)} available"
+
+
+# The states a job must be in for an act on it.
+_ACT_NEEDS: Mapping[str, FrozenSet[str]] = {
+    A.PAUSE: RUNNING_STATES, A.PARK: PAUSED_STATES, A.RESUME: PAUSED_STATES | PARKED_STATES}
 
 
 # -- choosing the one act ---------------------------------------------------------------------
@@ -839,10 +1038,10 @@ def _targets(inp: GuardInput, a: Assessment, st: GuardState) -> List[_Target]:
                            a.job_rates.get(j.id, 0.0), j.state in RUNNING_STATES,
                            j.state in PAUSED_STATES, by == "guard", j.state, parked))
     for p in inp.processes:
-        if p.job_id is not None or p.rule is None or p.rule.action not in ("pause", "stop"):
+        if p.job_id is not None or p.rule is None or p.rule.action not in (A.PAUSE, A.STOP):
             if not p.paused_by_guard:
                 continue
-        state = "paused" if p.paused_by_guard else "running"
+        state = S.PAUSED if p.paused_by_guard else S.RUNNING
         out.append(_Target(f"pid:{p.pid}", p.label, None, p, p.rss_bytes,
                            p.rate_bytes_per_s or 0.0, not p.paused_by_guard, p.paused_by_guard,
                            p.paused_by_guard, state))
@@ -903,79 +1102,104 @@ def _deadline(t: _Target, a: Assessment, policy: Policy, cause: str) -> float:
 
 def _choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
             targets: List[_Target]) -> Optional[Action]:
+    """The one act for now, in the ladder's order: the last resort, a job over its budget, a
+    shortage (actual or predicted), then a resume."""
     now = inp.time
-    mem = a.condition(MEM)
-    trend = a.condition("trend")
-    psi = a.condition("psi")
-
-    def pause_or_stop(t: _Target, reason: str, cause: str) -> Action:
-        if t.proc is not None and t.proc.rule is not None and t.proc.rule.action == "stop":
-            return _act("stop", t, f"{reason} (your rule {t.proc.rule.pattern!r})", cause, a,
-                        policy)
-        if t.proc is not None and t.proc.rule is not None:
-            reason = f"{reason} (your rule {t.proc.rule.pattern!r})"
-        return _act("pause", t, reason, cause, a, policy, _deadline(t, a, policy, cause))
-
-    if mem is not None and mem.cause in vocab.LAST_RESORT_CAUSES:
-        running = [t for t in targets if t.running and _free(st, t, "pause", now)]
-        if running:
-            return pause_or_stop(_by_urgency(running)[0], mem.reason, mem.cause)
-        parkable = [t for t in targets if t.paused and t.job is not None and t.job.checkpoint
-                    and _free(st, t, "park", now)]
-        if parkable:
-            best = sorted(parkable, key=lambda t: (not t.by_guard, -t.size, t.key))[0]
-            return _act("park", best, f"{mem.reason}; its checkpoint keeps the progress",
-                        C.MEM_PARK, a, policy)
-        if mem.cause == C.MEM_STOP:
-            stoppable = [t for t in targets if t.job is not None and (t.paused or t.running)
-                         and _free(st, t, "stop", now)]
-            if stoppable:
-                best = sorted(stoppable, key=lambda t: (-t.size, t.key))[0]
-                return _act("stop", best, f"{mem.reason}; nothing else is left to free memory",
-                            C.MEM_STOP, a, policy)
-
+    mem = a.condition(MEM_KEY)
+    act = _last_resort_act(mem, a, policy, st, targets, now) if _last_resort(mem) else None
+    if act is not None:
+        return act
     for c in a.conditions:
-        if c.cause in vocab.BUDGET_CAUSES:
+        if c.key.watch in BUDGET_WATCHES and _pausing(c):
             t = next((t for t in targets if t.job is not None and t.job.id == c.job_id), None)
-            if t is not None and t.running and _free(st, t, "pause", now):
-                return _act("pause", t, c.reason, c.cause, a, policy,
+            if t is not None and t.running and _free(st, t, A.PAUSE, now):
+                return _act(A.PAUSE, t, c.reason, c.cause, a, policy,
                             _deadline(t, a, policy, c.cause))
-
-    actual = [c for c in (mem, psi) if c is not None and c.level == "pause"]
-    predicted = trend is not None and trend.level == "pause"
-    if actual or predicted:
-        running = [t for t in targets if t.running and _free(st, t, "pause", now)]
-        cause = actual[0] if actual else trend
-        assert cause is not None
-        if not actual:
-            # A predicted shortage pauses only what grows, and not a job resumed a moment ago.
-            running = [t for t in running if t.growth > 0
-                       and now - st.resumed_at.get(t.key, -math.inf) >= policy.cooldown_seconds]
-        if running:
-            return pause_or_stop(_by_urgency(running)[0], cause.reason, cause.cause)
-        if mem is not None and mem.cause == C.MEM_PAUSE and trend is not None \
-                and not any(t.running for t in targets):
-            parkable = [t for t in targets if t.paused and t.by_guard and t.job is not None
-                        and t.job.checkpoint and _free(st, t, "park", now)]
-            if parkable:
-                best = sorted(parkable, key=lambda t: (-t.size, t.key))[0]
-                return _act("park", best, f"memory keeps falling with the guard's jobs paused "
-                            f"({trend.reason})", C.MEM_FALLING, a, policy)
-
+    act = _shortage_act(a, policy, st, targets, now)
+    if act is not None:
+        return act
     if st.calm_since is not None and now - st.calm_since >= policy.resume_after_seconds:
-        cands = [t for t in targets if (t.paused or t.parked) and t.by_guard
-                 and _free(st, t, "resume", now) and _may_resume(t, policy, st)
-                 and (not t.parked or _room_to_relaunch(t, a, st))]
-        if cands:
-            # A paused job holds its memory already; a parked one needs it back.
-            best = sorted(cands, key=lambda t: (t.parked, t.size, t.key))[0]
-            reason = (f"available memory has stayed above {format_bytes(a.thresholds.resume)} "
-                      f"for {now - st.calm_since:.0f} s ({format_bytes(a.available_bytes)} "
-                      "now)")
-            if best.parked:
-                reason += "; relaunched from its checkpoint"
-            return _act("resume", best, reason, C.CALM, a, policy)
+        return _resume_act(a, policy, st, targets, now, st.calm_since)
     return None
+
+
+def _pause_or_stop(t: _Target, reason: str, cause: str, a: Assessment,
+                   policy: Policy) -> Action:
+    """Pause ``t``; a process a user rule names is stopped where the rule says so."""
+    rule = t.proc.rule if t.proc is not None else None
+    if rule is not None and rule.action == A.STOP:
+        return _act(A.STOP, t, f"{reason} (your rule {rule.pattern!r})", cause, a, policy)
+    if rule is not None:
+        reason = f"{reason} (your rule {rule.pattern!r})"
+    return _act(A.PAUSE, t, reason, cause, a, policy, _deadline(t, a, policy, cause))
+
+
+def _last_resort_act(mem: Optional[Condition], a: Assessment, policy: Policy, st: GuardState,
+                     targets: List[_Target], now: float) -> Optional[Action]:
+    """Memory past the park threshold: suspend what grows, else park, else (past the stop
+    threshold) stop."""
+    assert mem is not None
+    running = [t for t in targets if t.running and _free(st, t, A.PAUSE, now)]
+    if running:
+        return _pause_or_stop(_by_urgency(running)[0], mem.reason, mem.cause, a, policy)
+    parkable = [t for t in targets if t.paused and t.job is not None and t.job.checkpoint
+                and _free(st, t, A.PARK, now)]
+    if parkable:
+        best = sorted(parkable, key=lambda t: (not t.by_guard, -t.size, t.key))[0]
+        return _act(A.PARK, best, f"{mem.reason}; its checkpoint keeps the progress",
+                    C.MEM_PARK, a, policy)
+    if CAUSES[mem.cause].act is A.STOP:
+        stoppable = [t for t in targets if t.job is not None and (t.paused or t.running)
+                     and _free(st, t, A.STOP, now)]
+        if stoppable:
+            best = sorted(stoppable, key=lambda t: (-t.size, t.key))[0]
+            return _act(A.STOP, best, f"{mem.reason}; nothing else is left to free memory",
+                        C.MEM_STOP, a, policy)
+    return None
+
+
+def _shortage_act(a: Assessment, policy: Policy, st: GuardState, targets: List[_Target],
+                  now: float) -> Optional[Action]:
+    """A shortage that pauses: pause the most urgent job; a predicted one pauses only what
+    grows. With everything paused and memory still falling, park."""
+    mem, trend = a.condition(MEM_KEY), a.condition(TREND_KEY)
+    actual = [c for c in (mem, a.condition(PSI_KEY)) if _pausing(c)]
+    if not actual and not _pausing(trend):
+        return None
+    running = [t for t in targets if t.running and _free(st, t, A.PAUSE, now)]
+    cause = actual[0] if actual else trend
+    assert cause is not None
+    if not actual:
+        # A predicted shortage pauses only what grows, and not a job resumed a moment ago.
+        running = [t for t in running if t.growth > 0
+                   and now - st.resumed_at.get(t.key, -math.inf) >= policy.cooldown_seconds]
+    if running:
+        return _pause_or_stop(_by_urgency(running)[0], cause.reason, cause.cause, a, policy)
+    if mem is not None and mem.cause == C.MEM_PAUSE and trend is not None \
+            and not any(t.running for t in targets):
+        parkable = [t for t in targets if t.paused and t.by_guard and t.job is not None
+                    and t.job.checkpoint and _free(st, t, A.PARK, now)]
+        if parkable:
+            best = sorted(parkable, key=lambda t: (-t.size, t.key))[0]
+            return _act(A.PARK, best, f"memory keeps falling with the guard's jobs paused "
+                        f"({trend.reason})", C.MEM_FALLING, a, policy)
+    return None
+
+
+def _resume_act(a: Assessment, policy: Policy, st: GuardState, targets: List[_Target],
+                now: float, calm_since: float) -> Optional[Action]:
+    cands = [t for t in targets if (t.paused or t.parked) and t.by_guard
+             and _free(st, t, A.RESUME, now) and _may_resume(t, policy, st)
+             and (not t.parked or _room_to_relaunch(t, a, st))]
+    if not cands:
+        return None
+    # A paused job holds its memory already; a parked one needs it back.
+    best = sorted(cands, key=lambda t: (t.parked, t.size, t.key))[0]
+    reason = (f"available memory has stayed above {format_bytes(a.thresholds.resume)} "
+              f"for {now - calm_since:.0f} s ({format_bytes(a.available_bytes)} now)")
+    if best.parked:
+        reason += "; relaunched from its checkpoint"
+    return _act(A.RESUME, best, reason, C.CALM, a, policy)
 
 
 def _room_to_relaunch(t: _Target, a: Assessment, st: GuardState) -> bool:
@@ -1032,9 +1256,9 @@ def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
         prev = announced.get(c.key)
         if prev is None or rank > prev[0]:
             reason = c.reason
-            if top and c.key in (MEM, "trend", "psi"):
+            if top and c.key.watch in MEMORY_WATCHES:
                 reason = f"{reason}; {top}"
-            out.append(Action("warn", reason, c.cause, job_id=c.job_id, key=c.key,
+            out.append(Action(A.WARN, reason, c.cause, job_id=c.job_id, condition=c.key,
                               data={"available_bytes": a.available_bytes,
                                     "total_bytes": inp.memory.total_bytes,
                                     "fill_rate_bytes_per_s": a.fill_rate_bytes_per_s,
@@ -1051,10 +1275,10 @@ def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
         if now - announced[key][1] > ANNOUNCE_HOLD_SECONDS:
             del announced[key]
     ok_pending = st.ok_pending or bool(out)
-    if level == "ok" and st.ok_pending:
-        out.append(Action("ok", f"memory is back to normal: {format_bytes(a.available_bytes)} "
+    if level == L.OK and st.ok_pending:
+        out.append(Action(A.OK, f"memory is back to normal: {format_bytes(a.available_bytes)} "
                           f"available ({_share(a.available_bytes, inp.memory.total_bytes)})",
-                          "ok", data={"available_bytes": a.available_bytes}))
+                          C.OK, data={"available_bytes": a.available_bytes}))
         ok_pending = False
     return out, replace(st, announced=announced, ok_pending=ok_pending)
 
@@ -1064,21 +1288,21 @@ def _track_jobs(st: GuardState, inp: GuardInput, policy: Policy) -> GuardState:
     by hand while it was over it (by another tenth of the budget), so the resume sticks."""
     now = inp.time
     live = {j.id: j for j in inp.jobs if j.state not in ENDED_STATES}
-    grace = {k: v for k, v in st.grace.items() if k.split(":", 1)[1] in live}
+    grace = {k: v for k, v in st.grace.items() if k.ref in live}
     paused_for = dict(st.paused_for)
     margin = 1.0 - policy.budget_warn_percent / 100.0
     for j in live.values():
         prev = st.job_states.get(j.id)
         key = f"job:{j.id}"
         pend = st.pending.get(key)
-        ours = pend is not None and pend[0] == "resume" and now - pend[1] < PENDING_SECONDS
+        ours = pend is not None and pend[0] == A.RESUME and now - pend[1] < PENDING_SECONDS
         by_guard = (prev is not None and prev[0] in PAUSED_STATES and prev[1] == "guard") \
             or key in st.paused_for
         if by_guard and j.state in RUNNING_STATES and j.paused_by is None and not ours:
-            for kind, used, budget in (("ram", j.rss_bytes, j.ram_budget_bytes),
-                                       ("vram", j.vram_bytes, j.vram_budget_bytes)):
+            for watch, _over, _near in _BUDGETS:
+                used, budget = j.budget(watch)
                 if budget and used is not None and used >= budget * (1.0 - margin):
-                    grace[f"{kind}:{j.id}"] = used + margin * budget
+                    grace[CondKey(watch, j.id)] = used + margin * budget
             paused_for.pop(key, None)
     keys = {f"job:{i}" for i in live} | {f"pid:{p.pid}" for p in inp.processes}
 
@@ -1117,7 +1341,7 @@ def next_interval(inp: Optional[GuardInput], history: FillHistory, policy: Polic
     rate (times ``SAFETY_FACTOR``, and at least a burst rate), between ``MIN_INTERVAL_SECONDS``
     and ``base_seconds``. Each job's budget counts as a threshold too."""
     upper = max(MIN_INTERVAL_SECONDS, base_seconds)
-    if inp is None or policy.mode == "off":
+    if inp is None or policy.mode == M.OFF:
         return upper
     now = inp.time
     best = upper
@@ -1134,7 +1358,7 @@ def next_interval(inp: Optional[GuardInput], history: FillHistory, policy: Polic
             nxt = share * j.ram_budget_bytes if j.rss_bytes < share * j.ram_budget_bytes \
                 else float(j.ram_budget_bytes)
             if state is not None:
-                nxt = max(nxt, state.grace.get(f"ram:{j.id}", 0.0))
+                nxt = max(nxt, state.grace.get(CondKey(Watch.RAM, j.id), 0.0))
             if j.rss_bytes < nxt:
                 fit = history.fit(f"rss:{j.id}", now, policy.rate_window_seconds)
                 best = min(best, _interval(nxt - j.rss_bytes, fit, JOB_BURST_RATE_BYTES_PER_S))

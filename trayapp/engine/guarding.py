@@ -41,6 +41,10 @@ from trayapp.engine.parts import Parts
 from trayapp.probes.processes import tree_vram
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.vocab import EventKind as E
+from trayapp.vocab import GuardAct as A
+from trayapp.vocab import GuardCause as C
+from trayapp.vocab import GuardLevel as L
+from trayapp.vocab import GuardMode as M
 
 log = logging.getLogger("headroom.guard")
 
@@ -127,7 +131,7 @@ class GuardService:
         self._failures: Dict[str, float] = {}
         self._self_pid = os.getpid()
         self._parts = Parts(log)  # what is not the ladder itself, each part on its own
-        self._json: Dict[str, Any] = {"state": "ok", "mode": self.policy().mode, "reasons": [],
+        self._json: Dict[str, Any] = {"state": L.OK, "mode": self.policy().mode, "reasons": [],
                                       "seconds_to_exhaustion": None,
                                       "fill_rate_bytes_per_s": None}
 
@@ -202,7 +206,7 @@ class GuardService:
         inp = self._input(snap, jobs)
         self.history.record(inp)
         d = guard.decide(inp, self.history, policy, self.state)
-        if d.wants_processes and policy.mode != "off" and \
+        if d.wants_processes and policy.mode != M.OFF and \
                 time.monotonic() - self._top_at >= TOP_MIN_INTERVAL:
             if self._parts.run("guard: the process list", self._sample_processes, jobs, policy):
                 inp = replace(inp, processes=self._processes(jobs, policy))
@@ -319,7 +323,7 @@ class GuardService:
         self.state = guard.acted(self.state, action, fresh.time, policy)
 
     def _fresh_input(self, action: Action, inp: GuardInput) -> GuardInput:
-        snap = self.engine.read_snapshot(gpus_now=action.cause == "budget_vram")
+        snap = self.engine.read_snapshot(gpus_now=action.cause == C.BUDGET_VRAM)
         fresh_gpus = snap.gpus is not self._gpus_seen
         self._gpus_seen = snap.gpus
         jobs = self._jobs(snap.gpus)
@@ -331,7 +335,7 @@ class GuardService:
         if manager is None:
             raise LookupError("no job manager")
         ref = action.job_id
-        if action.kind == "pause":
+        if action.kind == A.PAUSE:
             group = self._stop_group_now(action) if action.deadline_seconds == 0 else None
             try:
                 manager.pause(ref, by="guard", reason=action.reason,
@@ -340,11 +344,11 @@ class GuardService:
                 if group is not None:
                     _signal_group(group, signal.SIGCONT)  # the manager refused: undo
                 raise
-        elif action.kind == "resume":
+        elif action.kind == A.RESUME:
             manager.resume(ref, by="guard", reason=action.reason)
-        elif action.kind == "park":
+        elif action.kind == A.PARK:
             manager.park(ref, by="guard", reason=action.reason)
-        elif action.kind == "stop":
+        elif action.kind == A.STOP:
             manager.stop(ref, by="guard", reason=action.reason)
 
     def _stop_group_now(self, action: Action) -> Optional[int]:
@@ -374,14 +378,14 @@ class GuardService:
         proc = self._same(pid, created)
         if proc is None or pid == self._self_pid:
             raise LookupError(f"process {pid} is gone")
-        if action.kind == "pause":
+        if action.kind == A.PAUSE:
             proc.suspend()
             rss = int(action.data.get("rss_bytes") or 0)
             self._foreign_paused[pid] = (proc.create_time(), proc.name(), rss)
-        elif action.kind == "resume":
+        elif action.kind == A.RESUME:
             proc.resume()
             self._foreign_paused.pop(pid, None)
-        elif action.kind == "stop":
+        elif action.kind == A.STOP:
             if pid in self._foreign_paused:
                 proc.resume()  # a stopped process cannot act on SIGTERM
                 self._foreign_paused.pop(pid, None)

@@ -26,6 +26,7 @@ from trayapp.engine.history import RecentHistory
 from trayapp.engine.parts import Parts
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.text import one_line
+from trayapp.vocab import GuardLevel
 
 log = logging.getLogger("headroom.engine")
 
@@ -456,7 +457,7 @@ class Engine:
             "gpus": [g.to_json() for g in snap.gpus],
             "gpu_status": gpu_status.to_json(),
             "guard": self.guard.state_json() if self.guard is not None else
-            {"state": "ok", "mode": self.config["guard.mode"], "reasons": [],
+            {"state": GuardLevel.OK, "mode": self.config["guard.mode"], "reasons": [],
              "seconds_to_exhaustion": None},
             "jobs": self.jobs.list(include_finished=False) if self.jobs is not None else [],
             "engine": {
