@@ -693,7 +693,7 @@ def test_policy_from_settings() -> None:
     cfg.rules = [{"process": "chrome*", "action": "pause"}]
     p = Policy.from_config(cfg)
     assert p.warn_available.bytes_of(TOTAL) == 2 * GiB
-    assert p.mode == "dry-run" and p.psi_pause_percent == 70.0
+    assert p.mode == "dry-run" and p.psi_pause_threshold == 70.0
     assert p.rules == (Rule("chrome*", "pause"),)
     assert Policy.from_config(Config()) == Policy()  # the table's defaults are the policy's
 

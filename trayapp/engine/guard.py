@@ -41,7 +41,7 @@ from typing import (
 )
 
 from trayapp import vocab
-from trayapp.config import Threshold, format_bytes
+from trayapp.config import GUARD_SETTINGS, Setting, Threshold, format_bytes
 from trayapp.probes.snapshot import GpuReading, MemoryReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C
@@ -135,63 +135,68 @@ class Rule:
     action: str  # a GuardAct: warn, pause or stop
 
 
-@dataclass(frozen=True)
-class Policy:
-    """The guard's settings (section ``[guard]`` of config.toml), as the decision uses them."""
+def _policy_value(s: Setting, value: Any) -> Any:
+    """A setting's value as the decision uses it: a threshold as a Threshold, a number as a
+    float."""
+    kind = s.kind
+    if kind == "threshold":
+        return value if isinstance(value, Threshold) else Threshold.parse(value)
+    if kind == "number":
+        return float(value)
+    if kind == "bool":
+        return bool(value)
+    return str(value)
 
-    mode: str = M.ACT  # a GuardMode
-    warn_available: Threshold = Threshold(percent=15.0)
-    pause_available: Threshold = Threshold(percent=8.0)
-    park_available: Threshold = Threshold(percent=5.0)
-    stop_available: Threshold = Threshold(percent=2.0)
-    resume_available: Threshold = Threshold(percent=20.0)
-    hysteresis: Threshold = Threshold(percent=2.0)
-    warn_horizon_seconds: float = 60.0  # 0: no predictive warning
-    pause_horizon_seconds: float = 10.0  # 0: no predictive pause
-    psi_warn_percent: float = 20.0
-    psi_warn_seconds: float = 20.0
-    psi_pause_percent: float = 60.0
-    psi_pause_seconds: float = 30.0
-    vram_warn_percent: float = 95.0
-    budget_warn_percent: float = 90.0
-    pause_deadline_seconds: float = 2.0
-    auto_resume: bool = True
-    resume_after_seconds: float = 10.0
-    cooldown_seconds: float = 30.0
-    rate_window_seconds: float = 3.0
-    rules: Tuple[Rule, ...] = ()
+
+_DEFAULTS: Mapping[str, Any] = {k: _policy_value(s, s.default) for k, s in GUARD_SETTINGS.items()}
+
+
+class Policy:
+    """The guard's settings (section ``[guard]`` of config.toml) as the decision uses them:
+    one attribute per guard setting of ``config.SETTINGS``, named by its key there and
+    defaulting to its default there (thresholds as ``Threshold``, numbers as floats), and the
+    user's ``rules``. Immutable; two policies with the same values are equal.
+
+    ``Policy(mode="dry-run", warn_available=Threshold(percent=10))``: the defaults, but those.
+    """
+
+    rules: Tuple[Rule, ...]
+
+    def __init__(self, rules: Iterable[Rule] = (), **values: Any) -> None:
+        unknown = sorted(set(values) - set(GUARD_SETTINGS))
+        if unknown:
+            raise TypeError(f"not a guard setting: {', '.join(unknown)}")
+        own = self.__dict__  # plain attributes: the decision reads them many times a tick
+        own.update(_DEFAULTS)
+        for key, value in values.items():
+            own[key] = _policy_value(GUARD_SETTINGS[key], value)
+        own["rules"] = tuple(rules)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a name that is not a setting (every setting is set in __init__);
+        # declared so that each setting reads as an attribute where the guard uses it.
+        raise AttributeError(f"the guard has no setting {name}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a Policy does not change; make a new one")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Policy) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, v) for k, v in self.__dict__.items())))
+
+    def __repr__(self) -> str:
+        changed = [f"{k}={v!r}" for k, v in self.__dict__.items()
+                   if k == "rules" and v or k != "rules" and v != _DEFAULTS[k]]
+        return f"Policy({', '.join(changed)})"
 
     @classmethod
     def from_config(cls, config: Any) -> Policy:
         """The policy from a loaded ``trayapp.config.Config`` (values already validated)."""
-
-        def th(key: str) -> Threshold:
-            return Threshold.parse(config[f"guard.{key}"])
-
-        return cls(
-            mode=config["guard.mode"],
-            warn_available=th("warn_available"),
-            pause_available=th("pause_available"),
-            park_available=th("park_available"),
-            stop_available=th("stop_available"),
-            resume_available=th("resume_available"),
-            hysteresis=th("hysteresis"),
-            warn_horizon_seconds=float(config["guard.warn_horizon_seconds"]),
-            pause_horizon_seconds=float(config["guard.pause_horizon_seconds"]),
-            psi_warn_percent=float(config["guard.psi_full_threshold"]),
-            psi_warn_seconds=float(config["guard.psi_duration_seconds"]),
-            psi_pause_percent=float(config["guard.psi_pause_threshold"]),
-            psi_pause_seconds=float(config["guard.psi_pause_duration_seconds"]),
-            vram_warn_percent=float(config["guard.vram_warn_percent"]),
-            budget_warn_percent=float(config["guard.budget_warn_percent"]),
-            pause_deadline_seconds=float(config["guard.pause_deadline_seconds"]),
-            auto_resume=bool(config["guard.auto_resume"]),
-            resume_after_seconds=float(config["guard.resume_after_seconds"]),
-            cooldown_seconds=float(config["guard.cooldown_seconds"]),
-            rate_window_seconds=float(config["guard.rate_window_seconds"]),
-            rules=tuple(Rule(str(r["process"]), str(r.get("action", A.WARN)))
-                        for r in getattr(config, "rules", ()) or ()),
-        )
+        return cls(rules=(Rule(str(r["process"]), str(r.get("action", A.WARN)))
+                          for r in getattr(config, "rules", ()) or ()),
+                   **{key: config[s.name] for key, s in GUARD_SETTINGS.items()})
 
 
 @dataclass(frozen=True)
@@ -812,16 +817,17 @@ def _psi_condition(now: float, psi: Optional[float], policy: Policy, state: Guar
     if psi is None:
         return None, None, None
     warn_since = pause_since = None
-    if psi > policy.psi_warn_percent:
+    if psi > policy.psi_full_threshold:
         warn_since = state.psi_warn_since if state.psi_warn_since is not None else now
-    if psi > policy.psi_pause_percent:
+    if psi > policy.psi_pause_threshold:
         pause_since = state.psi_pause_since if state.psi_pause_since is not None else now
     cond = None
-    if pause_since is not None and now - pause_since >= policy.psi_pause_seconds:
+    if pause_since is not None and now - pause_since >= policy.psi_pause_duration_seconds:
         cond = _cond(PSI_KEY, C.PSI_PAUSE,
-                     psi_line(psi, policy.psi_pause_percent, now - pause_since))
-    elif warn_since is not None and now - warn_since >= policy.psi_warn_seconds:
-        cond = _cond(PSI_KEY, C.PSI_WARN, psi_line(psi, policy.psi_warn_percent, now - warn_since))
+                     psi_line(psi, policy.psi_pause_threshold, now - pause_since))
+    elif warn_since is not None and now - warn_since >= policy.psi_duration_seconds:
+        cond = _cond(PSI_KEY, C.PSI_WARN,
+                     psi_line(psi, policy.psi_full_threshold, now - warn_since))
     return cond, warn_since, pause_since
 
 
