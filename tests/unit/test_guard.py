@@ -25,6 +25,7 @@ from trayapp.engine.guard import (
     decide,
     still_holds,
 )
+from trayapp.engine.guarding import ConfigPolicy, GuardService
 from trayapp.probes.snapshot import GpuProcess, GpuReading, MemoryReading
 
 MiB = 1 << 20
@@ -751,6 +752,13 @@ def engine_on_fake_proc(tmp_path: Path, paths: Paths) -> Iterator[Tuple[Any, Fak
         engine.store.close()
 
 
+def service_for(engine: Any) -> GuardService:
+    """A guard service on ``engine``'s readings, events and settings, without a job manager."""
+    return GuardService(jobs=list, acts=None, emit=engine.emit_event,
+                        read_snapshot=engine.read_snapshot,
+                        policy=ConfigPolicy(lambda: engine.config))
+
+
 def run_ticks(svc: Any, engine: Any, now: list, proc: FakeProc, avails: Sequence[int],
               step: float = 1.0) -> List[Dict[str, Any]]:
     states = []
@@ -763,11 +771,9 @@ def run_ticks(svc: Any, engine: Any, now: list, proc: FakeProc, avails: Sequence
 
 
 def test_the_service_warns_and_clears_without_jobs(engine_on_fake_proc) -> None:
-    from trayapp.engine.guarding import GuardService
-
     engine, proc, now = engine_on_fake_proc
     assert engine.jobs is None
-    svc = GuardService(engine)
+    svc = service_for(engine)
     states = run_ticks(svc, engine, now, proc, [pct(50), pct(14), pct(7), pct(7), pct(50)])
     assert [s["state"] for s in states] == ["ok", "warn", "pause", "pause", "ok"]
     st = states[2]
@@ -782,10 +788,8 @@ def test_the_service_warns_and_clears_without_jobs(engine_on_fake_proc) -> None:
 
 
 def test_the_service_samples_faster_as_memory_runs_short(engine_on_fake_proc) -> None:
-    from trayapp.engine.guarding import GuardService
-
     engine, proc, now = engine_on_fake_proc
-    svc = GuardService(engine)
+    svc = service_for(engine)
     run_ticks(svc, engine, now, proc, [pct(50)] * 3)
     calm = svc.next_interval(1.0)
     run_ticks(svc, engine, now, proc, [pct(20)] * 4)
@@ -803,10 +807,8 @@ def test_the_service_samples_faster_as_memory_runs_short(engine_on_fake_proc) ->
 
 
 def test_the_service_follows_a_reloaded_mode(engine_on_fake_proc) -> None:
-    from trayapp.engine.guarding import GuardService
-
     engine, proc, now = engine_on_fake_proc
-    svc = GuardService(engine)
+    svc = service_for(engine)
     engine.config = Config(values={**Config().values, "guard.mode": "off"})
     states = run_ticks(svc, engine, now, proc, [pct(4)])
     assert states[0]["mode"] == "off" and states[0]["state"] == "park"

@@ -13,6 +13,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional
 from trayapp import vocab
 from trayapp.config import GUARD_SETTINGS, Setting, Threshold
 from trayapp.engine.guard import text
+from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import GpuReading, MemoryReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardLevel as L
@@ -155,6 +156,23 @@ class JobView:
     @property
     def label(self) -> str:
         return text.job_label(self.id, self.name)
+
+    @classmethod
+    def of(cls, job: JobRecord) -> JobView:
+        """The job manager's record of a job as the decision sees it. A job can be parked only
+        with a checkpoint folder and the runner's Keras hook (the runner writes the
+        checkpoint); whether it resumes by itself is what the user asked for at its launch,
+        else the guard's setting then."""
+        asked = job.spec.get("auto_resume")
+        return cls(
+            id=job.id, name=job.name, state=job.state,
+            pids=job.pids or ((job.pid,) if job.pid else ()),
+            rss_bytes=job.rss_bytes, vram_bytes=job.vram_bytes, hooked=job.hooked,
+            checkpoint=bool(job.checkpoint_dir) and job.hooked,
+            ram_budget_bytes=job.ram_budget_bytes, vram_budget_bytes=job.vram_budget_bytes,
+            paused_by=job.paused_by,
+            auto_resume=asked if isinstance(asked, bool) else job.auto_resume,
+            parked_by=job.parked_by if job.state in PARKED_STATES else None)
 
     def budget(self, watch: Watch) -> Tuple[Optional[int], Optional[int]]:
         """(what it uses, its budget) of RAM or of VRAM."""
