@@ -26,6 +26,10 @@ from trayapp.engine.guard import (
     still_holds,
 )
 from trayapp.engine.guarding import ConfigPolicy, GuardService
+from trayapp.engine.service import Engine
+from trayapp.engine.store import Store
+from trayapp.probes.gpu import NoGpuBackend
+from trayapp.probes.memory import MemoryProbe
 from trayapp.probes.snapshot import GpuProcess, GpuReading, MemoryReading
 
 MiB = 1 << 20
@@ -733,11 +737,6 @@ class FakeProc:
 
 @pytest.fixture
 def engine_on_fake_proc(tmp_path: Path, paths: Paths) -> Iterator[Tuple[Any, FakeProc, list]]:
-    from trayapp.engine.service import Engine
-    from trayapp.engine.store import Store
-    from trayapp.probes.gpu import NoGpuBackend
-    from trayapp.probes.memory import MemoryProbe
-
     now = [1_800_000_000.0]
     proc = FakeProc(tmp_path / "proc")
     probe = MemoryProbe(proc_root=str(proc.root), cgroup_root=str(tmp_path / "no-cgroups"),

@@ -14,7 +14,9 @@ import pytest
 from trayapp.config import Config
 from trayapp.engine.guard import Policy
 from trayapp.engine.guarding import ConfigPolicy, GuardService
+from trayapp.engine.service import Engine
 from trayapp.jobs.record import JobRecord
+from trayapp.probes.gpu import NoGpuBackend
 from trayapp.probes.processes import ProcessSampler
 from trayapp.probes.snapshot import GpuStatus, MemoryReading, Snapshot
 
@@ -204,3 +206,23 @@ def test_the_fresh_reading_before_a_vram_budget_pause_reads_the_gpus() -> None:
     tick(svc, machine, pct(50))
     assert manager.acts and manager.acts[0][:2] == ("pause", "f6")
     assert machine.reads[-1] is True  # the act's fresh reading asked for the GPUs now
+
+
+def test_the_engine_hands_the_guard_records(paths) -> None:  # type: ignore[no-untyped-def]
+    """The job manager answers ``guard_jobs`` with dicts (older) or records: the guard gets
+    records either way, read where the engine hands them over."""
+
+    class Jobs:
+        def guard_jobs(self) -> List[Any]:
+            return [{"id": "a1", "state": "parked", "park_by": "guard", "pids": [12],
+                     "spec": {"auto_resume": None}, "rss_bytes": None},
+                    JobRecord(id="b2", state="running")]
+
+    engine = Engine(paths, Config(), gpu_backend=NoGpuBackend())
+    assert engine._guard_jobs() == []  # no job manager yet
+    engine.jobs = Jobs()  # type: ignore[assignment]
+    got = engine._guard_jobs()
+    assert [type(r) for r in got] == [JobRecord, JobRecord]
+    assert (got[0].id, got[0].state, got[0].parked_by, got[0].pids) == \
+        ("a1", "parked", "guard", (12,))
+    assert got[1] == JobRecord(id="b2", state="running")

@@ -216,7 +216,7 @@ def load(path: Path) -> Config:
 
 def default_text() -> str:
     """A complete, commented ``config.toml`` holding every default."""
-    import tomlkit
+    import tomlkit  # only to write the file: loading it (every start) needs tomllib only
 
     doc = tomlkit.document()
     doc.add(tomlkit.comment("Headroom settings. Delete a line to get its default back."))
@@ -245,7 +245,7 @@ def save_value(path: Path, name: str, value: Any, version: Optional[str] = None)
     (a hand edit the caller has not seen); nothing is written then. A file that cannot be parsed
     is moved aside (its name gets the time) first.
     """
-    import tomlkit
+    import tomlkit  # only to write the file: loading it (every start) needs tomllib only
 
     setting = SETTINGS_BY_NAME.get(name) if isinstance(name, str) else None
     if setting is None:

@@ -6,7 +6,7 @@ and the decision with its actions. Data only; the rules are in ``core``, ``cause
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional, Tuple
 
@@ -25,6 +25,8 @@ PAUSED_STATES = vocab.PAUSED
 PARKED_STATES = vocab.PARKED
 ENDED_STATES = vocab.ENDED
 EVENT_KINDS = vocab.GUARD_EVENTS
+_AVAILABLE = "_available"  # a threshold setting's name: "<its field in Thresholds>_available"
+_HYSTERESIS = "hysteresis"  # not a step of the ladder, not in the status
 
 
 # -- what a condition is about ----------------------------------------------------------------
@@ -213,15 +215,10 @@ class GuardInput:
 # -- what the readings mean --------------------------------------------------------------
 
 
-# The guard setting of each threshold -> its field in Thresholds.
-_THRESHOLD_OF = {"warn_available": "warn", "pause_available": "pause",
-                 "park_available": "park", "stop_available": "stop",
-                 "resume_available": "resume", "hysteresis": "hysteresis"}
-
-
 @dataclass(frozen=True)
 class Thresholds:
-    """The policy's thresholds in bytes for one total."""
+    """The policy's thresholds in bytes for one total. Each field is named after its
+    setting: ``warn`` is ``warn_available``..., ``hysteresis`` is ``hysteresis``."""
 
     warn: int
     pause: int
@@ -242,17 +239,22 @@ class Thresholds:
         )
 
     def to_json(self) -> Dict[str, int]:
-        return {f"{k}_bytes": getattr(self, k)
-                for k in ("warn", "pause", "park", "stop", "resume")}
+        """``{"warn_bytes": ..., "pause_bytes": ..., "park_bytes": ..., "stop_bytes": ...,
+        "resume_bytes": ...}`` (DESIGN.md's status)."""
+        return {f"{name}_bytes": getattr(self, name) for name in _STEPS}
 
     def at(self, setting: str) -> int:
         """The bytes of the threshold setting ``setting`` names (``pause_available``...)."""
-        return int(getattr(self, _THRESHOLD_OF[setting]))
+        return int(getattr(self, setting.removesuffix(_AVAILABLE)))
 
     def below(self, available: int) -> int:
         """The nearest threshold under ``available`` (0 when it is under all of them)."""
         under = [x for x in (self.warn, self.pause, self.park, self.stop) if x < available]
         return max(under) if under else 0
+
+
+# The ladder's steps among the thresholds (what the status shows).
+_STEPS = tuple(f.name for f in fields(Thresholds) if f.name != _HYSTERESIS)
 
 
 @dataclass(frozen=True)
