@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QLineEdit  # noqa: E402
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit  # noqa: E402
 
 from trayapp import config as configmod  # noqa: E402
 from trayapp.config import SETTINGS, Setting  # noqa: E402
@@ -33,6 +33,9 @@ def test_each_field_shows_the_table_s_label_and_unit(qtbot, paths) -> None:  # t
             assert isinstance(w, QCheckBox) and w.text() == s.label
         elif s.kind == "threshold":
             assert isinstance(w, QLineEdit) and dialog.fields[s.name].preview is not None
+        else:
+            assert isinstance(w, QComboBox)
+            assert [w.itemData(i) for i in range(w.count())] == list(s.choices)
 
 
 def test_a_new_setting_is_one_entry_in_the_table(qtbot, paths,  # type: ignore[no-untyped-def]

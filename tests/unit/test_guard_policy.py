@@ -73,8 +73,10 @@ def test_every_setting_has_the_words_the_window_shows() -> None:
     for s in SETTINGS:
         assert s.label and s.label[0].isupper(), s.name
         assert s.kind in ("bool", "choice", "threshold", "number"), s.name
+        assert (s.kind == "choice") == bool(s.choices), s.name
         if s.kind != "number":
             assert s.unit == "", s.name
         if s.key.endswith("_seconds"):
             assert s.unit == "s", s.name
     assert config.SETTINGS_BY_NAME["history.keep_days"].unit == "days"
+    assert config.SETTINGS_BY_NAME["guard.mode"].choices == ("act", "dry-run", "off")

@@ -42,13 +42,16 @@ def _as_threshold(v: Any) -> Any:
     return v if isinstance(v, str) else t.size_bytes
 
 
-def _choice(*options: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if not isinstance(v, str) or v not in options:
-            raise ConfigError(f"{_shown(v)} is not one of {', '.join(options)}")
-        return str(v)
+class _Choice:
+    """The check of a setting that is one of a few words (``options``)."""
 
-    return check
+    def __init__(self, *options: str):
+        self.options = options
+
+    def __call__(self, v: Any) -> str:
+        if not isinstance(v, str) or v not in self.options:
+            raise ConfigError(f"{_shown(v)} is not one of {', '.join(self.options)}")
+        return str(v)
 
 
 @dataclass(frozen=True)
@@ -72,15 +75,22 @@ class Setting:
 
     @property
     def kind(self) -> str:
-        """What kind of value it holds: "bool", "choice", "threshold" (a share or a size) or
-        "number"."""
+        """What kind of value it holds: "bool", "choice" (one of ``choices``), "threshold" (a
+        share or a size), "number" or "text"."""
         if isinstance(self.default, bool):
             return "bool"
         if self.convert is _as_threshold:
             return "threshold"
-        if isinstance(self.default, str):
+        if self.choices:
             return "choice"
+        if isinstance(self.default, str):
+            return "text"
         return "number"
+
+    @property
+    def choices(self) -> Tuple[str, ...]:
+        """The words a "choice" setting may be; () for any other."""
+        return self.convert.options if isinstance(self.convert, _Choice) else ()
 
     def check(self, value: Any) -> Any:
         try:
@@ -118,7 +128,7 @@ SETTINGS: Tuple[Setting, ...] = (
             "Days of one-minute min/mean/max kept.", 1, 3650,
             label="Keep one-minute history for", unit="days"),
     # [guard]
-    Setting("guard", "mode", GuardMode.ACT.value, _choice(*(m.value for m in GuardMode)),
+    Setting("guard", "mode", GuardMode.ACT.value, _Choice(*(m.value for m in GuardMode)),
             "act: warn, pause and park jobs; dry-run: record what it would do and do nothing; "
             "off: watch only.",
             label="Guard mode"),

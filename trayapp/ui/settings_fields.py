@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from trayapp.config import SETTINGS_BY_NAME, ConfigError, Setting
 from trayapp.ui.forms import NOTE_STYLE, message_label, one_line
-from trayapp.ui.model import GUARD_MODE_LABELS, GUARD_MODES
+from trayapp.ui.model import GUARD_MODE_LABELS
 
 
 def label_of(name: str) -> str:
@@ -87,13 +87,14 @@ def _widget(s: Setting, changed: Callable[..., None]) -> QWidget:
         return box
     if kind == "choice":
         combo = QComboBox()
-        for m in GUARD_MODES:
-            combo.addItem(GUARD_MODE_LABELS[m], m)
+        for word in s.choices:
+            combo.addItem(GUARD_MODE_LABELS.get(word, word), word)
         combo.currentIndexChanged.connect(changed)
         return combo
-    if kind == "threshold":
+    if kind in ("threshold", "text"):
         edit = QLineEdit()
-        edit.setPlaceholderText('a share like "15%" or a size like "2 GiB"')
+        if kind == "threshold":
+            edit.setPlaceholderText('a share like "15%" or a size like "2 GiB"')
         edit.textChanged.connect(changed)
         return edit
     spin = QDoubleSpinBox()
