@@ -69,12 +69,12 @@ import json, statistics, sys, time
 import numpy as np
 import keras
 sys.path.insert(0, sys.argv[1])
-from trayapp.runner import job, tfoptions, training
+from trayapp.runner import fithook, job, tfoptions
 
 rounds, samples, batch, units = map(int, sys.argv[2:6])
 plain_fit = keras.Model.fit
 session = job.Session(tfoptions.read_options(""), "bench", "bench")
-training.install(keras, session)
+fithook.install(keras, session)
 hooked_fit = keras.Model.fit
 x = np.random.default_rng(0).random((samples, 32), dtype=np.float32)
 y = x.sum(axis=1, keepdims=True)

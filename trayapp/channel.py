@@ -361,6 +361,7 @@ class ChannelServer:
             self._spawn(Peer(self, conn, wake))
 
     def _start_windows(self) -> None:  # pragma: no cover - Windows only
+        # Windows only: winpipe needs _winapi and ctypes' Windows types.
         from trayapp.winpipe import UserOnlyPipeListener  # type: ignore[attr-defined]
 
         self._listener = UserOnlyPipeListener(self.address)

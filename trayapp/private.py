@@ -95,7 +95,7 @@ def umask_env() -> dict:
 
 def _owner(uid: int) -> str:
     try:
-        import pwd
+        import pwd  # POSIX only (this module is imported on Windows too)
 
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except (ImportError, KeyError):
@@ -121,7 +121,7 @@ def _group_is_only_yours(gid: int) -> bool:
     user's own primary group, named after the user, with no other member. Write access for it
     is write access for the user alone (as Debian's OpenSSH also judges it)."""
     try:
-        import grp
+        import grp  # POSIX only, as pwd
         import pwd
 
         me = pwd.getpwuid(os.getuid())
@@ -162,15 +162,11 @@ def _check(path: os.PathLike | str, st: os.stat_result, *, folder: bool, private
 # -- opening without following links --------------------------------------------------------------
 
 
-def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                 mode: int = 0o600) -> int:
-    """A descriptor on the regular file ``path`` of this user, opened without following a link
-    (created ``mode`` when ``flags`` has O_CREAT), made 0600 if it was readable by others.
-
-    Raises UnsafePath for a link, something not a file or a file of another user; OSError for
-    the rest (no such file, no space)."""
-    if not POSIX:  # pragma: no cover - Windows
-        return os.open(path, flags | getattr(os, "O_BINARY", 0), mode)
+def _open_regular(path: os.PathLike | str, flags: int, mode: int = 0o600,
+                  private: bool = False) -> Tuple[int, os.stat_result]:
+    """(descriptor, its stat) of the regular file ``path`` of this user, opened without
+    following a link and without waiting on a FIFO; checked as ``_check`` does. The caller
+    owns the descriptor."""
     try:
         # O_NONBLOCK: a FIFO put there is refused below instead of waited on for good.
         fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
@@ -185,7 +181,24 @@ def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(path, "is not a regular file", f"remove it: rm {_q(path)}")
-        _check(path, st, folder=False, private=False)
+        _check(path, st, folder=False, private=private)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                 mode: int = 0o600) -> int:
+    """A descriptor on the regular file ``path`` of this user, opened without following a link
+    (created ``mode`` when ``flags`` has O_CREAT), made 0600 if it was readable by others.
+
+    Raises UnsafePath for a link, something not a file or a file of another user; OSError for
+    the rest (no such file, no space)."""
+    if not POSIX:  # pragma: no cover - Windows
+        return os.open(path, flags | getattr(os, "O_BINARY", 0), mode)
+    fd, st = _open_regular(path, flags, mode)
+    try:
         if st.st_mode & 0o077:
             os.fchmod(fd, 0o600)
         if _NONBLOCK and not flags & _NONBLOCK:
@@ -216,7 +229,7 @@ def open_private_file(path: os.PathLike | str, mode: str = "ab",
 def rotating_log_handler(path: os.PathLike | str, max_bytes: int, backups: int) -> Any:
     """A ``logging.handlers.RotatingFileHandler`` (UTF-8) whose file is opened through
     ``open_private``: no link followed, 0600. Raises OSError or UnsafePath."""
-    from logging.handlers import RotatingFileHandler
+    from logging.handlers import RotatingFileHandler  # only processes that write a log
 
     class PrivateRotatingFileHandler(RotatingFileHandler):
         def _open(self) -> Any:
@@ -234,17 +247,8 @@ def read_private(path: os.PathLike | str, limit: int = 1 << 20) -> bytes:
     if not POSIX:  # pragma: no cover - Windows
         with open(path, "rb") as f:
             return f.read(limit)
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise _link(path) from None
-        raise
+    fd, _ = _open_regular(path, os.O_RDONLY, private=True)
     with open(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(path, "is not a regular file", f"remove it: rm {_q(path)}")
-        _check(path, st, folder=False, private=True)
         return f.read(limit)
 
 

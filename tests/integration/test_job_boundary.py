@@ -16,7 +16,9 @@ import pytest
 
 from tests.conftest import REPO, EngineProcess, wait_for
 from trayapp.config import Config, Paths
+from trayapp.engine import service
 from trayapp.engine.client import EngineClient
+from trayapp.jobs.manager import JobManager
 
 SCRIPTS = REPO / "tests" / "scripts"
 HOSTILE = str(SCRIPTS / "jobs" / "hostile.py")
@@ -112,8 +114,6 @@ def test_a_poisoned_progress_message_does_not_blind_the_guard(engine: EngineProc
 @pytest.fixture
 def engine_in_process(paths: Paths, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A real engine running in a thread of this process (so a test can break its parts)."""
-    from trayapp.engine import service
-
     monkeypatch.setattr(service, "harden_process", lambda: [])  # not this test process
     engine = service.Engine(paths, Config(), stay=True)
     thread = threading.Thread(target=engine.run, name="engine", daemon=True)
@@ -131,8 +131,6 @@ def test_the_ladder_acts_when_the_rest_of_the_tick_fails(engine_in_process: Any,
                                                           tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    from trayapp.jobs.launcher import JobManager
-
     engine = engine_in_process
     progress = tmp_path / "progress"
     with EngineClient(engine.paths, timeout=20) as client:

@@ -7,23 +7,21 @@ import os
 # Before anything imports Qt: no display is needed for these tests.
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
+import gc  # noqa: E402
 from typing import Any, Iterator, List  # noqa: E402
 
 import pytest  # noqa: E402
+from PySide6.QtCore import QCoreApplication, QEvent  # noqa: E402
 
 from trayapp.config import Paths  # noqa: E402
+from trayapp.ui.app import HeadroomApp  # noqa: E402
+from trayapp.ui.worker import collect_garbage_on_gui_thread  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def gc_on_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
     """As the tray does: Python's cycle collector runs on the GUI thread only, so a window left
     from an earlier test is never destroyed on a request thread."""
-    import gc
-
-    from PySide6.QtCore import QCoreApplication, QEvent
-
-    from trayapp.ui.worker import collect_garbage_on_gui_thread
-
     timer = collect_garbage_on_gui_thread(qapp)
     yield
     timer.stop()
@@ -47,8 +45,6 @@ def demo_engine(start_engine):  # type: ignore[no-untyped-def]
 def app_on(qtbot, paths: Paths) -> Iterator:  # type: ignore[no-untyped-def]
     """A factory of HeadroomApps on the test's state folder (a tray unless told otherwise,
     no engine started by the app); every app is closed at the end."""
-    from trayapp.ui.app import HeadroomApp
-
     made: List[HeadroomApp] = []
 
     def make(**kw: Any) -> HeadroomApp:

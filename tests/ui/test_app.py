@@ -9,16 +9,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, List
 
 import pytest
 
 from tests.conftest import REPO, headroom_cmd
 from trayapp.config import Paths, get_paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
+from trayapp.jobs.record import JobRecord
 from trayapp.ui import app as appmod
 from trayapp.ui.app import QUIT_CANCEL, QUIT_KEEP, QUIT_STOP
 from trayapp.ui.single_instance import SingleInstance
+from trayapp.vocab import JobState as S
 
 # The offscreen platform has no window manager and no system tray: it says so when a window is
 # raised or resized, and when a tray icon is shown anyway (the tests force one).
@@ -83,25 +85,25 @@ def test_quit_with_jobs_asks_and_keeps_guarding(qtbot, demo_engine, app_on, path
     app.start()
     qtbot.waitUntil(lambda: any(j["id"] == job_id for j in (app.status or {}).get("jobs", [])),
                     timeout=15000)
-    asked: List[List[Dict[str, Any]]] = []
+    asked: List[List[JobRecord]] = []
     answers = [QUIT_CANCEL, QUIT_KEEP]
     app.quit_prompt = lambda jobs: asked.append(jobs) or answers.pop(0)  # type: ignore
     assert app.request_quit() is False  # cancelled: still running
     assert not app._finished and app.worker.isRunning()
     assert app.request_quit() is True
     assert app._finished
-    assert [j["id"] for j in asked[0]] == [job_id]
+    assert [j.id for j in asked[0]] == [job_id]
     # The engine stays and keeps guarding the job.
     time.sleep(0.5)
     assert demo_engine.proc.poll() is None
-    assert job_state(paths, job_id) == "running"
+    assert job_state(paths, job_id) == S.RUNNING
 
 
 def test_quit_with_jobs_can_stop_them(qtbot, demo_engine, app_on, paths) -> None:
     job_id = start_ticker(paths)
     app = app_on()
     app.start()
-    qtbot.waitUntil(lambda: any(j["id"] == job_id and j["state"] == "running"
+    qtbot.waitUntil(lambda: any(j["id"] == job_id and j["state"] == S.RUNNING
                                 for j in (app.status or {}).get("jobs", [])), timeout=15000)
     app.quit_prompt = lambda jobs: QUIT_STOP
     assert app.request_quit() is True
@@ -115,12 +117,12 @@ def test_menu_actions_reach_the_engine(qtbot, demo_engine, app_on, paths) -> Non
     job_id = start_ticker(paths)
     app = app_on()
     app.start()
-    qtbot.waitUntil(lambda: any(j["id"] == job_id and j["state"] == "running"
+    qtbot.waitUntil(lambda: any(j["id"] == job_id and j["state"] == S.RUNNING
                                 for j in (app.status or {}).get("jobs", [])), timeout=15000)
     app.choose(f"job:{job_id}:pause")
-    qtbot.waitUntil(lambda: job_state(paths, job_id) == "paused", timeout=20000)
+    qtbot.waitUntil(lambda: job_state(paths, job_id) == S.PAUSED, timeout=20000)
     app.choose(f"job:{job_id}:resume")
-    qtbot.waitUntil(lambda: job_state(paths, job_id) == "running", timeout=20000)
+    qtbot.waitUntil(lambda: job_state(paths, job_id) == S.RUNNING, timeout=20000)
     app.choose("guard:dry-run")
     qtbot.waitUntil(lambda: (app.status or {}).get("guard", {}).get("mode") == "dry-run",
                     timeout=15000)

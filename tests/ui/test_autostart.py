@@ -138,7 +138,7 @@ def test_launch_command_starts_the_tray() -> None:
 
 @windows_only
 def test_run_key_written_and_removed() -> None:  # pragma: no cover - Windows only
-    import winreg
+    import winreg  # Windows only
 
     name = "HeadroomTest"
     argv = [r"C:\Program Files\Headroom\headroom.exe", "--demo"]

@@ -13,7 +13,7 @@ from typing import Any, List
 from PySide6.QtCore import QCoreApplication, QEvent
 from PySide6.QtWidgets import QWidget
 
-from trayapp.ui.launch import Background
+from trayapp.ui.background import Background
 
 
 class Window:

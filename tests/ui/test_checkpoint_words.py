@@ -4,7 +4,7 @@ the epochs done from 0, the window shows "Epoch 22/30" for the 22nd."""
 from __future__ import annotations
 
 from trayapp.jobs import messages
-from trayapp.ui.jobs_window import checkpoint_text
+from trayapp.ui.job_rows import checkpoint_text
 
 
 def test_a_checkpoint_mid_epoch_names_that_epoch_and_its_steps() -> None:

@@ -16,6 +16,8 @@ from tests.ui.statuses import job, make_status
 from trayapp.engine.client import EngineClient
 from trayapp.ui.dashboard import GIB, Dashboard
 from trayapp.ui.icon import COLOURS
+from trayapp.vocab import GuardLevel as L
+from trayapp.vocab import JobState as S
 
 # The offscreen platform has no window manager and no system tray: it says so when a window is
 # raised or resized, and when a tray icon is shown anyway (one test forces one).
@@ -100,9 +102,10 @@ def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> No
     qtbot.waitUntil(lambda: d.updates >= 2 and d.history_loads >= 1, timeout=20000)
     with EngineClient(paths) as c:
         job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
-        qtbot.waitUntil(lambda: d.marker_count >= 1, timeout=15000)
-        labels = [items[0][1].label.format for items in d._markers.values()]
-        assert "ticker started" in labels
+        # The job's first event may come before a status names the job: its marker is named
+        # as soon as one does (by the event's job id).
+        qtbot.waitUntil(lambda: "ticker started" in [
+            items[0][1].label.format for items in d._markers.values()], timeout=15000)
         qtbot.waitUntil(lambda: job_id in d.jobs_strip.rows,
                         timeout=15000)
         # A warning threshold above what is free now: the guard warns at once.
@@ -147,9 +150,9 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     assert not any(hasattr(line, "label") for _plot, line in lines[1:])
     # An open warning span follows the live data until the guard says ok.
     d.add_event(event(7, "guard_warn", t0 + 8, "again", "warn"))
-    d.apply_snapshot(make_status("warn", t=t0 + 12, jobs=[job()]))
+    d.apply_snapshot(make_status(L.WARN, t=t0 + 12, jobs=[job()]))
     assert d.spans[-1] == (t0 + 8, t0 + 12, "warn")
-    d.apply_snapshot(make_status("ok", t=t0 + 13, jobs=[job()]))
+    d.apply_snapshot(make_status(L.OK, t=t0 + 13, jobs=[job()]))
     assert d.spans[-1] == (t0 + 8, t0 + 13, "warn")
     text = d.show_values_at(t0 + 5.2)
     assert text.startswith(time.strftime("%H:%M:%S", time.localtime(t0 + 5)))
@@ -157,16 +160,26 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     # A message with braces cannot break a marker label (they are format strings).
     d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}", job_id=None))
     assert d._markers[8][0][1].label.toPlainText() == "KeyError: {'x'}"
-    # A job the status no longer lists is named from the engine's message.
-    d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (resnet) finished", job_id="3fa2"))
+    # A job the status no longer lists is named by the event's job id, from the jobs the
+    # history load names (not from the words of the message); one never named shows its id.
+    assert d.load_history({"range": d.range_seconds, "history": {"series": {}}, "events": [],
+                           "jobs": {"3fa2": "resnet"}})
+    d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (other words) finished",
+                      job_id="3fa2"))
     assert d._markers[9][0][1].label.format == "resnet finished"
+    d.add_event(event(10, "job_finished", t0 + 9, "job 4b5c (gan) finished", job_id="4b5c"))
+    assert d._markers[10][0][1].label.format == "4b5c finished"
+    # A job seen in a status once keeps its name after it has gone from the status.
+    d.apply_snapshot(make_status(L.OK, t=t0 + 14, jobs=[]))
+    d.add_event(event(11, "job_stopped", t0 + 14, "stopped", job_id="j1"))
+    assert d._markers[11][0][1].label.format == "mnist stopped"
 
 
 def test_the_jobs_strip_shows_progress_loss_and_eta(qtbot, tmp_path: Path) -> None:
     d = Dashboard(settings_at(tmp_path))
     qtbot.addWidget(d)
     d.show()
-    d.apply_snapshot(make_status(jobs=[job("a1", "mnist"), job("b2", "gan", "paused",
+    d.apply_snapshot(make_status(jobs=[job("a1", "mnist"), job("b2", "gan", S.PAUSED,
                                                                  steps=None, metrics={})]))
     rows = d.jobs_strip.rows
     assert list(rows) == ["a1", "b2"] and not d.jobs_strip.empty.isVisible()
@@ -187,12 +200,12 @@ def test_the_banner_shows_an_active_warning(qtbot, tmp_path: Path) -> None:
     d.show()
     d.apply_snapshot(make_status())
     assert not d.banner.isVisible()
-    d.apply_snapshot(make_status("warn", reasons=["available memory below 15%"], tte=40))
+    d.apply_snapshot(make_status(L.WARN, reasons=["available memory below 15%"], tte=40))
     assert d.banner.isVisible() and d.banner_level == "warn"
     assert d.banner.text() == \
         "Warning: available memory below 15%. Memory runs out in ~40 s"
     assert COLOURS["warn"].name() in d.banner.styleSheet()
-    d.apply_snapshot(make_status("park", reasons=["RAM 96% used"]))
+    d.apply_snapshot(make_status(L.PARK, reasons=["RAM 96% used"]))
     assert d.banner_level == "park" and COLOURS["park"].name() in d.banner.styleSheet()
     d.set_reachable(False, "the engine went away")
     assert d.banner_level == "unreachable" and "the engine went away" in d.banner.text()

@@ -9,9 +9,10 @@ import pytest
 from PySide6.QtGui import QColor, QImage, QPainter
 
 from tests.ui.statuses import GiB, make_status
-from trayapp.ui.icon import COLOURS, OUTLINE, SIZES, TRACK, geometry, render_image
+from trayapp.ui.icon import COLOURS, OUTLINE, SIZES, TRACK, geometry, make_icon, render_image
 from trayapp.ui.model import LEVELS, UNREACHABLE, IconState, icon_state, quantise
 from trayapp.ui.tray import TrayController
+from trayapp.vocab import GuardLevel as L
 
 TRAY_SIZES = (16, 22, 24, 32)
 STATES = ("ok", "warn", "pause", "park", UNREACHABLE)
@@ -62,7 +63,7 @@ def test_bars_have_the_state_colour_and_the_right_height(qapp, size: int, state:
 @pytest.mark.parametrize("size", TRAY_SIZES)
 def test_levels_rise_with_the_fill(qapp, size: int) -> None:
     ram_x, _ = bar_centres(size)
-    heights = [len(fill_rows(render_image(IconState("ok", level, None), size), ram_x,
+    heights = [len(fill_rows(render_image(IconState(L.OK, level, None), size), ram_x,
                              COLOURS["ok"])) for level in range(LEVELS + 1)]
     assert heights[0] == 0
     assert heights[-1] == geometry(size).inner_height
@@ -72,7 +73,7 @@ def test_levels_rise_with_the_fill(qapp, size: int) -> None:
 
 @pytest.mark.parametrize("size", TRAY_SIZES)
 def test_unknown_vram_leaves_an_empty_track(qapp, size: int) -> None:
-    img = render_image(IconState("warn", 5, None), size)
+    img = render_image(IconState(L.WARN, 5, None), size)
     _, vram_x = bar_centres(size)
     assert fill_rows(img, vram_x, COLOURS["warn"]) == []
     assert len(fill_rows(img, vram_x, TRACK)) == geometry(size).inner_height
@@ -81,7 +82,7 @@ def test_unknown_vram_leaves_an_empty_track(qapp, size: int) -> None:
 @pytest.mark.parametrize("size", TRAY_SIZES)
 @pytest.mark.parametrize("panel", ["#f0f0f0", "#ffffff", "#202020", "#000000", "#3c3c3c"])
 def test_bars_stand_out_on_light_and_dark_panels(qapp, size: int, panel: str) -> None:
-    icon = render_image(IconState("ok", 0, 0), size)
+    icon = render_image(IconState(L.OK, 0, 0), size)
     shown = QImage(size, size, QImage.Format.Format_ARGB32)
     shown.fill(QColor(panel))
     p = QPainter(shown)
@@ -97,9 +98,7 @@ def test_bars_stand_out_on_light_and_dark_panels(qapp, size: int, panel: str) ->
 
 
 def test_the_icon_holds_every_size(qapp) -> None:
-    from trayapp.ui.icon import make_icon
-
-    icon = make_icon(IconState("park", 3, 7))
+    icon = make_icon(IconState(L.PARK, 3, 7))
     assert sorted(s.width() for s in icon.availableSizes()) == sorted(SIZES)
 
 
@@ -111,7 +110,7 @@ def test_quantised_levels_ignore_tiny_changes() -> None:
     b = icon_state(make_status(available=8 * GiB + 20 * 1024**2))  # 20 MiB more free
     assert a == b
     assert icon_state(make_status(available=2 * GiB)) != a
-    assert icon_state(make_status("warn", available=8 * GiB)).state == "warn"
+    assert icon_state(make_status(L.WARN, available=8 * GiB)).state == "warn"
     assert icon_state(make_status(), reachable=False).state == UNREACHABLE
     assert icon_state(None) == IconState()
 
@@ -125,7 +124,7 @@ def test_the_tray_redraws_only_when_the_icon_changes(qtbot) -> None:
     for extra in range(0, 50 * 1024**2, 5 * 1024**2):  # 0..50 MiB of noise
         assert tray.update(make_status(available=8 * GiB + extra), True) is False
     assert tray.current_icon().cacheKey() == key
-    assert tray.update(make_status("warn", available=8 * GiB), True) is True
+    assert tray.update(make_status(L.WARN, available=8 * GiB), True) is True
     assert tray.update(None, False, "the engine went away") is True
     assert tray.icon_state is not None and tray.icon_state.state == UNREACHABLE
     # Unreachable keeps the last levels, drawn grey.

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.ui.test_jobs_window import EXIT_WITH, job_state, open_window, start_job
-from trayapp.ui.jobs_window import process_rows
+from trayapp.ui.job_rows import process_rows
+from trayapp.vocab import JobState as S
 
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 
@@ -28,7 +29,7 @@ def test_the_details_show_the_jobs_priority(qtbot, paths, start_engine) -> None:
     Path(paths.config_file).write_text("[jobs]\nnice = 4\noom_score_adj = 700\n")
     engine = start_engine()
     done = start_job(engine, EXIT_WITH, "0", name="quick")
-    qtbot.waitUntil(lambda: job_state(engine, done["id"]) == "finished", timeout=30000)
+    qtbot.waitUntil(lambda: job_state(engine, done["id"]) == S.FINISHED, timeout=30000)
     window = open_window(qtbot, paths)
     qtbot.waitUntil(lambda: window.selected_id == done["id"], timeout=10000)
     tree = window.options_tree

@@ -11,9 +11,8 @@ from PySide6.QtCore import QObject, Qt, QUrl, Slot
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 
 from trayapp.engine.client import EngineClient
-from trayapp.ui.jobs_window import (
-    JobsModel,
-    JobsWindow,
+from trayapp.jobs.record import JobRecord
+from trayapp.ui.job_rows import (
     applied_lines,
     cell_text,
     job_matches,
@@ -21,6 +20,9 @@ from trayapp.ui.jobs_window import (
     progress_text,
     state_text,
 )
+from trayapp.ui.jobs_table import JobsModel
+from trayapp.ui.jobs_window import JobsWindow
+from trayapp.vocab import JobState as S
 
 REPO = Path(__file__).resolve().parents[2]
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
@@ -31,28 +33,31 @@ pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateS
 # -- what the table shows -------------------------------------------------------------------
 
 
+def rec(**fields):  # type: ignore[no-untyped-def]
+    """A job record with these fields (the others their defaults)."""
+    return JobRecord.from_json({"id": "j1", **fields})
+
+
 def test_progress_of_epochs_and_steps() -> None:
-    job = {"state": "running", "epoch": 2, "epochs": 4, "step": 50, "steps": 100}
+    job = rec(state=S.RUNNING, epoch=2, epochs=4, step=50, steps=100)
     assert progress_fraction(job) == pytest.approx(0.375)
     assert progress_text(job) == "epoch 2/4 · step 50/100"
-    assert progress_fraction({"epoch": 3, "epochs": 4}) == pytest.approx(0.5)
-    assert progress_fraction({"state": "running"}) is None
-    assert progress_text({"state": "running"}) == ""
-    assert progress_fraction({"state": "finished", "epoch": 4, "epochs": 4, "step": 7,
-                              "steps": 100}) == 1.0
+    assert progress_fraction(rec(epoch=3, epochs=4)) == pytest.approx(0.5)
+    assert progress_fraction(rec(state=S.RUNNING)) is None
+    assert progress_text(rec(state=S.RUNNING)) == ""
+    assert progress_fraction(rec(state=S.FINISHED, epoch=4, epochs=4, step=7, steps=100)) == 1.0
 
 
 def test_cells_and_states() -> None:
-    job = {"id": "ab12", "name": "mnist", "state": "paused", "paused_by": "guard",
-           "pause_reason": "RAM below 8%", "metrics": {"loss": 0.123456}, "eta_seconds": 125,
-           "rss_bytes": 3 * 1024**3, "vram_bytes": None, "started": 1000.0}
+    job = rec(id="ab12", name="mnist", state=S.PAUSED, paused_by="guard",
+              pause_reason="RAM below 8%", metrics={"loss": 0.123456}, eta_seconds=125,
+              rss_bytes=3 * 1024**3, vram_bytes=None, started=1000.0)
     assert state_text(job) == "paused by guard: RAM below 8%"
     assert [cell_text(job, c, 1065.0) for c in range(8)] == [
         "mnist", "paused by guard: RAM below 8%", "", "0.1235", "2 min 05 s", "3.0 GiB", "n/a",
         "1 min 05 s"]
-    ended = {"id": "cd34", "name": "x", "state": "failed", "end_reason": "exit status 3",
-             "exit_code": 3, "started": 1000.0, "ended": 1010.0, "rss_bytes": None,
-             "eta_seconds": 4.0}
+    ended = rec(id="cd34", name="x", state=S.FAILED, end_reason="exit status 3", exit_code=3,
+                started=1000.0, ended=1010.0, rss_bytes=None, eta_seconds=4.0)
     assert state_text(ended) == "failed (exit status 3)"
     assert cell_text(ended, 4, 5000.0) == ""  # no ETA once ended
     assert cell_text(ended, 5, 5000.0) == ""  # no memory once ended
@@ -60,9 +65,9 @@ def test_cells_and_states() -> None:
 
 
 def test_filter() -> None:
-    live = {"id": "a1", "name": "mnist", "state": "running", "script": "/w/mnist.py"}
-    done = {"id": "b2", "name": "cifar", "state": "finished", "script": "/w/cifar.py"}
-    parked = {"id": "c3", "name": "bert", "state": "parked"}
+    live = rec(id="a1", name="mnist", state=S.RUNNING, script="/w/mnist.py")
+    done = rec(id="b2", name="cifar", state=S.FINISHED, script="/w/cifar.py")
+    parked = rec(id="c3", name="bert", state=S.PARKED)
     assert [job_matches(j, "", "active") for j in (live, done, parked)] == [True, False, True]
     assert [job_matches(j, "", "finished") for j in (live, done, parked)] == [False, True, False]
     assert [job_matches(j, "CIFAR", "all") for j in (live, done, parked)] == [False, True, False]
@@ -81,20 +86,17 @@ def test_applied_options_lines() -> None:
 
 def test_model_updates_in_place(qtbot) -> None:  # type: ignore[no-untyped-def]
     model = JobsModel(clock=lambda: 2000.0)
-    model.update_jobs([{"id": "a", "name": "old", "state": "finished", "started": 100.0},
-                       {"id": "b", "name": "new", "state": "running", "started": 200.0}],
-                      complete=True)
-    assert [j["id"] for j in model.jobs] == ["b", "a"]  # newest first
+    model.update_jobs([rec(id="a", name="old", state=S.FINISHED, started=100.0),
+                       rec(id="b", name="new", state=S.RUNNING, started=200.0)], complete=True)
+    assert [j.id for j in model.jobs] == ["b", "a"]  # newest first
     changed: List[int] = []
     model.dataChanged.connect(lambda top, _bottom, _roles=(): changed.append(top.row()))
-    model.update_jobs([{"id": "b", "name": "new", "state": "paused", "started": 200.0}],
-                      complete=False)
+    model.update_jobs([rec(id="b", name="new", state=S.PAUSED, started=200.0)], complete=False)
     assert changed == [0] and model.rowCount() == 2
     assert model.data(model.index(0, 1)) == "paused"
-    model.update_jobs([{"id": "c", "name": "newest", "state": "running", "started": 300.0},
-                       {"id": "b", "name": "new", "state": "running", "started": 200.0}],
-                      complete=True)
-    assert [j["id"] for j in model.jobs] == ["c", "b"]
+    model.update_jobs([rec(id="c", name="newest", state=S.RUNNING, started=300.0),
+                       rec(id="b", name="new", state=S.RUNNING, started=200.0)], complete=True)
+    assert [j.id for j in model.jobs] == ["c", "b"]
 
 
 # -- real jobs ------------------------------------------------------------------------------
@@ -138,7 +140,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     failed = start_job(engine, EXIT_WITH, "3", name="will-fail")
     finished = start_job(engine, EXIT_WITH, "0", name="will-finish")
     for job in (failed, finished):
-        qtbot.waitUntil(lambda j=job: job_state(engine, j["id"]) in ("failed", "finished"),
+        qtbot.waitUntil(lambda j=job: job_state(engine, j["id"]) in (S.FAILED, S.FINISHED),
                         timeout=30000)
     ticker = start_job(engine, TICKER, "0", "0.05", name="ticker")
 
@@ -179,13 +181,13 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     # Pause and resume from the window.
     assert window.buttons["pause"].isEnabled() and not window.buttons["resume"].isEnabled()
     qtbot.mouseClick(window.buttons["pause"], Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: (window.selected_job() or {}).get("state") == "paused",
+    qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == S.PAUSED,
                     timeout=20000)
     qtbot.waitUntil(lambda: window.buttons["resume"].isEnabled(), timeout=5000)
     assert not window.buttons["pause"].isEnabled()
     before = window.log_text().count("tick")
     qtbot.mouseClick(window.buttons["resume"], Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: (window.selected_job() or {}).get("state") == "running",
+    qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == S.RUNNING,
                     timeout=20000)
     qtbot.waitUntil(lambda: window.log_text().count("tick") > before + 5, timeout=20000)
     # A script without Keras's fit() cannot pause at a batch end: its processes are suspended.
@@ -218,7 +220,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     window.confirm = lambda text: asked.append(text) or True
     qtbot.mouseClick(window.buttons["stop"], Qt.MouseButton.LeftButton)
     assert asked and asked[0].startswith("Stop ticker")
-    qtbot.waitUntil(lambda: (window.selected_job() or {}).get("state") == "stopped",
+    qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == S.STOPPED,
                     timeout=30000)
     assert window.buttons["relaunch"].isEnabled()
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
@@ -234,7 +236,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
 def test_engine_refusal_shows_one_line(qtbot, paths, start_engine) -> None:  # type: ignore
     engine = start_engine()
     done = start_job(engine, EXIT_WITH, "0", name="quick")
-    qtbot.waitUntil(lambda: job_state(engine, done["id"]) == "finished", timeout=30000)
+    qtbot.waitUntil(lambda: job_state(engine, done["id"]) == S.FINISHED, timeout=30000)
     window = open_window(qtbot, paths)
     qtbot.waitUntil(lambda: window.selected_id == done["id"], timeout=10000)  # the first row
     assert not window.buttons["pause"].isEnabled()

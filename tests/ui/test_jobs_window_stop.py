@@ -10,13 +10,11 @@ import pytest
 from PySide6.QtCore import Qt
 
 from trayapp.engine.client import EngineClient
-from trayapp.ui.jobs_window import (
-    RELAUNCH_CHOICES,
-    JobsWindow,
-    actions_for,
-    relaunch_spec,
-    stop_question,
-)
+from trayapp.jobs.record import JobRecord
+from trayapp.ui.job_rows import RELAUNCH_CHOICES, actions_for, relaunch_spec, stop_question
+from trayapp.ui.jobs_window import JobsWindow
+from trayapp.ui.launch import LaunchDialog
+from trayapp.vocab import JobState as S
 
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WITH = str(REPO / "tests" / "scripts" / "jobs" / "exit_with.py")
@@ -24,21 +22,23 @@ pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateS
 
 
 def test_the_stop_question_says_what_happens_to_the_checkpoint_and_the_script() -> None:
-    keras = {"id": "ab12", "name": "mnist", "hooked": True, "checkpoint_dir": "/ck"}
+    keras = JobRecord(id="ab12", name="mnist", hooked=True, checkpoint_dir="/ck")
     text = stop_question(keras)
     assert "saves a checkpoint" in text and "after fit()) does not run" in text
     assert "Resume continues it" in text
-    bare = stop_question({**keras, "checkpoint_dir": None})
+    bare = stop_question(keras.with_(checkpoint_dir=None))
     assert "no checkpoint folder" in bare and "progress is lost" in bare
     assert "after fit()) does not run" in bare
-    plain = stop_question({"id": "cd34", "name": "loop", "hooked": False})
+    plain = stop_question(JobRecord(id="cd34", name="loop", hooked=False))
     assert "interrupted" in plain and "rest of its script does not run" in plain
 
 
 def test_a_stopped_job_with_a_checkpoint_folder_can_be_resumed() -> None:
-    assert actions_for({"state": "stopped", "resumable": True}) == ("resume",)
-    assert actions_for({"state": "stopped", "resumable": False}) == ()
-    assert actions_for({"state": "finished"}) == ()
+    assert actions_for(JobRecord(id="a", state=S.STOPPED, resumable=True)) == ("resume",)
+    assert actions_for(JobRecord(id="a", state=S.STOPPED, resumable=False)) == ()
+    assert actions_for(JobRecord(id="a", state=S.FINISHED)) == ()
+    # The engine's word for it reaches the record.
+    assert JobRecord.from_json({"id": "a", "state": S.STOPPED, "resumable": True}).resumable
 
 
 def test_the_relaunch_choice_becomes_resume_or_fresh() -> None:
@@ -70,7 +70,7 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     with engine.client() as c:
         job = c.job_start({"script": EXIT_WITH, "args": ["0"], "name": "quick",
                            "checkpoint_dir": str(ckpt), "options": {"cpu_only": True}})
-    qtbot.waitUntil(lambda: state(engine, job["id"]) == "finished",
+    qtbot.waitUntil(lambda: state(engine, job["id"]) == S.FINISHED,
                     timeout=30000)
     # What the earlier run left: a checkpoint the runner wrote.
     (ckpt / "fit-1").mkdir()
@@ -103,7 +103,7 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     assert (fresh["spec"]["fresh"], fresh["spec"]["resume"]) == (True, False)
 
     # Continue: from the checkpoint.
-    qtbot.waitUntil(lambda: state(engine, fresh["id"]) == "finished",
+    qtbot.waitUntil(lambda: state(engine, fresh["id"]) == S.FINISHED,
                     timeout=30000)
     (ckpt / "fit-1").mkdir(exist_ok=True)
     (ckpt / "fit-1" / "training_metadata.json").write_text('{"epoch": 3}')
@@ -119,7 +119,6 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
 
 def test_the_launch_dialog_needs_resume_or_start_over_on_a_checkpoint(  # type: ignore
         qtbot, paths, start_engine, tmp_path) -> None:
-    from trayapp.ui.launch import LaunchDialog
 
     start_engine(demo=True)
     script = tmp_path / "train.py"

@@ -15,18 +15,13 @@ from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QDialog
 
 from trayapp.engine.client import EngineClient
-from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
-from trayapp.ui.launch import (
-    AUTO_PYTHON,
-    LaunchDialog,
-    RecentLaunches,
-    field_for_error,
-    gpu_views,
-    parse_env,
-    parse_mb,
-    split_args,
-    summary_text,
-)
+from trayapp.jobs import spec_values as sv
+from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError, validate
+from trayapp.probes.snapshot import GpuReading
+from trayapp.ui.launch import LaunchDialog
+from trayapp.ui.launch_form import AUTO_PYTHON
+from trayapp.ui.launch_plan import RecentLaunches, form_row, gpu_views, summary_text
+from trayapp.vocab import ENDED
 
 GiB = 1024**3
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
@@ -86,21 +81,36 @@ def test_summary_without_gpus_and_with_checkpoints() -> None:
 
 
 def test_field_parsers() -> None:
-    assert parse_mb("--ram-budget", "") is None
-    assert parse_mb("--ram-budget", "4096") == 4096
-    assert parse_mb("--ram-budget", "12 GiB") == 12288
+    assert sv.parse_mb("--ram-budget", "") is None
+    assert sv.parse_mb("--ram-budget", "4096") == 4096
+    assert sv.parse_mb("--ram-budget", "12 GiB") == 12288
     with pytest.raises(SpecError, match="--ram-budget: 'lots' is not a size"):
-        parse_mb("--ram-budget", "lots")
-    assert split_args('--epochs 3 --name "my run"') == ("--epochs", "3", "--name", "my run")
+        sv.parse_mb("--ram-budget", "lots")
+    assert sv.split_args('--epochs 3 --name "my run"') == ("--epochs", "3", "--name", "my run")
     with pytest.raises(SpecError, match="arguments:"):
-        split_args('--name "open')
-    assert parse_env("A=1\n\n# note\nB = x=y") == (("A", "1"), ("B", " x=y"))
+        sv.split_args('--name "open')
+    assert sv.parse_env_lines("A=1\n\n# note\nB = x=y") == (("A", "1"), ("B", " x=y"))
     with pytest.raises(SpecError, match="--env: 'NOVALUE' is not KEY=VALUE"):
-        parse_env("NOVALUE")
-    assert field_for_error("--vram-limit: 99999 MB is more than GPU 0 has (8192 MB)") == "vram"
-    assert field_for_error("memory growth and a VRAM limit cannot be combined") == "growth"
-    assert field_for_error("script not found: /x.py") == "script"
-    assert field_for_error("something else") is None
+        sv.parse_env_lines("NOVALUE")
+
+
+def refusal(s: JobSpec, gpus=()) -> SpecError:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError) as e:
+        validate(s, gpus, check_paths=True)
+    return e.value
+
+
+def test_errors_land_on_their_row_by_field_not_by_words() -> None:
+    gpu = GpuReading(index=0, name="GPU", uuid=None, memory_total_bytes=8 * GiB,
+                     memory_used_bytes=0, memory_free_bytes=8 * GiB)
+    assert form_row(refusal(spec(options=MemoryOptions(vram_limit_mb=99999)), [gpu])) == "vram"
+    assert form_row(refusal(spec(options=MemoryOptions(memory_growth=True,
+                                                       vram_limit_mb=10)))) == "growth"
+    assert form_row(refusal(spec())) == "script"  # /x/train.py does not exist
+    assert form_row(refusal(spec(resume=True))) == "resume"
+    # The row comes from the field, whatever the words say.
+    assert form_row(SpecError("--vram-limit: reworded", sv.RAM_BUDGET)) == "ram_budget"
+    assert form_row(SpecError("--vram-limit: a message without a field")) is None
     views = gpu_views([GPU0, {"index": "bad"}])
     assert len(views) == 1 and views[0].memory_total_bytes == 8 * GiB
 
@@ -400,3 +410,36 @@ def test_interpreters_probed_in_the_background(qtbot, paths, start_engine,  # ty
     labels = [dialog.python_combo.itemText(i) for i in range(dialog.python_combo.count())]
     assert any(label.startswith(f"{bare} (venv beside the script)") for label in labels)
     assert json.loads((probe_cache / "interpreters.json").read_text())
+
+
+def test_show_command_is_what_is_launched(qtbot, paths, start_engine, probe_cache,  # type: ignore
+                                          tmp_path) -> None:
+    """The plan the dialog shows and the job the engine starts have one environment: the job's
+    variables are the plan's (the job channel's aside), also where the dialog's environment is
+    not the engine's."""
+    engine = start_engine()
+    out = tmp_path / "env.json"
+    script = tmp_path / "work" / "dump_env.py"
+    script.parent.mkdir()
+    script.write_text("import json, os, sys\n"
+                      f"open({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
+    dialog = open_dialog(qtbot, paths, probe_cache)
+    dialog.environ = {**dialog.environ, "ONLY_IN_THE_DIALOG": "shown and launched"}
+    dialog.choose_script(str(script))
+    dialog.apply_preset("cpu-only")
+    dialog.env_edit.setPlainText("MY_SETTING=1")
+    settle(dialog)
+    assert dialog.spec is not None
+    plan = dialog.launch_plan(dialog.spec)
+    with qtbot.waitSignal(dialog.launched, timeout=30000) as launched:
+        dialog.launch()
+    job_id = launched.args[0]["id"]
+    with engine.client() as c:
+        qtbot.waitUntil(lambda: c.job_get(job_id)["state"] in ENDED, timeout=60000)
+    seen = json.loads(out.read_text())
+
+    def ours(env):  # type: ignore[no-untyped-def]
+        return {k: v for k, v in env.items() if not k.startswith("HEADROOM_JOB_")}
+
+    assert seen["ONLY_IN_THE_DIALOG"] == "shown and launched" and seen["MY_SETTING"] == "1"
+    assert ours(seen) == ours(plan.env)

@@ -11,6 +11,7 @@ from PySide6.QtCore import Qt
 
 from trayapp.engine.client import EngineClient
 from trayapp.ui.jobs_window import JobsWindow
+from trayapp.vocab import JobState as S
 
 REPO = Path(__file__).resolve().parents[2]
 PRINT_ENV = str(REPO / "tests" / "scripts" / "jobs" / "print_env.py")
@@ -28,9 +29,10 @@ def test_relaunch_gets_the_hidden_env_value_back(qtbot, paths, start_engine) -> 
     qtbot.addWidget(window)
     window.show()
     qtbot.waitUntil(lambda: window.loaded, timeout=15000)
-    qtbot.waitUntil(lambda: (window.selected_job() or {}).get("state") == "finished",
+    qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == S.FINISHED,
                     timeout=30000)
-    assert window.selected_job()["spec"]["env"] == [["API_KEY", None]]
+    selected = window.selected_job()
+    assert selected is not None and selected.spec["env"] == [["API_KEY", None]]
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
         qtbot.mouseClick(window.buttons["relaunch"], Qt.MouseButton.LeftButton)
     new = relaunched.args[0]

@@ -15,6 +15,7 @@ from tests.conftest import REPO, headroom_cmd, wait_for
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
 from trayapp.ui.app import HeadroomApp
+from trayapp.vocab import JobState as S
 
 pytestmark = [
     pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals"),
@@ -48,14 +49,14 @@ def test_engine_guards_on_and_a_new_tray_sees_the_same(qtbot, paths: Paths, home
             hog = c.job_start({"script": str(SCRIPTS / "faults" / "quiet_hog.py"),
                                "args": [str(trigger), "600"], "name": "hog",
                                "ram_budget_mb": 200})["id"]
-            wait_for(lambda: c.job_get(hog)["state"] == "running", 30, "the hog to run")
+            wait_for(lambda: c.job_get(hog)["state"] == S.RUNNING, 30, "the hog to run")
         tray.send_signal(signal.SIGKILL)
         tray.wait(10)
 
         # No tray: the engine is still there, and still acts.
         trigger.write_text("go")
         with EngineClient(paths, timeout=30) as c:
-            paused = wait_for(lambda: (j := c.job_get(hog))["state"] == "paused" and j, 30,
+            paused = wait_for(lambda: (j := c.job_get(hog))["state"] == S.PAUSED and j, 30,
                               "the guard to pause the hog with no tray running")
             assert paused["paused_by"] == "guard"
             assert c.ping()["pid"] == engine_pid

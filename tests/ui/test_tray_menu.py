@@ -10,6 +10,8 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 from tests.ui.statuses import GiB, job, make_status
 from trayapp.ui.model import banner_text, menu_entries, notice_for, tooltip_text, vram_split
 from trayapp.ui.tray import TrayController
+from trayapp.vocab import GuardLevel as L
+from trayapp.vocab import JobState as S
 
 
 def actions(menu: QMenu) -> Dict[str, QAction]:
@@ -45,8 +47,8 @@ def test_menu_without_an_engine(qtbot) -> None:
 
 def test_menu_with_jobs_offers_what_each_state_allows(qtbot) -> None:
     tray = TrayController()
-    tray.update(make_status(jobs=[job("a1", "mnist", "running"),
-                                  job("b2", "resnet", "paused", epoch=0, epochs=None,
+    tray.update(make_status(jobs=[job("a1", "mnist", S.RUNNING),
+                                  job("b2", "resnet", S.PAUSED, epoch=0, epochs=None,
                                       step=None, steps=None)]), True)
     menu = open_menu(tray)
     top = actions(menu)
@@ -106,7 +108,7 @@ def test_left_click_toggles_and_quit_is_chosen(qtbot) -> None:
 
 
 def test_tooltip_says_ram_vram_guard_and_jobs() -> None:
-    st = make_status("warn", available=1 * GiB, reasons=["available memory below 15%"], tte=95,
+    st = make_status(L.WARN, available=1 * GiB, reasons=["available memory below 15%"], tte=95,
                      jobs=[job()])
     text = tooltip_text(st)
     lines = text.splitlines()
@@ -124,9 +126,9 @@ def test_tooltip_says_ram_vram_guard_and_jobs() -> None:
 
 
 def test_menu_entries_disable_pause_all_without_pausable_jobs() -> None:
-    entries = {e.key: e for e in menu_entries(make_status(jobs=[job(state="paused")]), True)}
+    entries = {e.key: e for e in menu_entries(make_status(jobs=[job(state=S.PAUSED)]), True)}
     assert not entries["pause_all"].enabled
-    entries = {e.key: e for e in menu_entries(make_status(jobs=[job(state="finished")]), True)}
+    entries = {e.key: e for e in menu_entries(make_status(jobs=[job(state=S.FINISHED)]), True)}
     assert entries["jobs"].children[0].text == "No jobs running"
 
 
@@ -153,9 +155,9 @@ def test_notifications_for_the_kinds_that_matter(qtbot) -> None:
 
 def test_banner_for_warnings_and_for_a_lost_engine() -> None:
     assert banner_text(make_status(), True) == ("", "")
-    level, text = banner_text(make_status("pause", reasons=["RAM 93% used"], tte=12), True)
+    level, text = banner_text(make_status(L.PAUSE, reasons=["RAM 93% used"], tte=12), True)
     assert level == "pause" and text == "Jobs paused: RAM 93% used. Memory runs out in ~12 s"
-    level, text = banner_text(make_status("warn", mode="dry-run"), True)
+    level, text = banner_text(make_status(L.WARN, mode="dry-run"), True)
     assert level == "warn" and "dry run" in text
     assert banner_text(make_status(mode="off"), True)[0] == "info"
     level, text = banner_text(None, False, "no engine is running")

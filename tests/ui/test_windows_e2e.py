@@ -9,8 +9,11 @@ import pytest
 from PySide6.QtCore import Qt
 
 from trayapp.engine.client import EngineClient
-from trayapp.ui.jobs_window import JobsWindow, progress_fraction
+from trayapp.jobs.record import JobRecord
+from trayapp.ui.job_rows import progress_fraction
+from trayapp.ui.jobs_window import JobsWindow
 from trayapp.ui.launch import LaunchDialog
+from trayapp.vocab import JobState as S
 
 KERAS_TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "jobs" / "keras_train.py"
 
@@ -46,31 +49,31 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
     qtbot.waitUntil(lambda: window.model.job(job_id) is not None, timeout=15000)
     assert window.select_job(job_id)
 
-    def job() -> dict:
-        return window.selected_job() or {}
+    def job() -> JobRecord:
+        return window.selected_job() or JobRecord(id=job_id)
 
     # Progress from the runner inside Keras's fit(), shown as epoch and step.
-    qtbot.waitUntil(lambda: (job().get("step") or 0) >= 3, timeout=90000)
-    assert job()["epochs"] == 3 and job()["steps"] == 40
+    qtbot.waitUntil(lambda: (job().step or 0) >= 3, timeout=90000)
+    assert job().epochs == 3 and job().steps == 40
     assert 0 < (progress_fraction(job()) or 0) < 1
     row = window.proxy.mapFromSource(window.model.index(window.model.row_of(job_id), 2)).row()
     assert window.proxy.index(row, 2).data().startswith("epoch ")
 
     # Pause from the window: the runner stops at a batch end and progress stands still.
     qtbot.mouseClick(window.buttons["pause"], Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: job().get("state") == "paused", timeout=30000)
-    assert job().get("pause_mode") == "cooperative"
-    held = (job().get("epoch"), job().get("step"))
+    qtbot.waitUntil(lambda: job().state == S.PAUSED, timeout=30000)
+    assert job().pause_mode == "cooperative"
+    held = (job().epoch, job().step)
     qtbot.wait(1500)
-    assert (job().get("epoch"), job().get("step")) == held
-    assert job().get("state") == "paused"
+    assert (job().epoch, job().step) == held
+    assert job().state == S.PAUSED
 
     # Resume from the window: training goes on to the end.
     qtbot.waitUntil(lambda: window.buttons["resume"].isEnabled(), timeout=5000)
     qtbot.mouseClick(window.buttons["resume"], Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: (job().get("epoch"), job().get("step")) != held, timeout=30000)
-    qtbot.waitUntil(lambda: job().get("state") == "finished", timeout=90000)
-    assert job()["exit_code"] == 0
+    qtbot.waitUntil(lambda: (job().epoch, job().step) != held, timeout=30000)
+    qtbot.waitUntil(lambda: job().state == S.FINISHED, timeout=90000)
+    assert job().exit_code == 0
     assert "exit status 0" in window.header_label.text()
     assert progress_fraction(job()) == 1.0
     qtbot.waitUntil(lambda: "training done" in window.log_text(), timeout=15000)

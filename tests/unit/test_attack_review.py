@@ -57,12 +57,12 @@ def test_a_log_opened_to_append_blocks_on_writes_as_before(tmp_path: Path) -> No
 def test_a_crash_of_run_keeps_the_env_names_but_not_their_values(
         home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
         form: List[str]) -> None:
-    from trayapp import cli, cli_jobs
+    from trayapp import cli
 
     def broken(*args: Any, **kw: Any) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli_jobs, "dispatch", broken)
+    monkeypatch.setattr(cli, "dispatch", broken)
     argv = ["run", *form, "train.py"]
     monkeypatch.setattr(sys, "argv", ["headroom", *argv])
     assert cli.main(argv) == 1
@@ -82,12 +82,12 @@ def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
     from tests.unit.test_launcher import _fake_python, ticker
     from trayapp.config import get_paths
     from trayapp.engine.store import Store
-    from trayapp.jobs import launcher
+    from trayapp.jobs import ladder, launcher
     from trayapp.runner import protocol as rp
 
     monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
-    monkeypatch.setattr(launcher, "STOP_RUNNER_SECONDS", 1.0)
+    monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
+    monkeypatch.setattr(ladder, "STOP_RUNNER_SECONDS", 1.0)
     paths = get_paths()
     paths.ensure()
     store = Store(paths.db_file)

@@ -26,14 +26,15 @@ ROOT = Path(trayapp.__file__).resolve().parent
 
 # Top-level part of trayapp -> its layer (higher imports lower). A new module must be placed here.
 LAYERS: Mapping[str, int] = {
-    "trayapp": 0, "text": 0, "private": 0, "vocab": 0, "channel": 0, "winpipe": 0,
+    "trayapp": 0, "text": 0, "private": 0, "vocab": 0, "channel": 0, "winpipe": 0, "formats": 0,
     "cli_base": 0,
+    "series": 0,
     "config": 1,
     "probes": 2,
     "jobs": 3,
     "engine": 4,
     "ui": 5,
-    "cli": 6, "cli_jobs": 6, "__main__": 6,
+    "cli": 6, "__main__": 6,
 }
 RUNNER = "runner"  # apart: imports nothing of trayapp, any part may import it
 QT = ("PySide6", "PyQt5", "PyQt6", "shiboken6", "pyqtgraph", "qtpy")

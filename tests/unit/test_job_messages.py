@@ -13,9 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trayapp.config import get_paths
 from trayapp.engine import protocol
 from trayapp.engine.parts import Parts
+from trayapp.engine.store import Store
 from trayapp.jobs import messages as m
+from trayapp.jobs.manager import JobManager
 from trayapp.runner import protocol as rp
 
 DEEP = "[" * 600 + "]" * 600
@@ -276,10 +279,6 @@ def test_requests_within_the_bounds_pass() -> None:
 def test_an_engine_adopting_a_poisoned_saved_job_can_list_it(tmp_path: Any,
                                                              monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
-    from trayapp.config import get_paths
-    from trayapp.engine.store import Store
-    from trayapp.jobs.launcher import JobManager
-
     monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
     paths = get_paths()
     paths.ensure()
@@ -296,7 +295,7 @@ def test_an_engine_adopting_a_poisoned_saved_job_can_list_it(tmp_path: Any,
             manager.adopt()
             (job,) = manager.list()
             assert job["id"] == "feedf00d" and job["tf_memory"] is None
-            assert manager.guard_jobs()[0]["state"] == "parked"
+            assert manager.guard_jobs()[0].state == "parked"
         finally:
             manager.close()
     finally:

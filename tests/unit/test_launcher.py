@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List
 
@@ -13,9 +14,11 @@ import pytest
 
 from trayapp.config import Paths, get_paths
 from trayapp.engine.store import Store
-from trayapp.jobs import launcher
-from trayapp.jobs.launcher import JobManager
+from trayapp.jobs import eta, ladder, logpages
+from trayapp.jobs.manager import JobManager
 from trayapp.jobs.options import JobSpec
+from trayapp.jobs.record import JobRecord
+from trayapp.runner import protocol as rp
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
@@ -93,15 +96,14 @@ def until(m: JobManager, check: Callable[[], Any], timeout: float = 20.0) -> Any
     (b"ab" + "😀".encode(), 6),
 ])
 def test_complete_utf8_keeps_whole_characters(data: bytes, keep: int) -> None:
-    assert launcher._complete_utf8(data) == keep
+    assert logpages.complete_utf8(data) == keep
 
 
 def test_progress_units() -> None:
-    assert launcher._progress_units({"epoch": 2, "epochs": 5, "step": 10, "steps": 40}) == \
+    assert eta.progress_units(JobRecord(id="j", epoch=2, epochs=5, step=10, steps=40)) == \
         (50.0, 200.0)
-    assert launcher._progress_units({"epoch": 3, "epochs": 4, "step": None, "steps": None}) == \
-        (2.0, 4.0)
-    assert launcher._progress_units({"epoch": None, "epochs": None}) == (None, None)
+    assert eta.progress_units(JobRecord(id="j", epoch=3, epochs=4)) == (2.0, 4.0)
+    assert eta.progress_units(JobRecord(id="j")) == (None, None)
 
 
 # -- logs and names -----------------------------------------------------------------------------
@@ -135,7 +137,7 @@ def test_log_pages_never_split_a_character(manager: JobManager, store: Store,
     _saved_job(store, paths, "bbbb2222", "big", big)
     tail = manager.log("bbbb2222")
     assert tail["offset"] == tail["size"] == len(big.encode())
-    assert set(tail["data"]) == {"€"} and len(tail["data"].encode()) <= launcher.LOG_TAIL_BYTES
+    assert set(tail["data"]) == {"€"} and len(tail["data"].encode()) <= logpages.LOG_TAIL_BYTES
     with pytest.raises(ValueError):
         manager.log("bbbb2222", offset=-1)
 
@@ -258,11 +260,7 @@ def _fake_python(tmp_path: Path) -> str:
 
 def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, events: Events,
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from multiprocessing.connection import Client
-
-    from trayapp.runner import protocol as rp
-
-    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
+    monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
     job = manager.start(ticker(python=_fake_python(tmp_path)))
     jid = job["id"]
     key = (paths.jobs_dir / jid / "key").read_bytes()
@@ -316,16 +314,13 @@ def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, event
                               "job_note", "job_stopped"]
     assert "not JSON" in events.seen[1]["message"] and stopped["dropped_fields"] == 1
     assert events.seen[4]["level"] == "warn"
+    assert {e["job_id"] for e in events.seen} == {jid}  # every event names its job
 
 
 def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths: Paths,
                                                      tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from multiprocessing.connection import Client
-
-    from trayapp.runner import protocol as rp
-
-    monkeypatch.setattr(launcher, "STOP_ASK_SECONDS", 0.2)
+    monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
     job = manager.start(ticker(python=_fake_python(tmp_path)))
     jid = job["id"]
     conn = Client(paths.job_address(jid), family="AF_UNIX",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import sys
@@ -107,8 +108,6 @@ specs = st.builds(
 
 @given(specs)
 def test_a_spec_survives_json(s):
-    import json
-
     assert JobSpec.from_json(json.loads(json.dumps(s.to_json()))) == s
 
 
@@ -467,8 +466,9 @@ def test_the_scripts_own_flags_after_the_script_stay_the_scripts(parser):
         (["--gpu", "a", "t.py"], "--gpu: expected GPU numbers"),
         (["--threads", "x", "t.py"], "--threads: expected INTRA or INTRA,INTER"),
         (["--threads", "1,2,3", "t.py"], "--threads"),
-        (["--vram-limit", "lots", "t.py"], "--vram-limit: 'lots' is not a size in MB"),
-        (["--env", "NOVALUE", "t.py"], "--env: expected KEY=VALUE, not 'NOVALUE'"),
+        (["--vram-limit", "lots", "t.py"], "--vram-limit: 'lots' is not a size (like 4096"),
+        (["--vram-limit", "512KiB", "t.py"], "--vram-limit: '512KiB' is less than 1 MB"),
+        (["--env", "NOVALUE", "t.py"], "--env: 'NOVALUE' is not KEY=VALUE"),
         (["--checkpoint-every", "often", "t.py"], "--checkpoint-every: 'often' is not a number"),
         (
             ["--python", "no-such-python-here", "t.py"],

@@ -52,3 +52,15 @@ def test_without_engine_gpu_or_pressure() -> None:
     assert "no engine is running" in text
     assert "GPU    no NVIDIA GPU found" in text
     assert "Pressure n/a" in text and "Swap   none" in text and "Jobs   none" in text
+
+
+def test_a_garbled_gpu_or_job_is_left_out_and_the_rest_shown() -> None:
+    st = dict(STATUS, gpus=[{"name": "no index"}, "gpu", STATUS["gpus"][0]],
+              jobs=[{"name": "no id"}, 3, dict(STATUS["jobs"][0], epoch="three")],
+              gpu_status="garbled")
+    text = format_status(st)
+    assert "no index" not in text and "no id" not in text
+    assert "GPU 0  NVIDIA GeForce RTX 3090 | 20.0 GiB / 24.0 GiB" in text
+    # A field of the wrong type is not known: the epoch under way reads 0 of 10.
+    assert "mnist [ab12cd34] running · epoch 0/10 · step 50/100" in text
+    assert "driver" not in text  # the GPU status could not be read

@@ -103,15 +103,16 @@ def test_guard_words() -> None:
 
 def test_the_launcher_logs_a_change_the_table_lacks_and_makes_it(
         caplog: pytest.LogCaptureFixture) -> None:
-    from trayapp.jobs.launcher import _move
+    from trayapp.jobs.job import move
+    from trayapp.jobs.record import JobRecord
 
-    info = {"id": "j1", "state": "parking"}
+    rec = JobRecord(id="j1", state="parking")
     with caplog.at_level("WARNING", logger="headroom.jobs"):
-        _move(info, S.PARKED)
-    assert info["state"] == "parked" and type(info["state"]) is str
+        rec = move(rec, S.PARKED)
+    assert rec.state == "parked" and type(rec.state) is str
     assert caplog.records == []
     with caplog.at_level("WARNING", logger="headroom.jobs"):
-        _move(info, S.RUNNING)
-    assert info["state"] == "running"
+        rec = move(rec, S.RUNNING)
+    assert rec.state == "running"
     assert [r.getMessage() for r in caplog.records] == \
         ["job j1: unexpected state change parked -> running"]

@@ -29,7 +29,6 @@ from trayapp.config.sizes import ConfigConflict as ConfigConflict
 from trayapp.config.sizes import ConfigError as ConfigError
 from trayapp.config.sizes import Threshold as Threshold
 from trayapp.config.sizes import _named, _shown
-from trayapp.config.sizes import format_bytes as format_bytes
 from trayapp.config.sizes import parse_size as parse_size
 from trayapp.config.table import FREE_FORM, RULE_ACTS
 from trayapp.config.table import GUARD_SETTINGS as GUARD_SETTINGS
@@ -37,6 +36,7 @@ from trayapp.config.table import SECTIONS as SECTIONS
 from trayapp.config.table import SETTINGS as SETTINGS
 from trayapp.config.table import SETTINGS_BY_NAME as SETTINGS_BY_NAME
 from trayapp.config.table import Setting as Setting
+from trayapp.formats import format_bytes as format_bytes
 from trayapp.text import one_line
 from trayapp.vocab import GuardAct
 

@@ -9,6 +9,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from trayapp.formats import format_bytes
 from trayapp.text import one_line
 
 
@@ -117,19 +118,3 @@ class Threshold:
         if self.percent is not None:
             return f"{self.percent:g}%"
         return format_bytes(self.size_bytes or 0)
-
-
-def format_bytes(n: Optional[float], digits: int = 1) -> str:
-    """Human-readable bytes in binary units; ``None`` reads "n/a"."""
-    if n is None:
-        return "n/a"
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{sign}{int(n)} B"
-            return f"{sign}{n:.{digits}f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.{digits}f} TiB"  # pragma: no cover

@@ -44,6 +44,9 @@ class EngineError(Exception):
 
 # A refused connection is tried again for this long (a flood's churn can refuse one by chance).
 BUSY_RETRY_SECONDS = 1.0
+# An engine that a client starts answers within this, or it is said not to have started.
+ENGINE_START_SECONDS = 20.0
+START_POLL_SECONDS = 0.05
 
 
 def _family() -> str:
@@ -364,8 +367,41 @@ def start_engine(paths: Paths, demo: bool = False, config_file: Optional[str] = 
                             **kwargs)
 
 
+def start_and_wait(paths: Paths, client: EngineClient, demo: bool = False,
+                   config_file: Optional[str] = None, timeout: float = ENGINE_START_SECONDS,
+                   halt: Optional[threading.Event] = None) -> subprocess.Popen[bytes]:
+    """Start an engine and wait until ``client`` reaches it, or reaches another one that won the
+    race for the state folder. Returns the process started (a thread reaps it when it ends).
+
+    Raises UnsafeState, or EngineUnavailable when the engine exits with an error, does not
+    answer within ``timeout`` seconds, or ``halt`` is set meanwhile."""
+    proc = start_engine(paths, demo=demo, config_file=config_file)
+    # The engine outlives its client's purpose but may end while this process runs: reap it
+    # then, so it leaves no zombie behind.
+    threading.Thread(target=proc.wait, name="headroom-engine-reaper", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    halt = halt or threading.Event()
+    while not halt.wait(START_POLL_SECONDS):
+        try:
+            client.ping()
+            return proc
+        except UnsafeState:
+            raise
+        except EngineUnavailable:
+            rc = proc.poll()
+            # 0: another engine won the race for the lock; keep trying to reach that one.
+            if rc not in (None, 0):
+                raise EngineUnavailable(f"the engine could not start (exit status {rc}); "
+                                        f"see {paths.log_file}") from None
+            if time.monotonic() > deadline:
+                raise EngineUnavailable(f"the engine did not start in {timeout:.0f} s; "
+                                        f"see {paths.log_file}") from None
+    raise EngineUnavailable("stopped")
+
+
 def connect(paths: Paths, start: bool = False, demo: bool = False,
-            config_file: Optional[str] = None, timeout: float = 15.0) -> EngineClient:
+            config_file: Optional[str] = None,
+            timeout: float = ENGINE_START_SECONDS) -> EngineClient:
     """A client of a running engine; with ``start``, one is started when none answers.
 
     Raises EngineUnavailable when none answers (within ``timeout`` after starting one).
@@ -388,23 +424,5 @@ def connect(paths: Paths, start: bool = False, demo: bool = False,
         raise UnsafeState(f"refusing to start an engine: {e}") from None
     except OSError:
         pass  # the engine says what it cannot make, in its log
-    proc = start_engine(paths, demo=demo, config_file=config_file)
-    # The engine outlives this client's purpose but may end while this process runs: reap it
-    # then, so it leaves no zombie behind.
-    threading.Thread(target=proc.wait, name="engine-reaper", daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        try:
-            client.ping()
-            return client
-        except UnsafeState:
-            raise
-        except EngineUnavailable:
-            rc = proc.poll()
-            # 0: another engine won the race for the lock; keep trying to reach that one.
-            if rc not in (None, 0):
-                raise EngineUnavailable(
-                    f"the engine could not start (exit status {rc}); see {paths.log_file}"
-                ) from None
-    raise EngineUnavailable(f"the engine did not start in {timeout:.0f} s; see {paths.log_file}")
+    start_and_wait(paths, client, demo=demo, config_file=config_file, timeout=timeout)
+    return client

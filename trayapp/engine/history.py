@@ -1,6 +1,4 @@
-"""The last hour of samples in memory, column by column, so recent history needs no disk; and
-what one snapshot is as named series (``sample_values``).
-"""
+"""The last hour of samples in memory, column by column, so recent history needs no disk."""
 
 from __future__ import annotations
 
@@ -8,8 +6,6 @@ import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-from trayapp.probes.snapshot import Snapshot
 
 
 def select_series(names: Sequence[str], series: Optional[Sequence[str]],
@@ -89,46 +85,3 @@ class RecentHistory:
         with self._lock:
             cols = self._series.get(name)
             return cols[1][-1] if cols and len(cols[1]) else None
-
-
-def sample_values(snap: Snapshot, jobs: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
-    """One snapshot as named series for the history (``mem.available``, ``gpu0.used``...).
-
-    VRAM per GPU is split into the guard's jobs (by job id) and "other", so the dashboard can
-    stack it by process.
-    """
-    m = snap.memory
-    values: Dict[str, Optional[float]] = {
-        "mem.total": m.total_bytes,
-        "mem.available": m.available_bytes,
-        "mem.used": m.used_bytes,
-        "swap.total": m.swap_total_bytes,
-        "swap.used": m.swap_used_bytes,
-        "psi.some": m.psi_some_avg10,
-        "psi.full": m.psi_full_avg10,
-    }
-    pid_to_job: Dict[int, str] = {}
-    for job in jobs:
-        for pid in job.get("pids") or ([job["pid"]] if job.get("pid") else []):
-            pid_to_job[pid] = job["id"]
-        if job.get("rss_bytes") is not None:
-            values[f"job.{job['id']}.rss"] = job["rss_bytes"]
-        if job.get("vram_bytes") is not None:
-            values[f"job.{job['id']}.vram"] = job["vram_bytes"]
-    for g in snap.gpus:
-        p = f"gpu{g.index}"
-        values[f"{p}.total"] = g.memory_total_bytes
-        values[f"{p}.used"] = g.memory_used_bytes
-        values[f"{p}.util"] = g.utilization_percent
-        values[f"{p}.temp"] = g.temperature_c
-        values[f"{p}.power"] = g.power_watts
-        by_job: Dict[str, float] = {}
-        for proc in g.processes:
-            jid = pid_to_job.get(proc.pid)
-            if jid is not None and proc.used_memory_bytes is not None:
-                by_job[jid] = by_job.get(jid, 0) + proc.used_memory_bytes
-        for jid, used in by_job.items():
-            values[f"{p}.job.{jid}"] = used
-        if g.memory_used_bytes is not None:
-            values[f"{p}.other"] = max(0, g.memory_used_bytes - sum(by_job.values()))
-    return values

@@ -23,16 +23,17 @@ from trayapp.config import Config, ConfigConflict, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.guarding import ConfigPolicy, GuardService
-from trayapp.engine.history import RecentHistory, sample_values
+from trayapp.engine.history import RecentHistory
 from trayapp.engine.parts import Parts
 from trayapp.engine.store import Store
 from trayapp.jobs.envfile import hide_stored
-from trayapp.jobs.launcher import JobManager
+from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import GpuBackend, make_backend
 from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
 from trayapp.probes.processes import ProcessSampler
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.series import sample_values as series_values
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardLevel
@@ -129,6 +130,11 @@ def harden_process() -> List[str]:
 
 
 # -- the engine ---------------------------------------------------------------------------------
+
+
+def sample_values(snap: Snapshot, jobs: List[Any]) -> Dict[str, Optional[float]]:
+    """One snapshot as named series for the history (``trayapp.series``)."""
+    return series_values(snap.memory, snap.gpus, jobs)
 
 
 def memory_json(snap: Snapshot) -> Dict[str, Any]:

@@ -107,76 +107,13 @@ def diagnose(
 ) -> List[Check]:
     """The checks, in reading order. ``platform`` defaults to ``sys.platform``."""
     platform = platform or sys.platform
-    checks: List[Check] = []
     real = gpu_status.backend == "nvml"
     n_gpus = len(gpus) if real else 0
-
-    # The driver.
-    if real:
-        names = ", ".join(sorted({g.name for g in gpus})) or "no GPU listed"
-        checks.append(
-            Check(
-                "NVIDIA driver",
-                "ok",
-                f"driver {gpu_status.driver_version or 'n/a'}, supports CUDA up to "
-                f"{gpu_status.cuda_driver_version or 'n/a'}; {n_gpus} GPU"
-                + ("" if n_gpus == 1 else "s")
-                + f" ({names})",
-            )
-        )
-    elif gpu_status.backend == "simulated":
-        checks.append(
-            Check("NVIDIA driver", "unknown", "simulated GPUs (--demo): no real driver to check")
-        )
-    else:
-        checks.append(
-            Check(
-                "NVIDIA driver",
-                "unknown",
-                gpu_status.message or "no NVIDIA GPU or driver found",
-                "if this machine has an NVIDIA GPU, install NVIDIA's driver "
-                "(nvidia-smi should then list the GPU)",
-            )
-        )
-
-    # The interpreter.
-    if interp.python_version is None or (interp.error and "too old" in interp.error):
-        checks.append(
-            Check(
-                "Python",
-                "fail",
-                f"{interp.path}: {interp.error or 'not a working Python'}",
-                "choose another interpreter with --python",
-            )
-        )
-        checks.append(Check("TensorFlow", "unknown", "the interpreter could not be checked"))
-        return checks
-    checks.append(Check("Python", "ok", f"Python {interp.python_version} at {interp.path}"))
-
-    # TensorFlow itself.
-    if interp.error and interp.error.startswith("TensorFlow does not import"):
-        checks.append(
-            Check(
-                "TensorFlow",
-                "fail",
-                interp.error
-                + (f" (TensorFlow {interp.tf_version} is installed)" if interp.tf_version else ""),
-                f"reinstall it: {interp.path} -m pip install --force-reinstall tensorflow",
-            )
-        )
-        return checks
-    if interp.tf_version is None:
-        checks.append(
-            Check(
-                "TensorFlow",
-                "fail",
-                f"TensorFlow is not installed for {interp.path}",
-                f"install it: {_pip_install(interp, platform)}",
-            )
-        )
-        return checks
-    keras = f" with Keras {interp.keras_version}" if interp.keras_version else ""
-    checks.append(Check("TensorFlow", "ok", f"TensorFlow {interp.tf_version}{keras}"))
+    checks = [_driver_check(gpu_status, gpus, real, n_gpus)]
+    more = _python_and_tensorflow(interp, platform)
+    checks.extend(more)
+    if more[-1].verdict != "ok":
+        return checks  # nothing more can be checked of this interpreter
     tf = _version(interp.tf_version) or (0,)
 
     # Native Windows has had no TensorFlow GPU support since 2.11.
@@ -192,69 +129,124 @@ def diagnose(
                 "pip install 'tensorflow[and-cuda]'), or use TensorFlow 2.10 on Windows",
             )
         )
-
-    # The build.
     cuda, source = build_cuda(interp)
+    checks.append(_build_check(interp, platform, n_gpus, windows_no_gpu, cuda, source))
+    # The driver against the build.
+    if interp.is_cuda_build is True and not windows_no_gpu:
+        checks.append(_driver_against_build(interp, gpu_status, real, cuda, source))
+    if n_gpus:
+        checks.append(_gpus_seen_check(interp, platform, n_gpus, windows_no_gpu))
+    return checks
+
+
+def _driver_check(gpu_status: GpuStatus, gpus: Sequence[GpuReading], real: bool,
+                  n_gpus: int) -> Check:
+    """The NVIDIA driver, as NVML reports it."""
+    if real:
+        names = ", ".join(sorted({g.name for g in gpus})) or "no GPU listed"
+        return Check(
+            "NVIDIA driver",
+            "ok",
+            f"driver {gpu_status.driver_version or 'n/a'}, supports CUDA up to "
+            f"{gpu_status.cuda_driver_version or 'n/a'}; {n_gpus} GPU"
+            + ("" if n_gpus == 1 else "s")
+            + f" ({names})",
+        )
+    if gpu_status.backend == "simulated":
+        return Check("NVIDIA driver", "unknown",
+                     "simulated GPUs (--demo): no real driver to check")
+    return Check(
+        "NVIDIA driver",
+        "unknown",
+        gpu_status.message or "no NVIDIA GPU or driver found",
+        "if this machine has an NVIDIA GPU, install NVIDIA's driver "
+        "(nvidia-smi should then list the GPU)",
+    )
+
+
+def _python_and_tensorflow(interp: Interpreter, platform: str) -> List[Check]:
+    """The interpreter, then its TensorFlow; the last check is "ok" only when TensorFlow
+    imports (the rest can be checked then)."""
+    if interp.python_version is None or (interp.error and "too old" in interp.error):
+        return [
+            Check(
+                "Python",
+                "fail",
+                f"{interp.path}: {interp.error or 'not a working Python'}",
+                "choose another interpreter with --python",
+            ),
+            Check("TensorFlow", "unknown", "the interpreter could not be checked"),
+        ]
+    python = Check("Python", "ok", f"Python {interp.python_version} at {interp.path}")
+    if interp.error and interp.error.startswith("TensorFlow does not import"):
+        return [python, Check(
+            "TensorFlow",
+            "fail",
+            interp.error
+            + (f" (TensorFlow {interp.tf_version} is installed)" if interp.tf_version else ""),
+            f"reinstall it: {interp.path} -m pip install --force-reinstall tensorflow",
+        )]
+    if interp.tf_version is None:
+        return [python, Check(
+            "TensorFlow",
+            "fail",
+            f"TensorFlow is not installed for {interp.path}",
+            f"install it: {_pip_install(interp, platform)}",
+        )]
+    keras = f" with Keras {interp.keras_version}" if interp.keras_version else ""
+    return [python, Check("TensorFlow", "ok", f"TensorFlow {interp.tf_version}{keras}")]
+
+
+def _build_check(interp: Interpreter, platform: str, n_gpus: int, windows_no_gpu: bool,
+                 cuda: Optional[str], source: str) -> Check:
+    """The TensorFlow build: CPU only, or the CUDA it was built for."""
     if interp.is_cuda_build is False:
         if n_gpus and not windows_no_gpu:
-            checks.append(
-                Check(
-                    "TensorFlow build",
-                    "fail",
-                    f"a CPU-only build on a machine with {n_gpus} NVIDIA GPU"
-                    + ("" if n_gpus == 1 else "s")
-                    + ": training runs on the CPU",
-                    f"install the GPU build: {_pip_install(interp, platform)}",
-                )
+            return Check(
+                "TensorFlow build",
+                "fail",
+                f"a CPU-only build on a machine with {n_gpus} NVIDIA GPU"
+                + ("" if n_gpus == 1 else "s")
+                + ": training runs on the CPU",
+                f"install the GPU build: {_pip_install(interp, platform)}",
             )
-        else:
-            checks.append(Check("TensorFlow build", "ok", "CPU build"))
-    elif interp.is_cuda_build is True:
+        return Check("TensorFlow build", "ok", "CPU build")
+    if interp.is_cuda_build is True:
         detail = "CUDA build"
         if cuda:
             detail = f"CUDA {cuda} build (from {source})"
             if interp.cudnn_version:
                 detail = f"CUDA {cuda} / cuDNN {interp.cudnn_version} build (from {source})"
-        checks.append(Check("TensorFlow build", "ok", detail))
-    else:
-        checks.append(Check("TensorFlow build", "unknown", "the build's CUDA support is unknown"))
+        return Check("TensorFlow build", "ok", detail)
+    return Check("TensorFlow build", "unknown", "the build's CUDA support is unknown")
 
-    # The driver against the build.
-    if interp.is_cuda_build is True and not windows_no_gpu:
-        checks.append(_driver_against_build(interp, gpu_status, real, cuda, source))
 
-    # What TensorFlow sees against NVML.
-    if n_gpus:
-        if interp.gpus_seen is None:
-            checks.append(
-                Check("GPUs TensorFlow sees", "unknown", "the probe could not count them")
-            )
-        elif interp.gpus_seen == 0:
-            if interp.is_cuda_build is False or windows_no_gpu:
-                fix = "see the checks above"
-            else:
-                fix = (
-                    "TensorFlow did not load CUDA: see its log from "
-                    f'{interp.path} -c "import tensorflow as tf; '
-                    "print(tf.config.list_physical_devices('GPU'))\""
-                )
-                if platform.startswith("linux"):
-                    fix += f"; the pip wheels bring CUDA: {_pip_install(interp, platform)}"
-            checks.append(
-                Check("GPUs TensorFlow sees", "fail", f"0 GPUs, while NVML sees {n_gpus}", fix)
-            )
-        elif interp.gpus_seen < n_gpus:
-            checks.append(
-                Check(
-                    "GPUs TensorFlow sees",
-                    "warn",
-                    f"{interp.gpus_seen} of the {n_gpus} GPUs NVML sees",
-                    "check CUDA_VISIBLE_DEVICES in the environment",
-                )
-            )
+def _gpus_seen_check(interp: Interpreter, platform: str, n_gpus: int,
+                     windows_no_gpu: bool) -> Check:
+    """What TensorFlow sees against NVML's ``n_gpus``."""
+    name = "GPUs TensorFlow sees"
+    if interp.gpus_seen is None:
+        return Check(name, "unknown", "the probe could not count them")
+    if interp.gpus_seen == 0:
+        if interp.is_cuda_build is False or windows_no_gpu:
+            fix = "see the checks above"
         else:
-            checks.append(Check("GPUs TensorFlow sees", "ok", f"{interp.gpus_seen} of {n_gpus}"))
-    return checks
+            fix = (
+                "TensorFlow did not load CUDA: see its log from "
+                f'{interp.path} -c "import tensorflow as tf; '
+                "print(tf.config.list_physical_devices('GPU'))\""
+            )
+            if platform.startswith("linux"):
+                fix += f"; the pip wheels bring CUDA: {_pip_install(interp, platform)}"
+        return Check(name, "fail", f"0 GPUs, while NVML sees {n_gpus}", fix)
+    if interp.gpus_seen < n_gpus:
+        return Check(
+            name,
+            "warn",
+            f"{interp.gpus_seen} of the {n_gpus} GPUs NVML sees",
+            "check CUDA_VISIBLE_DEVICES in the environment",
+        )
+    return Check(name, "ok", f"{interp.gpus_seen} of {n_gpus}")
 
 
 def _driver_against_build(

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import trayapp
+
 VENV_NAMES = (".venv", "venv", "env")
 MIN_PYTHON = (3, 9)
 CACHE_FILE = "interpreters.json"
@@ -313,8 +315,6 @@ def _inside(path: str, root: str) -> bool:
 
 def headroom_roots(frozen: bool, bundle_dir: Optional[str] = None) -> List[str]:
     """Folders that belong to Headroom's own install: not for the job's Python."""
-    import trayapp
-
     roots = [os.path.dirname(os.path.dirname(os.path.abspath(trayapp.__file__)))]
     if frozen:
         roots.append(
@@ -336,6 +336,24 @@ def _own_interpreter(python: str, frozen: bool) -> bool:
         return False
 
 
+class _Changes:
+    """An environment being changed, with each change as (name, value, reason); a removed
+    variable has the value ``REMOVED``."""
+
+    def __init__(self, env: Dict[str, str]):
+        self.env = env
+        self.settings: List[Tuple[str, str, str]] = []
+
+    def set(self, name: str, value: str, reason: str) -> None:
+        self.env[name] = value
+        self.settings.append((name, value, reason))
+
+    def remove(self, name: str, reason: str) -> None:
+        if name in self.env:
+            del self.env[name]
+            self.settings.append((name, REMOVED, reason))
+
+
 def job_environment(
     python: str,
     base_env: Mapping[str, str],
@@ -349,75 +367,84 @@ def job_environment(
     environment activated. ``settings`` lists each change as (name, value, reason); a removed
     variable has the value ``REMOVED``."""
     frozen = _frozen() if frozen is None else frozen
-    env = dict(base_env)
-    settings: List[Tuple[str, str, str]] = []
-
-    def set_(name: str, value: str, reason: str) -> None:
-        env[name] = value
-        settings.append((name, value, reason))
-
-    def remove(name: str, reason: str) -> None:
-        if name in env:
-            del env[name]
-            settings.append((name, REMOVED, reason))
-
+    c = _Changes(dict(base_env))
     if frozen:
-        bundle: str = (
-            bundle_dir or getattr(sys, "_MEIPASS", None) or os.path.dirname(sys.executable)
-        )
-        original = env.pop("LD_LIBRARY_PATH_ORIG", None)
-        if original is not None:
-            settings.append(("LD_LIBRARY_PATH_ORIG", REMOVED, "the app bundle's saved copy"))
-            set_(
-                "LD_LIBRARY_PATH",
-                original,
-                "restored to its value before Headroom's app bundle changed it",
-            )
-        for name, value in list(env.items()):
-            entries = value.split(os.pathsep)
-            keep = [e for e in entries if not (e and os.path.isabs(e) and _inside(e, bundle))]
-            if len(keep) == len(entries):
-                continue
-            if any(keep):
-                set_(name, os.pathsep.join(keep), "without entries into Headroom's app bundle")
-            else:
-                remove(name, "pointed into Headroom's app bundle")
-
+        _without_bundle(c, bundle_dir)
     if not _own_interpreter(python, frozen):
-        roots = headroom_roots(frozen, bundle_dir)
-        for name in ("PYTHONPATH", "PYTHONHOME"):
-            current = env.get(name)
-            if not current:
-                continue
-            entries = current.split(os.pathsep)
-            keep = [e for e in entries if not (e and any(_inside(e, r) for r in roots))]
-            if len(keep) == len(entries):
-                continue
-            if name == "PYTHONPATH" and any(keep):
-                set_(name, os.pathsep.join(keep), "without entries into Headroom's own install")
-            else:
-                remove(name, "pointed into Headroom's own install, not the job's Python")
-        venv = env.get("VIRTUAL_ENV")
-        in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
-        if venv and in_venv and not frozen and _norm(venv) == _norm(sys.prefix):
-            if not _inside(os.path.abspath(python), venv):
-                remove("VIRTUAL_ENV", "Headroom's own virtualenv, not the job's")
-                remove("VIRTUAL_ENV_PROMPT", "Headroom's own virtualenv, not the job's")
-                bin_dir = os.path.join(venv, "Scripts" if os.name == "nt" else "bin")
-                path_entries = env.get("PATH", "").split(os.pathsep)
-                keep = [e for e in path_entries if not (e and _norm(e) == _norm(bin_dir))]
-                if len(keep) != len(path_entries):
-                    set_("PATH", os.pathsep.join(keep), "without Headroom's own virtualenv")
+        _without_own_install(c, python, frozen, bundle_dir)
+    _activated(c, python)
+    return c.env, c.settings
 
+
+def _without_bundle(c: _Changes, bundle_dir: Optional[str]) -> None:
+    """A frozen build: the library path as it was before the app bundle changed it, and no
+    variable pointing into the bundle."""
+    bundle: str = (
+        bundle_dir or getattr(sys, "_MEIPASS", None) or os.path.dirname(sys.executable)
+    )
+    env = c.env
+    original = env.pop("LD_LIBRARY_PATH_ORIG", None)
+    if original is not None:
+        c.settings.append(("LD_LIBRARY_PATH_ORIG", REMOVED, "the app bundle's saved copy"))
+        c.set(
+            "LD_LIBRARY_PATH",
+            original,
+            "restored to its value before Headroom's app bundle changed it",
+        )
+    for name, value in list(env.items()):
+        entries = value.split(os.pathsep)
+        keep = [e for e in entries if not (e and os.path.isabs(e) and _inside(e, bundle))]
+        if len(keep) == len(entries):
+            continue
+        if any(keep):
+            c.set(name, os.pathsep.join(keep), "without entries into Headroom's app bundle")
+        else:
+            c.remove(name, "pointed into Headroom's app bundle")
+
+
+def _without_own_install(c: _Changes, python: str, frozen: bool,
+                         bundle_dir: Optional[str]) -> None:
+    """Another interpreter than Headroom's: no PYTHONPATH/PYTHONHOME into Headroom's install,
+    and not Headroom's own virtualenv."""
+    env = c.env
+    roots = headroom_roots(frozen, bundle_dir)
+    for name in ("PYTHONPATH", "PYTHONHOME"):
+        current = env.get(name)
+        if not current:
+            continue
+        entries = current.split(os.pathsep)
+        keep = [e for e in entries if not (e and any(_inside(e, r) for r in roots))]
+        if len(keep) == len(entries):
+            continue
+        if name == "PYTHONPATH" and any(keep):
+            c.set(name, os.pathsep.join(keep), "without entries into Headroom's own install")
+        else:
+            c.remove(name, "pointed into Headroom's own install, not the job's Python")
+    venv = env.get("VIRTUAL_ENV")
+    in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+    if venv and in_venv and not frozen and _norm(venv) == _norm(sys.prefix):
+        if not _inside(os.path.abspath(python), venv):
+            c.remove("VIRTUAL_ENV", "Headroom's own virtualenv, not the job's")
+            c.remove("VIRTUAL_ENV_PROMPT", "Headroom's own virtualenv, not the job's")
+            bin_dir = os.path.join(venv, "Scripts" if os.name == "nt" else "bin")
+            path_entries = env.get("PATH", "").split(os.pathsep)
+            keep = [e for e in path_entries if not (e and _norm(e) == _norm(bin_dir))]
+            if len(keep) != len(path_entries):
+                c.set("PATH", os.pathsep.join(keep), "without Headroom's own virtualenv")
+
+
+def _activated(c: _Changes, python: str) -> None:
+    """The interpreter's venv or conda environment, as if activated."""
+    env = c.env
     prefix = env_prefix(python)
     if (prefix / "pyvenv.cfg").is_file():
         bin_dir = os.path.dirname(os.path.abspath(python))
         if env.get("VIRTUAL_ENV") != str(prefix):
-            set_("VIRTUAL_ENV", str(prefix), "the job's virtualenv, as if activated")
-        _prepend_path(env, settings, [bin_dir], "the job's virtualenv first, as if activated")
+            c.set("VIRTUAL_ENV", str(prefix), "the job's virtualenv, as if activated")
+        _prepend_path(env, c.settings, [bin_dir], "the job's virtualenv first, as if activated")
     elif (prefix / "conda-meta").is_dir():
         if env.get("CONDA_PREFIX") != str(prefix):
-            set_("CONDA_PREFIX", str(prefix), "the job's conda environment, as if activated")
+            c.set("CONDA_PREFIX", str(prefix), "the job's conda environment, as if activated")
         if os.name == "nt":
             dirs = [
                 str(prefix),
@@ -428,8 +455,8 @@ def job_environment(
             ]
         else:
             dirs = [str(prefix / "bin")]
-        _prepend_path(env, settings, dirs, "the job's conda environment first (its CUDA libraries)")
-    return env, settings
+        _prepend_path(env, c.settings, dirs,
+                      "the job's conda environment first (its CUDA libraries)")
 
 
 def _prepend_path(

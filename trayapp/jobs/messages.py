@@ -33,11 +33,20 @@ MAX_PATH = 4096
 MAX_ITEMS = 64  # list items or object keys in one value
 MAX_DEPTH = 4  # nesting of a free-form value (an applied option's value, the options)
 # Runner states, note levels and bye reasons: the engine acts on them, so only these count.
-RUNNER_STATES = frozenset({"running", "pausing", "paused", "checkpointing", "parking",
-                           "stopping", "stopped"})
-NOTE_LEVELS = frozenset({"info", "warn", "error"})
-BYE_REASONS = frozenset({"finished", "parked", "error", "stopped"})
-FIT_HOOKS = frozenset({"waiting", "installed", "unavailable"})
+# They are the runner's words (trayapp.runner.protocol), not job states.
+RUNNER_RUNNING = "running"
+RUNNER_PAUSED = "paused"
+RUNNER_PARKING = "parking"
+RUNNER_STOPPING = "stopping"
+RUNNER_STATES = frozenset({RUNNER_RUNNING, "pausing", RUNNER_PAUSED, "checkpointing",
+                           RUNNER_PARKING, RUNNER_STOPPING, "stopped"})
+NOTE_INFO = "info"
+NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
+BYE_PARKED = "parked"
+BYE_STOPPED = "stopped"
+BYE_REASONS = frozenset({"finished", BYE_PARKED, "error", BYE_STOPPED})
+FIT_HOOK_INSTALLED = "installed"  # keras.Model.fit is patched: pause, park and stop at a batch end
+FIT_HOOKS = frozenset({"waiting", FIT_HOOK_INSTALLED, "unavailable"})
 
 
 class Bad(ValueError):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import trayapp.runner
 from trayapp.jobs import interpreters
 from trayapp.jobs.interpreters import REMOVED
 from trayapp.jobs.options import (
@@ -29,7 +30,7 @@ from trayapp.jobs.options import (
     validate,
 )
 from trayapp.probes.snapshot import GpuReading
-from trayapp.runner import protocol
+from trayapp.runner import joblog, protocol
 
 __all__ = ["JobProcess", "LaunchPlan", "REMOVED", "build_launch", "default_runner_dir",
            "format_plan"]
@@ -75,8 +76,6 @@ class JobProcess:
 
 def process_lines(process: JobProcess, platform: str = sys.platform) -> List[str]:
     """The job's process settings in words (``--dry-run``, the jobs window)."""
-    from trayapp.runner import joblog
-
     if platform == "win32":
         cpu = (f"CPU priority: below normal (nice {process.nice}: the BELOW_NORMAL priority "
                "class)" if process.nice > 0 else
@@ -114,8 +113,6 @@ def default_runner_dir() -> Path:
     if getattr(sys, "frozen", False):
         bundle = getattr(sys, "_MEIPASS", None) or os.path.dirname(sys.executable)
         return Path(bundle) / "trayapp" / "runner"
-    import trayapp.runner
-
     return Path(os.path.abspath(trayapp.runner.__file__)).parent
 
 
@@ -158,12 +155,12 @@ def _runner_options(
         if visible is None or any(total_mb(g) is None for g in visible):
             raise SpecError(
                 "--vram-reserve: cannot tell the total memory of each GPU the job sees; "
-                "use --gpu or --vram-limit MB"
+                "use --gpu or --vram-limit MB", field="options.vram_reserve_mb"
             )
         if not visible:
             raise SpecError(
                 "--vram-reserve: the GPUs' total memory is unknown (no NVML reading); "
-                "use --vram-limit MB"
+                "use --vram-limit MB", field="options.vram_reserve_mb"
             )
         limit = [int(total_mb(g) or 0) - o.vram_reserve_mb for g in visible]
     return {
@@ -178,6 +175,27 @@ def _runner_options(
         "checkpoint_every_steps": spec.checkpoint_every_steps,
         "resume": spec.resume,
     }
+
+
+class _Env:
+    """The job's environment being built, with each variable Headroom sets or removes and why
+    (the latest word on a name last)."""
+
+    def __init__(self, env: Dict[str, str], settings: Sequence[Tuple[str, str, str]]):
+        self.env = env
+        self.settings: Dict[str, Tuple[str, str]] = {
+            name: (value, why) for name, value, why in settings}
+
+    def set(self, name: str, value: str, why: str) -> None:
+        self.env[name] = value
+        self.settings.pop(name, None)
+        self.settings[name] = (value, why)
+
+    def remove(self, name: str, why: str) -> None:
+        if name in self.env:
+            del self.env[name]
+            self.settings.pop(name, None)
+            self.settings[name] = (REMOVED, why)
 
 
 def build_launch(
@@ -207,130 +225,141 @@ def build_launch(
     if spec.preset:
         spec = apply_preset(spec, spec.preset, gpus)
     warnings = list(validate(spec, gpus, check_paths=False))
-    o = spec.options
     script = script_path(spec)
     python = resolve_python(spec.python) if spec.python else interpreters.default_python(script)
     cwd = os.path.abspath(spec.cwd) if spec.cwd else os.path.dirname(script)
     runner = Path(runner_dir) if runner_dir is not None else default_runner_dir()
     argv = (python, str(runner / "bootstrap.py"), script) + tuple(spec.args)
 
-    base = dict(os.environ if base_env is None else base_env)
-    for name in list(base):
-        if name.startswith("HEADROOM_JOB_"):
-            del base[name]  # a job started from inside another job gets its own channel
-    # Only the ignored variables: a conflicting TF_FORCE_GPU_ALLOW_GROWTH is replaced below.
-    for warning in env_warnings(base, spec, source="the environment", growth=False):
-        if warning not in warnings:
-            warnings.append(warning)
+    base = _base_environment(base_env, spec, warnings)
     env, settings_list = interpreters.job_environment(
         python, base, frozen=frozen, bundle_dir=bundle_dir
     )
-    settings: Dict[str, Tuple[str, str]] = {
-        name: (value, why) for name, value, why in settings_list
-    }
-
-    def set_(name: str, value: str, why: str) -> None:
-        env[name] = value
-        settings.pop(name, None)
-        settings[name] = (value, why)
-
-    def remove(name: str, why: str) -> None:
-        if name in env:
-            del env[name]
-            settings.pop(name, None)
-            settings[name] = (REMOVED, why)
-
-    # GPUs.
-    if o.cpu_only:
-        set_("CUDA_VISIBLE_DEVICES", "-1", "--cpu-only: TensorFlow sees no GPU")
-    elif o.gpus is not None:
-        numbers = ",".join(str(i) for i in o.gpus)
-        set_(
-            "CUDA_DEVICE_ORDER",
-            "PCI_BUS_ID",
-            "number GPUs as nvidia-smi and Headroom do (CUDA's default order differs)",
-        )
-        set_(
-            "CUDA_VISIBLE_DEVICES",
-            numbers,
-            f"--gpu {numbers}: TensorFlow sees only these, as GPU:0"
-            + (", GPU:1, ..." if len(o.gpus) > 1 else ""),
-        )
-    elif o.vram_reserve_mb is not None and len(gpus) > 1 and "CUDA_DEVICE_ORDER" not in env:
-        set_(
-            "CUDA_DEVICE_ORDER",
-            "PCI_BUS_ID",
-            "number GPUs as NVML does, so each gets the reserve of its own total",
-        )
-
-    # Memory growth (the variable; the runner also calls set_memory_growth).
-    has_limit = o.vram_limit_mb is not None or o.vram_reserve_mb is not None
-    if not o.cpu_only:
-        if o.memory_growth is True:
-            set_(
-                "TF_FORCE_GPU_ALLOW_GROWTH",
-                "true",
-                "memory growth: TensorFlow takes GPU memory as it needs it, not all at start",
-            )
-        elif o.memory_growth is False:
-            set_(
-                "TF_FORCE_GPU_ALLOW_GROWTH",
-                "false",
-                "--no-memory-growth: TensorFlow reserves the GPU's memory at start",
-            )
-        elif has_limit and "TF_FORCE_GPU_ALLOW_GROWTH" in env:
-            remove(
-                "TF_FORCE_GPU_ALLOW_GROWTH",
-                "memory growth cannot be combined with a VRAM limit on one GPU",
-            )
-        if o.allocator == "cuda_malloc_async":
-            set_(
-                "TF_GPU_ALLOCATOR",
-                "cuda_malloc_async",
-                "CUDA's stream-ordered allocator: less fragmentation, memory returned to CUDA",
-            )
-        elif o.allocator == "bfc":
-            remove("TF_GPU_ALLOCATOR", "--allocator bfc: TensorFlow's default allocator")
-
-    set_("PYTHONUNBUFFERED", "1", "the log shows the script's output as it happens")
-
+    e = _Env(env, settings_list)
+    _gpu_settings(e, spec, gpus)
+    _memory_settings(e, spec)
+    e.set("PYTHONUNBUFFERED", "1", "the log shows the script's output as it happens")
     runner_options = _runner_options(spec, gpus, env)
-    set_(protocol.ENV_JOB_ID, job_id, "the job's id, for the runner's messages")
-    if address:
-        set_(protocol.ENV_ADDRESS, address, "where the runner reports progress and takes commands")
-    if keyfile:
-        set_(
-            protocol.ENV_KEYFILE,
-            keyfile,
-            "the job channel's key (the runner removes this variable before the script runs)",
-        )
-    set_(
-        protocol.ENV_OPTIONS,
-        json.dumps(runner_options, sort_keys=True, separators=(",", ":")),
-        "what the runner applies inside TensorFlow before the script's code",
-    )
     process = process if process is not None else JobProcess()
-    set_(
-        protocol.ENV_PROCESS,
-        json.dumps(process.to_json(log_path), sort_keys=True, separators=(",", ":")),
-        "the job's CPU priority, OOM score and log cap, which the runner sets before the "
-        "script's code",
-    )
+    _runner_settings(e, runner_options, process, job_id=job_id, address=address,
+                     keyfile=keyfile, log_path=log_path)
     environment_changes = {name for name, _, _ in settings_list}
     for name, value in spec.env:
-        if name in settings and settings[name][0] != value and name not in environment_changes:
+        if name in e.settings and e.settings[name][0] != value \
+                and name not in environment_changes:
             # The name only: warnings are kept with the job, and --env values never are.
-            warnings.append(f"--env {name} replaces Headroom's {name}={settings[name][0]}")
-        set_(name, value, "--env")
+            warnings.append(f"--env {name} replaces Headroom's {name}={e.settings[name][0]}")
+        e.set(name, value, "--env")
 
     return LaunchPlan(
         argv=argv,
         env=env,
         cwd=cwd,
-        settings=tuple((name, value, why) for name, (value, why) in settings.items()),
+        settings=tuple((name, value, why) for name, (value, why) in e.settings.items()),
         runner_options=runner_options,
         warnings=tuple(warnings),
         process=process,
+    )
+
+
+def _base_environment(base_env: Optional[Mapping[str, str]], spec: JobSpec,
+                      warnings: List[str]) -> Dict[str, str]:
+    """The environment the job starts from, without another job's channel; what in it the
+    job ignores is added to ``warnings``."""
+    base = dict(os.environ if base_env is None else base_env)
+    for name in list(base):
+        if name.startswith("HEADROOM_JOB_"):
+            del base[name]  # a job started from inside another job gets its own channel
+    # Only the ignored variables: a conflicting TF_FORCE_GPU_ALLOW_GROWTH is replaced later.
+    for warning in env_warnings(base, spec, source="the environment", growth=False):
+        if warning not in warnings:
+            warnings.append(warning)
+    return base
+
+
+def _gpu_settings(e: _Env, spec: JobSpec, gpus: Sequence[GpuReading]) -> None:
+    """Which GPUs TensorFlow sees, numbered as NVML numbers them."""
+    o = spec.options
+    if o.cpu_only:
+        e.set("CUDA_VISIBLE_DEVICES", "-1", "--cpu-only: TensorFlow sees no GPU")
+    elif o.gpus is not None:
+        numbers = ",".join(str(i) for i in o.gpus)
+        e.set(
+            "CUDA_DEVICE_ORDER",
+            "PCI_BUS_ID",
+            "number GPUs as nvidia-smi and Headroom do (CUDA's default order differs)",
+        )
+        e.set(
+            "CUDA_VISIBLE_DEVICES",
+            numbers,
+            f"--gpu {numbers}: TensorFlow sees only these, as GPU:0"
+            + (", GPU:1, ..." if len(o.gpus) > 1 else ""),
+        )
+    elif o.vram_reserve_mb is not None and len(gpus) > 1 and "CUDA_DEVICE_ORDER" not in e.env:
+        e.set(
+            "CUDA_DEVICE_ORDER",
+            "PCI_BUS_ID",
+            "number GPUs as NVML does, so each gets the reserve of its own total",
+        )
+
+
+def _memory_settings(e: _Env, spec: JobSpec) -> None:
+    """Memory growth (the variable; the runner also calls set_memory_growth) and the
+    allocator."""
+    o = spec.options
+    if o.cpu_only:
+        return
+    has_limit = o.vram_limit_mb is not None or o.vram_reserve_mb is not None
+    if o.memory_growth is True:
+        e.set(
+            "TF_FORCE_GPU_ALLOW_GROWTH",
+            "true",
+            "memory growth: TensorFlow takes GPU memory as it needs it, not all at start",
+        )
+    elif o.memory_growth is False:
+        e.set(
+            "TF_FORCE_GPU_ALLOW_GROWTH",
+            "false",
+            "--no-memory-growth: TensorFlow reserves the GPU's memory at start",
+        )
+    elif has_limit and "TF_FORCE_GPU_ALLOW_GROWTH" in e.env:
+        e.remove(
+            "TF_FORCE_GPU_ALLOW_GROWTH",
+            "memory growth cannot be combined with a VRAM limit on one GPU",
+        )
+    if o.allocator == "cuda_malloc_async":
+        e.set(
+            "TF_GPU_ALLOCATOR",
+            "cuda_malloc_async",
+            "CUDA's stream-ordered allocator: less fragmentation, memory returned to CUDA",
+        )
+    elif o.allocator == "bfc":
+        e.remove("TF_GPU_ALLOCATOR", "--allocator bfc: TensorFlow's default allocator")
+
+
+def _runner_settings(e: _Env, runner_options: Dict[str, Any], process: JobProcess, *,
+                     job_id: str, address: str, keyfile: str, log_path: str) -> None:
+    """What the runner inside the job reads: its id, channel, options and process settings."""
+    e.set(protocol.ENV_JOB_ID, job_id, "the job's id, for the runner's messages")
+    if address:
+        e.set(protocol.ENV_ADDRESS, address,
+              "where the runner reports progress and takes commands")
+    if keyfile:
+        e.set(
+            protocol.ENV_KEYFILE,
+            keyfile,
+            "the job channel's key (the runner removes this variable before the script runs)",
+        )
+    e.set(
+        protocol.ENV_OPTIONS,
+        json.dumps(runner_options, sort_keys=True, separators=(",", ":")),
+        "what the runner applies inside TensorFlow before the script's code",
+    )
+    e.set(
+        protocol.ENV_PROCESS,
+        json.dumps(process.to_json(log_path), sort_keys=True, separators=(",", ":")),
+        "the job's CPU priority, OOM score and log cap, which the runner sets before the "
+        "script's code",
     )
 
 

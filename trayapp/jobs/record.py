@@ -62,7 +62,7 @@ class JobRecord:
     process: Optional[Mapping[str, Any]] = None  # the priority it was given (nice, oom_score_adj)
     paused_by: Optional[str] = None
     pause_reason: Optional[str] = None
-    pause_mode: Optional[str] = None  # "runner" (at a batch end) or "signal" (tree suspended)
+    pause_mode: Optional[str] = None  # "cooperative" (at a batch end) or "suspended" (the tree)
     paused_at: Optional[float] = None
     parked_by: Optional[str] = None
     park_reason: Optional[str] = None
@@ -76,6 +76,7 @@ class JobRecord:
     dropped_fields: int = 0
     runs: int = 0
     resumed_at: Optional[float] = None
+    resumable: bool = False  # ended with a checkpoint to continue from (parked, or stopped)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -232,7 +233,7 @@ _READERS: Dict[str, Any] = {
     "stopped_by": _opt(_str), "stop_reason": _opt(_str),
     "ram_budget_bytes": _opt(_int), "vram_budget_bytes": _opt(_int), "auto_resume": _bool,
     "notes": _mappings, "warnings": _strs, "dropped_fields": _int, "runs": _int,
-    "resumed_at": _opt(_float),
+    "resumed_at": _opt(_float), "resumable": _bool,
 }
 if set(_READERS) != {f.name for f in _FIELDS[1:]}:  # pragma: no cover - caught by any import
     raise ImportError("every field of JobRecord needs a reader")

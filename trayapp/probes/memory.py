@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple, Union
 
+import psutil
+
 from trayapp.probes.snapshot import MemoryReading
 
 _READ_SIZE = 16384
@@ -417,8 +419,6 @@ class PsutilMemoryProbe:
 
     def read(self) -> MemoryReading:
         """One reading; psutil errors propagate (they mean the OS refused basic counters)."""
-        import psutil
-
         now = self.clock()
         vm = psutil.virtual_memory()
         sm = psutil.swap_memory()

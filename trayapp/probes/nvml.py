@@ -92,7 +92,7 @@ class Nvml:
             self._tried = True
             try:
                 if self._module is None:
-                    import pynvml
+                    import pynvml  # on first use: a machine without NVIDIA never loads it
 
                     self._module = pynvml
                 self._module.nvmlInit()

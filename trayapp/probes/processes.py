@@ -113,8 +113,9 @@ def tree_memory(pid: int, gpu_readings: Iterable[GpuReading] = ()) -> Optional[P
 # ---------------------------------------------------------------------------------------------
 # All processes: the largest, and whether a pid is still the process it was
 
-# Two readings of a process's start time that differ by no more than this are the same process
-# (a pid reused by a new process starts later than that).
+# A pid is still the process seen before when its create time is within this of the one kept
+# (the times psutil reads back are rounded to clock ticks and the boot time they start from; a
+# pid reused by a new process starts later than that).
 SAME_PROCESS_TOLERANCE_S = 0.05
 
 

@@ -6,8 +6,9 @@ the UI shows it as "n/a".
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Tuple
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,14 @@ class GpuProcess:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: Any) -> GpuProcess:
+        """A process from its JSON (``to_json``'s); raises ValueError without a pid."""
+        values = _read(cls, data, _PROCESS_TYPES)
+        if "pid" not in values:
+            raise ValueError("a GPU process needs a pid")
+        return cls(**{"name": "", "used_memory_bytes": None, **values})
+
 
 @dataclass(frozen=True)
 class GpuReading:
@@ -72,6 +81,27 @@ class GpuReading:
         d["processes"] = [p.to_json() for p in self.processes]
         return d
 
+    @classmethod
+    def from_json(cls, data: Any) -> GpuReading:
+        """A reading from its JSON (``to_json``'s, a status object's ``gpus``): a field that is
+        missing or of the wrong type is not known (None, or its default), an unknown key is
+        left out, a process that cannot be read is left out. Raises ValueError without an
+        index."""
+        values = _read(cls, data, _GPU_TYPES)
+        if "index" not in values:
+            raise ValueError("a GPU reading needs an index")
+        procs = []
+        raw = data.get("processes")
+        for p in raw if isinstance(raw, (list, tuple)) else ():
+            try:
+                procs.append(GpuProcess.from_json(p))
+            except ValueError:
+                continue
+        values["processes"] = tuple(procs)
+        base: Dict[str, Any] = {"name": "", "uuid": None, "memory_total_bytes": None,
+                                "memory_used_bytes": None, "memory_free_bytes": None}
+        return cls(**{**base, **values})
+
 
 @dataclass(frozen=True)
 class GpuStatus:
@@ -84,6 +114,12 @@ class GpuStatus:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> GpuStatus:
+        """The status from its JSON; anything unreadable reads as backend "none"."""
+        values = _read(cls, data, _STATUS_TYPES) if isinstance(data, Mapping) else {}
+        return cls(**{"backend": "none", **values})
 
 
 @dataclass(frozen=True)
@@ -112,3 +148,61 @@ class Snapshot:
             "gpus": [g.to_json() for g in self.gpus],
             "gpu_status": self.gpu_status.to_json(),
         }
+
+
+def gpu_readings(items: Any) -> Tuple[GpuReading, ...]:
+    """The readable GPU readings among ``items`` (a status object's ``gpus``); the others are
+    left out."""
+    out = []
+    for item in items if isinstance(items, (list, tuple)) else ():
+        try:
+            out.append(GpuReading.from_json(item))
+        except ValueError:
+            continue
+    return tuple(out)
+
+
+# -- reading JSON back ----------------------------------------------------------------------------
+
+_NUMBER = (int, float)
+_PROCESS_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "pid": (int,), "name": (str,), "used_memory_bytes": (int,), "kind": (str,)}
+_GPU_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "index": (int,), "name": (str,), "uuid": (str,), "memory_total_bytes": (int,),
+    "memory_used_bytes": (int,), "memory_free_bytes": (int,), "memory_reserved_bytes": (int,),
+    "utilization_percent": _NUMBER, "temperature_c": _NUMBER, "power_watts": _NUMBER,
+    "display_active": (bool,), "compute_capability": (str,), "simulated": (bool,)}
+_STATUS_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "backend": (str,), "message": (str,), "driver_version": (str,),
+    "cuda_driver_version": (str,)}
+
+
+def _read(cls: Any, data: Any, types: Mapping[str, Tuple[type, ...]]) -> Dict[str, Any]:
+    """The fields of ``cls`` that ``data`` holds with their type (a bool is no number, a
+    number is finite); the others are left out."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a {cls.__name__} is an object")
+    out: Dict[str, Any] = {}
+    for f in fields(cls):
+        value = data.get(f.name)
+        kinds = types.get(f.name)
+        if value is None or kinds is None:
+            continue
+        if isinstance(value, bool) and bool not in kinds:
+            continue
+        if not isinstance(value, kinds):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        out[f.name] = value
+    return out
+
+
+def _check_types() -> None:  # pragma: no cover - caught by any import
+    for cls, types in ((GpuProcess, _PROCESS_TYPES), (GpuReading, _GPU_TYPES),
+                       (GpuStatus, _STATUS_TYPES)):
+        if set(types) != {f.name for f in fields(cls)} - {"processes"}:
+            raise ImportError(f"every field of {cls.__name__} needs a type to read it by")
+
+
+_check_types()

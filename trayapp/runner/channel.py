@@ -32,6 +32,20 @@ def parse_address(text):
     return text
 
 
+SMALL_STACK = 512 * 1024
+
+
+def start_small(thread):
+    """Start one of the runner's own threads with a small stack. Each thread's default stack
+    reserves 8 MiB of address space: a job under an address-space limit (``ulimit -v``, a
+    container's) keeps that room for its training."""
+    old = threading.stack_size(SMALL_STACK)
+    try:
+        thread.start()
+    finally:
+        threading.stack_size(old)
+
+
 class NullChannel:
     """Stands in when the job runs without an engine (a plain dry run, no address given)."""
 
@@ -78,7 +92,7 @@ class Channel:
 
     def start(self):
         for target, name in ((self._read, "headroom-channel"), (self._write, "headroom-send")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            start_small(threading.Thread(target=target, name=name, daemon=True))
 
     # -- called from any thread -----------------------------------------------------------
 

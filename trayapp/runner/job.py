@@ -24,8 +24,8 @@ import signal
 import sys
 import threading
 
-from . import hooks, joblog, priority, protocol, tfoptions, training
-from .channel import Channel, NullChannel
+from . import control, fithook, hooks, joblog, priority, protocol, tfoptions
+from .channel import Channel, NullChannel, start_small
 
 RUNNER_VERSION = 1
 NO_FIT_NOTE = "no Keras fit() seen: progress is not available"
@@ -45,7 +45,7 @@ _KERAS_DISTRIBUTIONS = ("keras", "tf_keras", "keras_nightly")
 def _installed_version(module, distributions):
     """The version of the package that provides ``module``, from its ``*.dist-info`` folder name,
     without importing it (nor importlib.metadata, which costs more than the rest of the runner)."""
-    import importlib.util
+    import importlib.util  # the runner's start-up cost: only when a version is asked for
 
     try:
         spec = importlib.util.find_spec(module)
@@ -75,7 +75,7 @@ class Session:
         self.job_id = job_id
         self.script = script
         self.channel = NullChannel()
-        self.control = training.Control(self.send_state)
+        self.control = control.Control(self.send_state)
         self.active_run = None
         self.fit_count = 0
         self.fit_seen = False
@@ -121,7 +121,7 @@ class Session:
             self.keras_version = self.keras_version or _installed_version(
                 "keras", _KERAS_DISTRIBUTIONS
             )
-        import platform
+        import platform  # once, for the hello: kept off the runner's start-up
 
         return protocol.make(
             protocol.HELLO,
@@ -178,7 +178,7 @@ class Session:
             except tfoptions.OptionError as e:
                 self.fail_options(str(e))
         try:
-            hooked = training.install(keras, self)
+            hooked = fithook.install(keras, self)
         except Exception as e:
             hooked = False
             self.note("warn", f"cannot follow fit(): {e}")
@@ -202,7 +202,7 @@ class Session:
             return
         self._timer = threading.Timer(self.options["no_fit_note_seconds"], self._no_fit_yet)
         self._timer.daemon = True
-        self._timer.start()
+        start_small(self._timer)
 
     def _no_fit_yet(self):
         if not self.fit_seen:
@@ -266,7 +266,7 @@ class Session:
     def forked(self):
         """In a child made by fork(): it is not the job; it reports nothing."""
         self.channel = NullChannel()
-        self.control = training.Control(self.send_state)
+        self.control = control.Control(self.send_state)
         self._finished = True
         self._timer = None
 
@@ -325,7 +325,7 @@ def _print_exception(error, bootstrap_file):
     try:
         sys.excepthook(type(error), error, tb)
     except Exception:
-        import traceback
+        import traceback  # only when the script's own excepthook failed
 
         traceback.print_exception(type(error), error, tb)
     try:

@@ -11,6 +11,9 @@ The options arrive as JSON in ``HEADROOM_JOB_OPTIONS`` (written by ``trayapp.job
     intra_threads, inter_threads   int | null   tf.config.threading.set_*_parallelism_threads
     checkpoint_dir    str | null;  checkpoint_every_steps  int | null (null: every epoch)
     resume            bool
+    on_oom            "shrink" | "stop"   an out-of-memory error in fit(): train micro-batches
+                      with gradient accumulation (the same training), or fail as without Headroom
+    min_batch         int   the smallest micro-batch shrinking goes down to
     no_fit_note_seconds   number (how long after TensorFlow/Keras import to say "no fit()")
 
 Environment-only options (GPU choice, allocator, growth's environment variable) are set by the
@@ -31,6 +34,8 @@ _KEYS = {
     "checkpoint_dir": (str, type(None)),
     "checkpoint_every_steps": (int, type(None)),
     "resume": (bool,),
+    "on_oom": (str,),
+    "min_batch": (int,),
     "no_fit_note_seconds": (int, float),
 }
 
@@ -45,10 +50,13 @@ DEFAULTS = {
     "checkpoint_dir": None,
     "checkpoint_every_steps": None,
     "resume": False,
+    "on_oom": "shrink",
+    "min_batch": 8,
     "no_fit_note_seconds": 60,
 }
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+ON_OOM = ("shrink", "stop")
 
 
 class OptionError(Exception):
@@ -80,6 +88,10 @@ def read_options(text):
         isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in limits
     ):
         raise OptionError(f"job option vram_limit_mb: {limits!r} is not a list of sizes")
+    if options["on_oom"] not in ON_OOM:
+        raise OptionError("job option on_oom: {!r} is not valid".format(options["on_oom"]))
+    if options["min_batch"] < 1:
+        raise OptionError("job option min_batch: {!r} is not valid".format(options["min_batch"]))
     if options["precision"] is not None and options["precision"] not in PRECISIONS:
         raise OptionError("job option precision: {!r} is not valid".format(options["precision"]))
     return options

@@ -27,10 +27,10 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 
 from . import protocol
+from .control import Parked, Stopped
 from .tfoptions import gpu_memory
 
 WEIGHTS_FILE = "latest.weights.h5"
@@ -56,102 +56,6 @@ def _drop_checkpoint(folder):
     except OSError:
         pass
 _PROGRESS_SECONDS = 0.25
-
-
-class Parked(BaseException):
-    """Ends a Keras 2 fit() at once on park (its BackupAndRestore would count the epoch done)."""
-
-
-class Stopped(Parked):
-    """The same on stop."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Requests from the engine
-
-
-class Control:
-    """Engine requests, set by the channel thread and served by the training thread."""
-
-    def __init__(self, send_state):
-        self._cond = threading.Condition()
-        self._send_state = send_state
-        # Read on every batch without the lock: the one cost of the hook on a quiet job.
-        self.pending = False
-        self.pause = False
-        self.checkpoint = False
-        self.park = False
-        self.stop = False
-        self.paused = False
-        self.parked = False
-
-    def request(self, kind):
-        """Record a command; returns the state to report now (or None)."""
-        with self._cond:
-            reply = None
-            if kind == protocol.PAUSE:
-                if self.park or self.stop:
-                    return None
-                if not self.pause and not self.paused:
-                    reply = "pausing"
-                self.pause = True
-            elif kind == protocol.RESUME:
-                if self.pause and not self.paused:
-                    reply = "running"  # the pause had not taken hold yet
-                self.pause = False
-            elif kind == protocol.CHECKPOINT:
-                self.checkpoint = True
-            elif kind == protocol.PARK:
-                if not self.park:
-                    reply = "parking"
-                self.park = True
-                self.pause = False
-            elif kind == protocol.STOP:
-                if not self.stop:
-                    reply = "stopping"
-                self.stop = True
-                self.pause = False
-            self.pending = True
-            self._cond.notify_all()
-            return reply
-
-    def serve(self, run):
-        """Act on the requests at a batch boundary; blocks while paused."""
-        with self._cond:
-            while True:
-                if self.stop and not run.stopping:
-                    self._cond.release()
-                    try:
-                        run.request_stop()
-                    finally:
-                        self._cond.acquire()
-                if self.park and not self.parked:
-                    self.parked = True
-                    self._cond.release()
-                    try:
-                        run.park()
-                    finally:
-                        self._cond.acquire()
-                if self.checkpoint:
-                    self.checkpoint = False
-                    self._cond.release()
-                    try:
-                        run.checkpoint_on_request(self.paused)
-                    finally:
-                        self._cond.acquire()
-                    continue
-                if self.pause and not (self.parked or self.stop):
-                    if not self.paused:
-                        self.paused = True
-                        epoch, step = run.position
-                        self._send_state("paused", epoch=epoch + 1, step=step)
-                    self._cond.wait()
-                    continue
-                break
-            if self.paused:
-                self.paused = False
-                self._send_state("running")
-            self.pending = self.checkpoint or (self.park and not self.parked)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +114,9 @@ class FitRun:
         self.restored_finished = False
         self.last_saved = None
         self.gpu_names = []
+        self.accumulation = 1  # micro-batches per optimizer update (shrunk: > 1)
+        self.epoch_updates = None  # the optimizer's updates when this epoch began
+        self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -251,6 +158,7 @@ class FitRun:
                 "batch": max(done - 1, 0),
                 "headroom": {
                     "batches_done": done,
+                    "accumulation": self.accumulation,
                     "finished": finished,
                     "fit": self.index,
                     "time": time.time(),
@@ -270,7 +178,7 @@ class FitRun:
                 protocol.CHECKPOINTED,
                 path=self.dir,
                 epoch=epoch,
-                step=done,
+                step=done // self.accumulation,
                 fit=self.index,
                 reason=reason,
             )
@@ -325,7 +233,7 @@ class FitRun:
         start = _int(getattr(self.model, "_initial_epoch", None), 0) or self.initial_epoch
         self.epoch = start
         self.position = (start, 0)
-        if self.dir and self.keras3:
+        if self.dir and self.keras3 and not self.in_memory:
             metadata = self.read_metadata()
             extra = metadata.get("headroom") if metadata else None
             if isinstance(extra, dict) and metadata.get("epoch") == start:
@@ -351,6 +259,8 @@ class FitRun:
     def epoch_begin(self, epoch):
         self.epoch = epoch
         self.position = (epoch, 0)
+        skipped = self.skip if self.skip and epoch == self.skip_epoch else 0
+        self.epoch_updates = self._updates() - skipped // self.accumulation
         if self.skip and epoch == self.skip_epoch:
             self._start_skip()
         if self.session.control.pending and not self.skipping:
@@ -408,6 +318,30 @@ class FitRun:
         # restores these weights and trains no more epochs of it.
         self.save(self.epochs, 0, "end", finished=True)
 
+    # -- after an out-of-memory error ---------------------------------------------------------
+
+    def _updates(self):
+        try:
+            return int(self.model.optimizer.iterations)
+        except Exception:  # no optimizer yet, or one without a counter
+            return 0
+
+    def updates_done(self):
+        """(epoch, optimizer updates done in it): where training stands after a failed step,
+        whose update may or may not have been applied (the counter says)."""
+        if self.epoch_updates is None:
+            return self.epoch, 0
+        return self.epoch, max(0, self._updates() - self.epoch_updates)
+
+    def restart_in_memory(self, epoch, updates, accumulation):
+        """Train on from ``epoch`` with ``updates`` of it done, at ``accumulation`` micro-batches
+        an update: the next fit() attempt drops the micro-batches already trained."""
+        self.accumulation = accumulation
+        self.in_memory = True
+        self.initial_epoch = epoch
+        self.skip, self.skip_epoch = updates * accumulation, epoch
+        self.stop_seen = False
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _progress(self, epoch, step, logs):
@@ -419,14 +353,15 @@ class FitRun:
         if self.gpu_names:
             tf = sys.modules.get("tensorflow")
             memory = gpu_memory(tf, self.gpu_names) if tf is not None else None
+        acc = self.accumulation
         self.session.send_progress(
             protocol.make(
                 protocol.PROGRESS,
                 fit=self.index,
                 epoch=epoch + 1,
                 epochs=self.epochs,
-                step=step,
-                steps=self.steps,
+                step=step // acc if step is not None else None,
+                steps=-(-self.steps // acc) if self.steps is not None else None,
                 logs=values,
                 tf_memory=memory,
             )
@@ -464,191 +399,3 @@ class FitRun:
 def _first_line(error):
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# Callback classes (built from the Keras the script imported) and the fit() patch
-
-
-def _callback_classes(callbacks_module, keras3):
-    base = callbacks_module.Callback
-
-    class HeadroomCallback(base):
-        # Keras 3 runs batch-end callbacks on a thread when all are "async safe"; ours only
-        # queues progress there, so it keeps the user's fit as fast as without it.
-        async_safe = True
-
-        def __init__(self, run):
-            super().__init__()
-            self._run = run
-
-        def on_train_begin(self, logs=None):
-            self._run.train_begin(self.params or {})
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._run.epoch_begin(epoch)
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self._run.batch_begin(batch)
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._run.batch_end(batch, logs)
-
-        def on_test_batch_begin(self, batch, logs=None):
-            self._run.test_batch_begin()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self._run.epoch_end(epoch, logs)
-
-        def on_train_end(self, logs=None):
-            self._run.train_end(logs)
-
-    class FirstCallback(base):
-        """Runs before the user's callbacks: sees whether fit() stopped inside the epoch."""
-
-        async_safe = True
-
-        def __init__(self, run):
-            super().__init__()
-            self._run = run
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._run.stop_seen = False
-
-        def on_epoch_end(self, epoch, logs=None):
-            self._run.stop_seen = bool(getattr(self.model, "stop_training", False))
-
-    restore = None
-    backup_base = getattr(callbacks_module, "BackupAndRestore", None)
-    if keras3 and backup_base is not None:
-
-        class Restore(backup_base):
-            """BackupAndRestore for restoring only; the HeadroomCallback does the saving."""
-
-            async_safe = True
-
-            def __init__(self, run):
-                super().__init__(backup_dir=run.dir, save_freq="epoch", delete_checkpoint=False)
-                self._run = run
-
-            def on_train_begin(self, logs=None):
-                folder = self._run.dir
-                if not os.path.exists(os.path.join(folder, WEIGHTS_FILE)):
-                    return
-                if not self.model.built:
-                    self._run.session.note(
-                        "warn",
-                        "cannot restore the checkpoint: the model is not built before fit() "
-                        "(give it an Input layer or call model.build())",
-                    )
-                    return
-                try:
-                    super().on_train_begin(logs)
-                except Exception as e:
-                    raise RuntimeError(
-                        f"cannot restore the checkpoint in {folder}: {_first_line(e)}"
-                    ) from e
-
-            def on_epoch_end(self, epoch, logs=None):
-                pass
-
-            def on_train_batch_end(self, batch, logs=None):
-                pass
-
-            def on_train_end(self, logs=None):
-                pass
-
-        restore = Restore
-    elif backup_base is not None:
-        restore = backup_base
-    return HeadroomCallback, FirstCallback, restore
-
-
-def install(keras, session):
-    """Patch ``keras.Model.fit`` of the given Keras package; returns True when hooked."""
-    import functools
-    import inspect
-
-    model_class = getattr(keras, "Model", None)
-    callbacks_module = getattr(keras, "callbacks", None)
-    if model_class is None or callbacks_module is None:
-        return False
-    original = model_class.fit
-    if getattr(original, "__headroom_fit__", False):
-        return True
-    try:
-        signature = inspect.signature(original)
-    except (TypeError, ValueError):
-        return False
-    if "callbacks" not in signature.parameters:
-        return False
-    version = str(getattr(keras, "__version__", "0"))
-    keras3 = _int(version.split(".")[0], 0) >= 3
-    tf_backend = True
-    if keras3:
-        try:
-            tf_backend = keras.backend.backend() == "tensorflow"
-        except Exception:
-            tf_backend = False
-    epochs_default = signature.parameters.get("epochs")
-    epochs_default = epochs_default.default if epochs_default is not None else 1
-    headroom_cls, first_cls, restore_cls = _callback_classes(callbacks_module, keras3)
-
-    @functools.wraps(original)
-    def fit(self, *args, **kwargs):
-        if session.active_run is not None:
-            return original(self, *args, **kwargs)  # a fit() inside a fit(): leave it alone
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-        except TypeError:
-            return original(self, *args, **kwargs)  # let Keras say what is wrong
-        user = bound.arguments.get("callbacks")
-        if user is not None and not isinstance(user, (list, tuple)):
-            session.note("warn", "fit(callbacks=...) is not a list: progress is not available")
-            return original(self, *args, **kwargs)
-        epochs = bound.arguments.get("epochs", epochs_default)
-        run = FitRun(
-            session,
-            self,
-            session.next_fit_index(),
-            epochs,
-            keras3,
-            tf_backend,
-            bound.arguments.get("initial_epoch", 0),
-        )
-        run.prepare_folder()
-        first = [first_cls(run)]
-        if run.dir and restore_cls is not None:
-            if keras3:
-                first.insert(0, restore_cls(run))
-            else:
-                save_freq = run.every or "epoch"
-                first.insert(
-                    0,
-                    restore_cls(backup_dir=run.dir, save_freq=save_freq, delete_checkpoint=False),
-                )
-        bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
-        if hasattr(self, "_initial_epoch"):
-            # Set by a BackupAndRestore of an earlier fit() of this model; only this fit's own
-            # checkpoint may choose where it starts.
-            self._initial_epoch = None
-        session.fit_started(run)
-        try:
-            history = original(*bound.args, **bound.kwargs)
-        except Parked:
-            history = None
-        finally:
-            session.fit_ended(run)
-        if session.control.park:
-            # A park that came as fit() was ending: the fit is done and saved, so the job can
-            # end here as well as at a batch.
-            session.control.parked = True
-            session.exit_parked()
-        if session.control.stop:
-            # Stopped (at a batch, or as fit() was ending): the rest of the script does not run.
-            session.exit_stopped()
-        return history
-
-    fit.__headroom_fit__ = True  # type: ignore[attr-defined]
-    model_class.fit = fit
-    return True

@@ -35,13 +35,16 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidge
 from trayapp import private
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.jobs.record import JobRecord
 from trayapp.private import UnsafePath
 from trayapp.text import one_line
+from trayapp.ui.data import load_range
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
 from trayapp.ui.single_instance import WINDOWS, SingleInstance
 from trayapp.ui.tray import TrayController
 from trayapp.ui.worker import CallRunner, EngineWorker, collect_garbage_on_gui_thread
+from trayapp.vocab import GuardLevel as L
 
 log = logging.getLogger("headroom.ui")
 
@@ -88,7 +91,7 @@ class HeadroomApp(QObject):
         self.recent_events: Deque[Dict[str, Any]] = deque(maxlen=200)
         self.windows: Dict[str, QWidget] = {}
         self.messages: List[str] = []  # the last messages shown to the user (newest last)
-        self.quit_prompt: Callable[[List[Dict[str, Any]]], str] = self._ask_quit
+        self.quit_prompt: Callable[[List[JobRecord]], str] = self._ask_quit
         self._dashboard: Any = None
         self._quitting = False
         self._finished = False
@@ -150,10 +153,10 @@ class HeadroomApp(QObject):
     def dashboard(self) -> Any:
         """The dashboard, created on first use (pyqtgraph loads only then)."""
         if self._dashboard is None:
-            from trayapp.ui.dashboard import Dashboard
+            from trayapp.ui.dashboard import Dashboard  # pyqtgraph and numpy load only now
 
             d = Dashboard(self.settings, no_tray_reason=self.no_tray_reason, demo=self.demo)
-            d.setWindowIcon(make_icon(IconState("ok", 10, 5)))
+            d.setWindowIcon(make_icon(IconState(L.OK, 10, 5)))
             d.historyRequested.connect(self._fetch_history)
             if self.tray is None:
                 d.close_handler = self.request_quit
@@ -198,10 +201,11 @@ class HeadroomApp(QObject):
         return self._raise(window)
 
     def _show_launched_job(self, job: Dict[str, Any]) -> None:
-        """A job just launched from the dialog: show it in the jobs window."""
+        """A job just launched from the dialog (the engine's JSON of it): show it in the jobs
+        window."""
         jobs = self.open_window("jobs")
         if jobs is not None and hasattr(jobs, "select_job"):
-            jobs.select_job(str(job.get("id")))
+            jobs.select_job(JobRecord.from_json(job).id)
 
     @staticmethod
     def _raise(window: QWidget) -> QWidget:
@@ -290,8 +294,6 @@ class HeadroomApp(QObject):
         self._forward("set_reachable", False, reason)
 
     def _fetch_history(self, seconds: float, gpus: List[int]) -> None:
-        from trayapp.ui.data import load_range
-
         d = self._dashboard
         now = float((self.status or {}).get("time") or 0) or None
         def failed(message: str) -> None:
@@ -320,8 +322,8 @@ class HeadroomApp(QObject):
 
     # -- quitting --------------------------------------------------------------------------
 
-    def _ask_quit(self, jobs: List[Dict[str, Any]]) -> str:
-        names = ", ".join(str(j.get("name") or j.get("id")) for j in jobs[:5])
+    def _ask_quit(self, jobs: List[JobRecord]) -> str:
+        names = ", ".join(j.name or j.id for j in jobs[:5])
         box = QMessageBox(QMessageBox.Icon.Question, "Quit Headroom",
                           f"{len(jobs)} training job(s) still running: {names}.",
                           QMessageBox.StandardButton.NoButton, self._dashboard)
@@ -349,7 +351,7 @@ class HeadroomApp(QObject):
             if choice == QUIT_CANCEL:
                 return False
             if choice == QUIT_STOP:
-                ids = [str(j.get("id")) for j in jobs]
+                ids = [j.id for j in jobs]
 
                 def stop_jobs(c: EngineClient) -> None:
                     if started:

@@ -135,7 +135,7 @@ def run_value(argv: Sequence[str]) -> str:
 def _win_enabled(value_name: str) -> bool:  # pragma: no cover - Windows only
     if sys.platform != "win32":  # also tells type checkers elsewhere to skip the rest
         raise AutostartError("the Run key exists on Windows only")
-    import winreg
+    import winreg  # Windows only
 
     try:
         with winreg.OpenKey(winreg.HKEY_CURRENT_USER, RUN_KEY) as key:
@@ -150,7 +150,7 @@ def _win_enabled(value_name: str) -> bool:  # pragma: no cover - Windows only
 def _win_enable(argv: Sequence[str], value_name: str) -> str:  # pragma: no cover - Windows
     if sys.platform != "win32":  # also tells type checkers elsewhere to skip the rest
         raise AutostartError("the Run key exists on Windows only")
-    import winreg
+    import winreg  # Windows only
 
     try:
         with winreg.CreateKeyEx(winreg.HKEY_CURRENT_USER, RUN_KEY, 0,
@@ -164,7 +164,7 @@ def _win_enable(argv: Sequence[str], value_name: str) -> str:  # pragma: no cove
 def _win_disable(value_name: str) -> bool:  # pragma: no cover - Windows only
     if sys.platform != "win32":  # also tells type checkers elsewhere to skip the rest
         raise AutostartError("the Run key exists on Windows only")
-    import winreg
+    import winreg  # Windows only
 
     try:
         with winreg.OpenKey(winreg.HKEY_CURRENT_USER, RUN_KEY, 0, winreg.KEY_SET_VALUE) as key:

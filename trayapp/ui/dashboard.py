@@ -7,25 +7,19 @@ It never asks the engine itself: the app feeds it status dicts (``apply_snapshot
 
 from __future__ import annotations
 
-import html
 import math
-import re
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
-from PySide6.QtGui import QCloseEvent, QColor, QHideEvent
+from PySide6.QtGui import QCloseEvent, QHideEvent
 from PySide6.QtWidgets import (
     QButtonGroup,
-    QGridLayout,
     QHBoxLayout,
     QLabel,
     QLayout,
-    QProgressBar,
     QPushButton,
     QSizePolicy,
     QToolButton,
@@ -33,190 +27,29 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from trayapp import formats
 from trayapp.config import ConfigError, Threshold, format_bytes
-from trayapp.ui import data as datamod
-from trayapp.ui.model import (
-    active_jobs,
-    banner_text,
-    format_duration,
-    is_demo,
-    job_names,
-    vram_split,
+from trayapp.ui.dashboard_charts import DashboardPlots
+from trayapp.ui.dashboard_parts import (
+    BANNER_STYLES,
+    GIB,
+    HOVER_HINT,
+    LIVE_RATE_HZ,
+    LIVE_STEP,
+    LOW_SERIES,
+    NO_TRAY_TEXT,
+    RANGES,
+    SPAN_COLOURS,
+    THRESHOLD_COLOURS,
+    JobsStrip,
+    escape,
+    snapshot_values,
 )
+from trayapp.ui.model import active_jobs, banner_text, is_demo, job_names
 from trayapp.ui.timeline import Table, align_series
 
-GIB = float(1 << 30)
-RANGES: Tuple[Tuple[str, int], ...] = (("5 min", 300), ("1 h", 3600), ("24 h", 86400),
-                                       ("7 d", 7 * 86400))
-# Seconds between live rows per range: finer than a pixel of the plot, coarse enough to bound
-# the buffers (a 7-day view does not need four rows a second).
-LIVE_STEP = {300: 0.0, 3600: 1.0, 86400: 10.0, 7 * 86400: 60.0}
-LIVE_RATE_HZ = 4.0  # the engine pushes at most this often
-# Series whose peak is the lowest value (minute rows keep ``min``; live rows fold to the min).
-LOW_SERIES = ("mem.available",)
-FOLLOW_STEP = 0.02
-MAX_MARKERS = 300
-MAX_SPANS = 100
 
-BANNER_STYLES = {
-    "warn": "background:#fff3cd;color:#5c4500;border:1px solid #f2a900;",
-    "pause": "background:#ffe3d1;color:#6b2a00;border:1px solid #ee6a1c;",
-    "park": "background:#f8d7da;color:#6b0f1a;border:1px solid #d7263d;",
-    "unreachable": "background:#e2e3e5;color:#2b2f33;border:1px solid #8c8c8c;",
-    "info": "background:#e7f1ff;color:#0b3d91;border:1px solid #8fb3e8;",
-}
-SPAN_COLOURS = {"warn": (242, 169, 0, 45), "pause": (238, 106, 28, 55), "park": (215, 38, 61, 60)}
-MARKER_COLOURS = {
-    "job_started": "#1f77b4", "job_resumed": "#1f77b4", "job_paused": "#ee6a1c",
-    "job_parked": "#9467bd", "job_finished": "#2e9d46", "job_failed": "#d7263d",
-    "job_stopped": "#555555",
-}
-MARKER_WORDS = {
-    "job_started": "started", "job_resumed": "resumed", "job_paused": "paused",
-    "job_parked": "parked", "job_finished": "finished", "job_failed": "failed",
-    "job_stopped": "stopped",
-}
-THRESHOLD_COLOURS = {"warn": "#f2a900", "pause": "#ee6a1c", "park": "#d7263d",
-                     "resume": "#2e9d46"}
-LAYER_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d")
-OTHER_COLOUR = "#bab0ac"
-
-_JOB_NAME = re.compile(r"^job \S+ \((.+?)\)")
-HOVER_HINT = "Point at the timelines to read the values at that time."
-NO_TRAY_TEXT = ("No system tray is available here ({why}), so Headroom runs in this window; "
-                "closing it quits Headroom.")
-
-
-def snapshot_values(status: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    """A status dict as the history's series names (``mem.used``, ``gpu0.job.<id>``...)."""
-    m = status.get("memory") or {}
-    values: Dict[str, Optional[float]] = {
-        "mem.total": m.get("total_bytes"), "mem.used": m.get("used_bytes"),
-        "mem.available": m.get("available_bytes"), "swap.total": m.get("swap_total_bytes"),
-        "swap.used": m.get("swap_used_bytes"), "psi.some": m.get("psi_some_avg10"),
-        "psi.full": m.get("psi_full_avg10"),
-    }
-    for g in status.get("gpus") or []:
-        p = f"gpu{g.get('index')}"
-        values[f"{p}.total"] = g.get("memory_total_bytes")
-        values[f"{p}.used"] = g.get("memory_used_bytes")
-        values[f"{p}.util"] = g.get("utilization_percent")
-        values[f"{p}.temp"] = g.get("temperature_c")
-    for index, layers in vram_split(status).items():
-        for name, used in layers.items():
-            values[f"gpu{index}.{name}"] = used
-    return values
-
-
-def _ratio(a: np.ndarray, b: np.ndarray, scale: float = 1.0) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = a * scale / b
-    out[~np.isfinite(out)] = np.nan
-    return out
-
-
-@dataclass
-class _Curve:
-    item: Any  # pg.PlotDataItem
-    compute: Callable[[Table], np.ndarray]
-    label: str
-    unit: str  # "GiB" | "%" | "°C"
-    drawn: bool = False
-
-
-def marker_label(event: Dict[str, Any], names: Dict[str, str]) -> str:
-    """A short marker text: the job's name and what happened ("mnist paused")."""
-    kind = str(event.get("kind") or "")
-    message = str(event.get("message") or kind.replace("_", " "))
-    job_id = event.get("job_id")
-    name = names.get(str(job_id)) if job_id is not None else None
-    if name is None:
-        m = _JOB_NAME.match(message)
-        name = m.group(1) if m else (str(job_id) if job_id is not None else None)
-    text = f"{name} {MARKER_WORDS[kind]}" if name and kind in MARKER_WORDS else message
-    return text if len(text) <= 40 else text[:39] + "…"
-
-
-def _column(name: str) -> Callable[[Table], np.ndarray]:
-    return lambda tb: tb.column(name)
-
-
-def _escape(text: str) -> str:
-    # InfiniteLine labels are format strings ({value}); braces in a message must not break them.
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-class JobsStrip(QWidget):
-    """One row per running job: name and state, epoch and step bars, loss, ETA, memory."""
-
-    def __init__(self, parent: Optional[QWidget] = None):
-        super().__init__(parent)
-        self._grid = QGridLayout(self)
-        self._grid.setContentsMargins(6, 2, 6, 2)
-        self._grid.setHorizontalSpacing(10)
-        self._grid.setVerticalSpacing(2)
-        self.empty = QLabel("No jobs running.")
-        self.empty.setStyleSheet("color:#666;")
-        self._grid.addWidget(self.empty, 0, 0, 1, 6)
-        self.rows: Dict[str, Dict[str, Any]] = {}
-        self._order: List[str] = []
-
-    def update_jobs(self, jobs: Sequence[Dict[str, Any]]) -> None:
-        ids = [str(j.get("id")) for j in jobs]
-        if ids != self._order:
-            self._rebuild(ids)
-        for job in jobs:
-            self._fill(self.rows[str(job.get("id"))], job)
-
-    def _rebuild(self, ids: List[str]) -> None:
-        for row in self.rows.values():
-            for w in row.values():
-                if isinstance(w, QWidget):
-                    self._grid.removeWidget(w)
-                    w.deleteLater()
-        self.rows = {}
-        self._order = ids
-        self.empty.setVisible(not ids)
-        for r, jid in enumerate(ids, start=1):
-            name = QLabel()
-            font = name.font()
-            font.setBold(True)
-            name.setFont(font)
-            epoch, step = QProgressBar(), QProgressBar()
-            for bar in (epoch, step):
-                bar.setTextVisible(True)
-                bar.setMaximumHeight(16)
-                bar.setMinimumWidth(120)
-            loss, eta, mem = QLabel(), QLabel(), QLabel()
-            row = {"name": name, "epoch": epoch, "step": step, "loss": loss, "eta": eta,
-                   "mem": mem}
-            for c, w in enumerate(row.values()):
-                self._grid.addWidget(w, r, c)
-            self.rows[jid] = row
-
-    @staticmethod
-    def _bar(bar: QProgressBar, what: str, value: Any, total: Any) -> None:
-        if total:
-            bar.setRange(0, int(total))
-            bar.setValue(max(0, min(int(total), int(value or 0))))
-            bar.setFormat(f"{what} {int(value or 0)}/{int(total)}")
-        else:
-            bar.setRange(0, 1)
-            bar.setValue(0)
-            bar.setFormat(f"{what} n/a")
-
-    def _fill(self, row: Dict[str, Any], job: Dict[str, Any]) -> None:
-        row["name"].setText(f"{job.get('name') or job.get('id')}  ({job.get('state')})")
-        self._bar(row["epoch"], "epoch", job.get("epoch"), job.get("epochs"))
-        self._bar(row["step"], "step", job.get("step"), job.get("steps"))
-        loss = (job.get("metrics") or {}).get("loss")
-        row["loss"].setText(f"loss {loss:.4g}" if isinstance(loss, (int, float)) else "loss n/a")
-        row["eta"].setText(f"ETA {format_duration(job.get('eta_seconds'))}")
-        row["mem"].setText(f"RAM {format_bytes(job.get('rss_bytes'))} · "
-                           f"VRAM {format_bytes(job.get('vram_bytes'))}")
-
-
-class Dashboard(QWidget):
+class Dashboard(DashboardPlots):
     """The dashboard window. ``historyRequested(seconds, gpu_indices)`` asks the app to fetch
     the history of the chosen range; the answer comes back through ``load_history``."""
 
@@ -229,22 +62,17 @@ class Dashboard(QWidget):
         self.demo = demo
         self.close_handler: Optional[Callable[[], bool]] = None
         self.status: Optional[Dict[str, Any]] = None
+        # Job id -> name, of every job seen in a status or the history: the markers' names.
+        self.job_names: Dict[str, str] = {}
         self.reachable = False
         self.reason: Optional[str] = "connecting to the engine"
         self.following = True
-        self._view_right: Optional[float] = None  # the right edge the view follows to
         self.thresholds: Dict[str, Threshold] = {}
         self._gpus: List[int] = []
         self._requested: Optional[Tuple[int, Tuple[int, ...]]] = None
         self._live: Deque[Tuple[float, Dict[str, Optional[float]]]] = deque(
             maxlen=int(LIVE_RATE_HZ * 180))
-        self._events: Dict[Any, Dict[str, Any]] = {}
-        self._markers: Dict[Any, List[Any]] = {}
-        self._spans: List[Dict[str, Any]] = []
-        self._open_span: Optional[Dict[str, Any]] = None
         self._totals: Dict[str, float] = {}
-        self._layers: Dict[int, List[str]] = {}
-        self._stack_items: Dict[int, Dict[str, Any]] = {}
         self.updates = 0  # status dicts applied
         self.history_loads = 0  # history answers applied
         self.range_seconds = self._remembered_range()
@@ -322,189 +150,8 @@ class Dashboard(QWidget):
         self.jobs_strip = JobsStrip()
         outer.addWidget(self.jobs_strip)
 
-        self._curves: List[_Curve] = []
-        self._titles: Dict[int, Tuple[str, List[Tuple[str, str]]]] = {}
-        self._grid: Dict[int, List[Any]] = {}
-        self.ram_plot = self._plot("RAM", "GiB")
-        self.swap_plot = self._plot("Swap and memory pressure", "%")
-        self.gpu_plot = self._plot("GPU utilisation and temperature", "% · °C")
-        self.vram_plots: Dict[int, Any] = {}
-        self._plot_order: List[Any] = []
-        self._layout_plots()
-        self._curve(self.ram_plot, "RAM used", "#4c78a8", "GiB",
-                    lambda tb: tb.column("mem.used") / GIB)
-        self._curve(self.ram_plot, "available", "#2e9d46", "GiB",
-                    lambda tb: tb.column("mem.available") / GIB)
-        self._curve(self.swap_plot, "swap used", "#9467bd", "%",
-                    lambda tb: _ratio(tb.column("swap.used"), tb.column("swap.total"), 100.0))
-        self._curve(self.swap_plot, "PSI some", "#f2a900", "%", lambda tb: tb.column("psi.some"))
-        self._curve(self.swap_plot, "PSI full", "#d7263d", "%", lambda tb: tb.column("psi.full"))
-        self._set_y(self.swap_plot, 100.0, 1.02)
-        self._set_y(self.gpu_plot, 100.0, 1.05)
-        self.limit_line = pg.InfiniteLine(angle=0, movable=False,
-                                          pen=pg.mkPen("#333333", width=1,
-                                                       style=Qt.PenStyle.DashLine),
-                                          label="limit", labelOpts={"position": 0.45,
-                                                                    "color": "#333333",
-                                                                    "anchors": [(0, 0), (0, 0)]})
-        self.limit_line.hide()
-        self.ram_plot.addItem(self.limit_line, ignoreBounds=True)
-        self.threshold_lines: Dict[str, Any] = {}
-        for n, (name, colour) in enumerate(THRESHOLD_COLOURS.items()):
-            # Labels side by side along the line: the thresholds lie close together.
-            line = pg.InfiniteLine(angle=0, movable=False,
-                                   pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
-                                   label=name, labelOpts={"position": 0.02 + 0.1 * n,
-                                                          "color": colour,
-                                                          "fill": pg.mkBrush(255, 255, 255, 170),
-                                                          "anchors": [(0, 1), (0, 1)]})
-            line.hide()
-            self.ram_plot.addItem(line, ignoreBounds=True)
-            self.threshold_lines[name] = line
-        self._cursor_lines: Dict[int, Any] = {}
-        self._mouse = pg.SignalProxy(self.plots.scene().sigMouseMoved, rateLimit=30,
-                                     slot=self._mouse_moved)
+        self._build_plots()
         self._update_banner()
-
-    def _plot(self, title: str, unit: str) -> Any:
-        axis = pg.DateAxisItem(orientation="bottom")
-        plot = pg.PlotItem(axisItems={"bottom": axis})
-        self._titles[id(plot)] = (title, [])
-        self._show_title(plot)
-        plot.setLabel("left", unit, color="#333333")
-        plot.setDownsampling(auto=True, mode="peak")
-        plot.setClipToView(True)
-        plot.setMouseEnabled(x=True, y=False)
-        plot.enableAutoRange(x=False, y=False)
-        plot.hideButtons()
-        plot.setMenuEnabled(False)
-        for side in ("left", "bottom"):
-            ax = plot.getAxis(side)
-            ax.setPen(pg.mkPen("#888888"))
-            ax.setTextPen(pg.mkPen("#333333"))
-        plot.getAxis("left").setWidth(48)
-        plot.vb.sigRangeChangedManually.connect(self._manual_range)
-        return plot
-
-    def _set_y(self, plot: Any, top: float, headroom: float = 1.05) -> None:
-        """Fix the plot's vertical range at 0..top (no autorange) with light lines at each
-        quarter. The axis' own grid would be repainted with every update of the curves and
-        costs more than they do."""
-        plot.setYRange(0, top * headroom, padding=0)
-        lines = self._grid.setdefault(id(plot), [])
-        if not lines:
-            for _ in range(4):
-                line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen("#e4e4e4", width=1))
-                line.setZValue(-20)
-                plot.addItem(line, ignoreBounds=True)
-                lines.append(line)
-        for n, line in enumerate(lines, start=1):
-            line.setValue(top * n / 4)
-
-    def _show_title(self, plot: Any) -> None:
-        # The legend rides in the title line: no box over the data, nothing anchored to the
-        # plot that could outlive it.
-        title, keys = self._titles[id(plot)]
-        parts = [f"<b>{html.escape(title)}</b>"] + [
-            f"<span style='color:{colour}'>&#9632;</span>&nbsp;{html.escape(label)}"
-            for label, colour in keys]
-        plot.setTitle("&nbsp;&nbsp;&nbsp;".join(parts), size="9pt", color="#222222")
-
-    def _set_keys(self, plot: Any, keys: List[Tuple[str, str]]) -> None:
-        title, old = self._titles[id(plot)]
-        if keys != old:
-            self._titles[id(plot)] = (title, list(keys))
-            self._show_title(plot)
-
-    def _layout_plots(self) -> None:
-        order = [self.ram_plot, self.swap_plot] + \
-            [self.vram_plots[i] for i in sorted(self.vram_plots)] + \
-            ([self.gpu_plot] if self.vram_plots else [])
-        if order == self._plot_order:
-            return
-        ci = self.plots.ci
-        for plot in self._plot_order:
-            ci.removeItem(plot)
-        for row, plot in enumerate(order):
-            ci.addItem(plot, row=row, col=0)
-            if plot is not order[0]:
-                plot.setXLink(order[0])
-            plot.getAxis("bottom").setStyle(showValues=plot is order[-1])
-        self.gpu_plot.setVisible(bool(self.vram_plots))
-        self._plot_order = order
-
-    def _curve(self, plot: Any, label: str, colour: str, unit: str,
-               compute: Callable[[Table], np.ndarray], fill: Optional[str] = None) -> _Curve:
-        item = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), antialias=False, connect="finite")
-        if fill is not None:
-            item.setFillLevel(0)
-            item.setBrush(pg.mkBrush(fill))
-        plot.addItem(item)
-        self._set_keys(plot, self._titles[id(plot)][1] + [(label, colour)])
-        curve = _Curve(item, compute, label, unit)
-        self._curves.append(curve)
-        return curve
-
-    def _ensure_gpus(self, indices: Sequence[int]) -> bool:
-        """Create the VRAM plot and utilisation curves of GPUs not seen yet."""
-        new = [i for i in indices if i not in self.vram_plots]
-        for i in new:
-            plot = self._plot(f"GPU {i} memory by process", "GiB")
-            self.vram_plots[i] = plot
-            self._layers[i] = []
-            self._stack_items[i] = {}
-            self._curve(self.gpu_plot, f"GPU{i} util", LAYER_COLOURS[(2 * i) % 7], "%",
-                        _column(f"gpu{i}.util"))
-            self._curve(self.gpu_plot, f"GPU{i} temp", LAYER_COLOURS[(2 * i + 1) % 7], "°C",
-                        _column(f"gpu{i}.temp"))
-            total = pg.InfiniteLine(angle=0, movable=False,
-                                    pen=pg.mkPen("#333333", width=1, style=Qt.PenStyle.DashLine),
-                                    label="total", labelOpts={"position": 0.3,
-                                                              "color": "#333333",
-                                                              "anchors": [(0, 0), (0, 0)]})
-            total.hide()
-            plot.addItem(total, ignoreBounds=True)
-            self._stack_items[i]["__total__"] = total
-        if new:
-            self._gpus = sorted(self.vram_plots)
-            self._layout_plots()
-            self._place_annotations()
-        return bool(new)
-
-    def _sync_layers(self, index: int) -> None:
-        """Stacked VRAM layers of one GPU: the guard's jobs (by name), then "other"."""
-        prefix = f"gpu{index}."
-        jobs = sorted(n[len(prefix):] for n in self.table.columns
-                      if n.startswith(prefix + "job."))
-        layers = jobs + ["other"]
-        if layers == self._layers.get(index):
-            return
-        plot = self.vram_plots[index]
-        items = self._stack_items[index]
-        names = job_names(self.status)
-        for key in list(items):
-            if key != "__total__" and key not in layers:
-                plot.removeItem(items.pop(key))
-        # Each layer is drawn as the cumulative sum up to it, filled down to 0; lower layers sit
-        # above in z, so each band shows its own colour.
-        for depth, key in enumerate(layers):
-            item = items.get(key)
-            if item is None:
-                if key == "other":
-                    label, colour = "other processes", OTHER_COLOUR
-                else:
-                    jid = key[len("job."):]
-                    label = names.get(jid, jid)
-                    colour = LAYER_COLOURS[len(items) % len(LAYER_COLOURS)]
-                item = pg.PlotDataItem(pen=pg.mkPen(QColor(colour).darker(130), width=1),
-                                       antialias=False, connect="finite", fillLevel=0,
-                                       brush=pg.mkBrush(colour))
-                item.legend_key = (label, colour)
-                plot.addItem(item)
-                items[key] = item
-            item.setZValue(len(layers) - depth)
-        self._layers[index] = layers
-        self._set_keys(plot, [items[k].legend_key for k in layers])
 
     # -- data in ---------------------------------------------------------------------------
 
@@ -517,6 +164,7 @@ class Dashboard(QWidget):
     def apply_snapshot(self, status: Dict[str, Any]) -> None:
         """One status dict from the engine: a live row, the banner, the jobs strip."""
         self.status = status
+        self._learn_names(job_names(status))
         self.reachable = True
         self.reason = None
         t = float(status.get("time") or time.time())
@@ -530,7 +178,7 @@ class Dashboard(QWidget):
         self._set_totals(m.get("total_bytes"), m.get("limit_source"), status)
         guard = status.get("guard") or {}
         if self._open_span is not None:
-            if guard.get("state") not in ("warn", "pause", "park"):
+            if guard.get("state") not in SPAN_COLOURS:
                 self._close_span(t)
             else:
                 self._open_span["end"] = t
@@ -571,7 +219,7 @@ class Dashboard(QWidget):
         if ram:
             self._set_y(self.ram_plot, ram / GIB)
             self.limit_line.setValue(ram / GIB)
-            self.limit_line.label.setFormat(_escape(
+            self.limit_line.label.setFormat(escape(
                 f"limit {format_bytes(ram)}" + (" (cgroup)" if source == "cgroup" else "")))
             self.limit_line.show()
             self._place_thresholds()
@@ -581,7 +229,7 @@ class Dashboard(QWidget):
             if g_total:
                 self._set_y(plot, g_total / GIB)
                 line.setValue(g_total / GIB)
-                line.label.setFormat(_escape(f"total {format_bytes(g_total)}"))
+                line.label.setFormat(escape(f"total {format_bytes(g_total)}"))
                 line.show()
 
     def set_config(self, config: Optional[Dict[str, Any]]) -> None:
@@ -607,7 +255,7 @@ class Dashboard(QWidget):
                 line.hide()
                 continue
             line.setValue(th.bytes_of(int(ram)) / GIB)
-            line.label.setFormat(_escape(f"{name}: available < {th}"))
+            line.label.setFormat(escape(f"{name}: available < {th}"))
             line.show()
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
@@ -679,115 +327,10 @@ class Dashboard(QWidget):
         self._clear_annotations()
         for event in answer.get("events") or []:
             self.add_event(event)
+        self._learn_names({str(k): str(v) for k, v in (answer.get("jobs") or {}).items()})
         self.history_loads += 1
         self.redraw(follow_to=self._now())
         return True
-
-    def _now(self) -> float:
-        return float((self.status or {}).get("time") or time.time())
-
-    # -- events: markers and shaded spans --------------------------------------------------
-
-    def add_event(self, event: Dict[str, Any]) -> None:
-        """A job event becomes a labelled vertical marker; the guard's warnings shaded spans."""
-        kind = str(event.get("kind") or "")
-        key = event.get("id") if event.get("id") is not None else (kind, event.get("time"))
-        if key in self._events:
-            return
-        t = event.get("time")
-        if not isinstance(t, (int, float)):
-            return
-        if kind in datamod.MARKER_KINDS:
-            self._events[key] = event
-            self._add_marker(key, event)
-        elif kind in datamod.SPAN_KINDS:
-            self._events[key] = event
-            level = kind[len("guard_"):]
-            if level == "ok":
-                self._close_span(float(t))
-            elif self._open_span is None or self._open_span["level"] != level:
-                self._close_span(float(t))
-                self._start_span(float(t), level, str(event.get("message") or ""))
-
-    def _add_marker(self, key: Any, event: Dict[str, Any]) -> None:
-        kind = str(event.get("kind"))
-        colour = MARKER_COLOURS.get(kind, "#555555")
-        label = marker_label(event, job_names(self.status))
-        items = []
-        for n, plot in enumerate(self._plot_order):
-            line = pg.InfiniteLine(
-                pos=float(event["time"]), angle=90, movable=False,
-                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
-                label=_escape(label) if n == 0 else None,
-                labelOpts={"position": 0.9 - 0.12 * (len(self._markers) % 4), "color": colour,
-                           "fill": pg.mkBrush(255, 255, 255, 200), "anchors": [(0, 0.5),
-                                                                               (0, 0.5)]}
-                if n == 0 else None)
-            plot.addItem(line, ignoreBounds=True)
-            items.append((plot, line))
-        self._markers[key] = items
-        while len(self._markers) > MAX_MARKERS:
-            old = next(iter(self._markers))
-            for plot, line in self._markers.pop(old):
-                plot.removeItem(line)
-
-    def _start_span(self, t: float, level: str, message: str) -> None:
-        colour = SPAN_COLOURS.get(level, SPAN_COLOURS["warn"])
-        items = []
-        for plot in self._plot_order:
-            region = pg.LinearRegionItem(values=(t, max(t, self._now())), movable=False,
-                                         brush=pg.mkBrush(*colour), pen=pg.mkPen(None))
-            region.setZValue(-10)
-            plot.addItem(region, ignoreBounds=True)
-            items.append((plot, region))
-
-        def set_end(end: float) -> None:
-            for _plot, region in items:
-                region.setRegion((t, max(t, end)))
-
-        span = {"start": t, "end": max(t, self._now()), "level": level, "message": message,
-                "items": items, "items_end": set_end}
-        self._spans.append(span)
-        self._open_span = span
-        while len(self._spans) > MAX_SPANS:
-            old = self._spans.pop(0)
-            for plot, region in old["items"]:
-                plot.removeItem(region)
-
-    def _close_span(self, t: float) -> None:
-        span = self._open_span
-        if span is None:
-            return
-        span["end"] = max(span["start"], t)
-        span["items_end"](span["end"])
-        self._open_span = None
-
-    def _clear_annotations(self) -> None:
-        for items in self._markers.values():
-            for plot, line in items:
-                plot.removeItem(line)
-        for span in self._spans:
-            for plot, region in span["items"]:
-                plot.removeItem(region)
-        self._markers = {}
-        self._spans = []
-        self._open_span = None
-        self._events = {}
-
-    def _place_annotations(self) -> None:
-        """Redraw markers and spans after plots were added (a GPU appeared)."""
-        events = list(self._events.values())
-        self._clear_annotations()
-        for event in events:
-            self.add_event(event)
-
-    @property
-    def marker_count(self) -> int:
-        return len(self._markers)
-
-    @property
-    def spans(self) -> List[Tuple[float, float, str]]:
-        return [(s["start"], s["end"], s["level"]) for s in self._spans]
 
     def show_event(self, event: Dict[str, Any]) -> None:
         """Centre the timelines on an event (a clicked notification) and name it."""
@@ -804,94 +347,8 @@ class Dashboard(QWidget):
         width = min(float(self.range_seconds), 600.0)
         self._set_following(False)
         self.ram_plot.setXRange(float(t) - width * 0.6, float(t) + width * 0.4, padding=0)
-        when = time.strftime("%H:%M:%S", time.localtime(float(t)))
+        when = formats.clock(float(t))
         self.readout.setText(f"{when}  {event.get('message') or event.get('kind')}")
-
-    # -- drawing ---------------------------------------------------------------------------
-
-    def _set_following(self, on: bool) -> None:
-        self.following = bool(on)
-        self._view_right = None
-        if self.follow_button.isChecked() != self.following:
-            self.follow_button.setChecked(self.following)
-        if self.following:
-            self.redraw(follow_to=self._now())
-
-    def _manual_range(self, *_: Any) -> None:
-        # The user panned or zoomed: stop jumping to "now" until they ask for it again.
-        if self.following:
-            self._set_following(False)
-
-    def redraw(self, follow_to: Optional[float] = None) -> None:
-        """Hand the buffers to the curves (no copies) and move the view along with time."""
-        tb = self.table
-        t = tb.t()
-        for curve in self._curves:
-            y = curve.compute(tb)
-            if not np.isfinite(y).any():
-                # Nothing to draw (no swap, no pressure figures): skip pyqtgraph's work.
-                if curve.drawn:
-                    curve.item.setData([], [])
-                    curve.drawn = False
-                continue
-            curve.item.setData(t, y)
-            curve.drawn = True
-        for index in self.vram_plots:
-            self._sync_layers(index)
-            cum = np.zeros(len(t))
-            items = self._stack_items[index]
-            for key in self._layers[index]:
-                cum = cum + np.nan_to_num(tb.column(f"gpu{index}.{key}"), nan=0.0)
-                item = items[key]
-                item.setData(t, cum / GIB)
-        if self.following and follow_to is not None:
-            # The view moves in steps of 2% of the range, not on every update: a moved range
-            # redraws every axis, which costs more than the curves themselves.
-            step = self.range_seconds * FOLLOW_STEP
-            right = math.ceil(follow_to / step) * step
-            if right != self._view_right:
-                self._view_right = right
-                self.ram_plot.setXRange(right - self.range_seconds, right, padding=0)
-
-    def _mouse_moved(self, args: Tuple[Any, ...]) -> None:
-        pos = args[0]
-        for plot in self._plot_order:
-            if plot.sceneBoundingRect().contains(pos):
-                self.show_values_at(plot.vb.mapSceneToView(pos).x())
-                return
-
-    def show_values_at(self, x: float) -> str:
-        """The readout line for the row nearest to time ``x``; a cursor line marks it."""
-        i = self.table.nearest(x)
-        if i is None:
-            return ""
-        tb = self.table
-        t = float(tb.t()[i])
-        parts = [time.strftime("%H:%M:%S", time.localtime(t))]
-        for curve in self._curves:
-            v = curve.compute(tb)[i]
-            if np.isfinite(v):
-                parts.append(f"{curve.label} {v:.1f}{'' if curve.unit == '%' else ' '}"
-                             f"{curve.unit}")
-        names = job_names(self.status)
-        for index in self.vram_plots:
-            for key in self._layers.get(index, []):
-                v = tb.column(f"gpu{index}.{key}")[i]
-                if np.isfinite(v):
-                    who = "other" if key == "other" else names.get(key[4:], key[4:])
-                    parts.append(f"GPU{index} {who} {v / GIB:.2f} GiB")
-        text = " · ".join(parts)
-        self.readout.setText(text)
-        for plot in self._plot_order:
-            line = self._cursor_lines.get(id(plot))
-            if line is None:
-                line = pg.InfiniteLine(angle=90, movable=False,
-                                       pen=pg.mkPen("#666666", width=1,
-                                                    style=Qt.PenStyle.DotLine))
-                plot.addItem(line, ignoreBounds=True)
-                self._cursor_lines[id(plot)] = line
-            line.setValue(t)
-        return text
 
     # -- window state ----------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from trayapp import series
+from trayapp.jobs.record import records
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import words
 
@@ -21,9 +23,8 @@ PREFIX_SHARE = 4
 EVENT_PAGE = 500
 EVENT_PAGES_MAX = 20
 
-BASE_SERIES = ("mem.total", "mem.used", "mem.available", "swap.total", "swap.used", "psi.some",
-               "psi.full")
-GPU_SERIES = ("total", "used", "util", "temp", "other")
+BASE_SERIES = tuple(name for name, _field in series.MEMORY_SERIES)
+GPU_SERIES = ("total", "used", "util", "temp", series.OTHER)  # gpu<i>.<these>
 # Kinds the dashboard draws (markers and shaded spans); other events are not fetched for it.
 MARKER_KINDS = words(E.JOB_STARTED, E.JOB_PAUSED, E.JOB_RESUMED, E.JOB_PARKED, E.JOB_FINISHED,
                      E.JOB_FAILED, E.JOB_STOPPED)
@@ -35,8 +36,8 @@ def series_for(gpu_indices: Iterable[int]) -> Tuple[List[str], List[str]]:
     names = list(BASE_SERIES)
     prefixes: List[str] = []
     for i in sorted(set(gpu_indices)):
-        names += [f"gpu{i}.{s}" for s in GPU_SERIES]
-        prefixes.append(f"gpu{i}.job.")
+        names += [series.gpu_series(i, s) for s in GPU_SERIES]
+        prefixes.append(series.gpu_series(i, series.job_layer("")))  # gpu<i>.job.<id>
     return names, prefixes
 
 
@@ -110,11 +111,17 @@ def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
     return out
 
 
+def job_names(client: Any) -> Dict[str, str]:
+    """Job id -> name of every job the engine knows (ended ones too): the names of the
+    events' jobs."""
+    return {job.id: job.name or job.id for job in records(client.jobs(all=True))}
+
+
 def load_range(client: Any, seconds: float, gpu_indices: Iterable[int],
                now: float) -> Dict[str, Any]:
-    """History and events for the last ``seconds`` up to ``now``: ``{"range", "end",
-    "history", "events"}``."""
+    """History and events for the last ``seconds`` up to ``now``, and the names of the jobs:
+    ``{"range", "end", "history", "events", "jobs"}``."""
     start = now - seconds
     return {"range": seconds, "end": now,
             "history": fetch_history(client, start, now, list(gpu_indices)),
-            "events": fetch_events(client, start)}
+            "events": fetch_events(client, start), "jobs": job_names(client)}

@@ -14,14 +14,15 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QColor, QIcon, QImage, QPainter, QPixmap
 
 from trayapp.ui.model import LEVELS, UNREACHABLE, IconState
+from trayapp.vocab import GuardLevel as L
 
 SIZES: Tuple[int, ...] = (16, 22, 24, 32, 48, 64)
 
 COLOURS: Dict[str, QColor] = {
-    "ok": QColor("#2e9d46"),
-    "warn": QColor("#f2a900"),
-    "pause": QColor("#ee6a1c"),
-    "park": QColor("#d7263d"),
+    L.OK: QColor("#2e9d46"),
+    L.WARN: QColor("#f2a900"),
+    L.PAUSE: QColor("#ee6a1c"),
+    L.PARK: QColor("#d7263d"),
     UNREACHABLE: QColor("#8c8c8c"),
 }
 OUTLINE = QColor("#1c1c1c")

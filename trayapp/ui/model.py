@@ -6,13 +6,15 @@ the status (and of the events), so they are tested with recorded status dicts.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from trayapp import vocab
+from trayapp import formats, series, vocab
 from trayapp.config import format_bytes
+from trayapp.jobs.record import JobRecord, records
 from trayapp.vocab import EventKind as E
+from trayapp.vocab import GuardAct as A
+from trayapp.vocab import GuardLevel as L
 from trayapp.vocab import JobState as S
 
 # Fill levels of the icon's bars: 20 steps of 5%, so a few MiB more or less does not redraw it.
@@ -25,28 +27,35 @@ UNREACHABLE = "unreachable"
 # here: the tray's menu leaves it out and quitting does not ask about it.)
 ENDED_STATES = vocab.ENDED | vocab.PARKED
 # Actions the menu offers per job state (the engine has the last word).
-_ACTIONS_RUNNING = ("pause", "park", "stop")
-_ACTIONS_PAUSED = ("resume", "park", "stop")
+_ACTIONS_RUNNING = (A.PAUSE, A.PARK, A.STOP)
+_ACTIONS_PAUSED = (A.RESUME, A.PARK, A.STOP)
 JOB_ACTIONS: Dict[str, Tuple[str, ...]] = {
-    S.STARTING: ("stop",),
+    S.STARTING: (A.STOP,),
     S.RUNNING: _ACTIONS_RUNNING,
-    S.PAUSING: ("resume", "stop"),
+    S.PAUSING: (A.RESUME, A.STOP),
     S.PAUSED: _ACTIONS_PAUSED,
-    S.PARKING: ("stop",),
-    S.PARKED: ("resume",),
+    S.PARKING: (A.STOP,),
+    S.PARKED: (A.RESUME,),
 }
+# The dashboard's banner for the guard levels that have one.
+BANNER_WORDS: Dict[str, str] = {L.WARN: "Warning", L.PAUSE: "Jobs paused", L.PARK: "Jobs parked"}
 GUARD_MODES = ("act", "dry-run", "off")
 GUARD_MODE_LABELS = {"act": "Act (warn, pause, park)", "dry-run": "Dry run (only record)",
                      "off": "Off (watch only)"}
 
 
-def is_active_job(job: Dict[str, Any]) -> bool:
+def is_active_job(job: JobRecord) -> bool:
     """Whether the job still runs (or is paused): quitting must ask what to do with it."""
-    return str(job.get("state") or "") not in ENDED_STATES
+    return job.state not in ENDED_STATES
 
 
-def active_jobs(status: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    return [j for j in (status or {}).get("jobs") or [] if is_active_job(j)]
+def status_jobs(status: Optional[Dict[str, Any]]) -> List[JobRecord]:
+    """The jobs of a status, as records (one that cannot be read is left out)."""
+    return records((status or {}).get("jobs"))
+
+
+def active_jobs(status: Optional[Dict[str, Any]]) -> List[JobRecord]:
+    return [j for j in status_jobs(status) if is_active_job(j)]
 
 
 def is_demo(status: Optional[Dict[str, Any]]) -> bool:
@@ -113,7 +122,7 @@ def guard_state(status: Optional[Dict[str, Any]]) -> str:
     if not status or not (status.get("engine") or {}).get("running", True):
         return UNREACHABLE
     state = (status.get("guard") or {}).get("state")
-    return state if state in GUARD_STATES else "ok"
+    return state if state in GUARD_STATES else L.OK
 
 
 def icon_state(status: Optional[Dict[str, Any]], reachable: bool = True) -> IconState:
@@ -127,34 +136,15 @@ def icon_state(status: Optional[Dict[str, Any]], reachable: bool = True) -> Icon
 # -- text ----------------------------------------------------------------------------------------
 
 
-def format_duration(seconds: Optional[float]) -> str:
-    """``3725`` -> ``"1 h 2 min"``; None -> "n/a"."""
-    if seconds is None or seconds != seconds:
-        return "n/a"
-    s = max(0, int(round(float(seconds))))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s" if s < 600 else f"{s // 60} min"
-    if s < 86400:
-        return f"{s // 3600} h {(s % 3600) // 60} min"
-    return f"{s // 86400} d {(s % 86400) // 3600} h"
-
-
-def percent(part: Optional[float], whole: Optional[float]) -> str:
-    if part is None or not whole:
-        return "n/a"
-    return f"{100.0 * float(part) / float(whole):.0f}%"
+# The formatters shared with the command line, under the names the UI imports.
+format_duration = formats.duration
+percent = formats.percent
 
 
 def job_progress(job: Dict[str, Any]) -> str:
     """``"epoch 2/10, step 120/500"`` or "" when the job reports no progress."""
-    parts = []
-    if job.get("epochs"):
-        parts.append(f"epoch {job.get('epoch') or 0}/{job['epochs']}")
-    if job.get("steps"):
-        parts.append(f"step {job.get('step') or 0}/{job['steps']}")
-    return ", ".join(parts)
+    return formats.progress(job.get("epoch"), job.get("epochs"), job.get("step"),
+                            job.get("steps"))
 
 
 def job_label(job: Dict[str, Any]) -> str:
@@ -168,7 +158,7 @@ def job_label(job: Dict[str, Any]) -> str:
 def guard_line(status: Dict[str, Any]) -> str:
     """The guard's state and first reason, and when memory runs out if it is predicted."""
     guard = status.get("guard") or {}
-    state = guard.get("state") or "ok"
+    state = guard.get("state") or L.OK
     mode = guard.get("mode")
     text = f"Guard: {state}"
     if mode and mode != "act":
@@ -210,7 +200,7 @@ def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
         lines.append(guard_line(status))
     jobs = active_jobs(status)
     if jobs:
-        lines.append("Jobs: " + "; ".join(job_label(j) for j in jobs[:4])
+        lines.append("Jobs: " + "; ".join(job_label(j.to_json()) for j in jobs[:4])
                      + (f" and {len(jobs) - 4} more" if len(jobs) > 4 else ""))
     else:
         lines.append("No jobs running")
@@ -251,18 +241,17 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
     elif not jobs:
         job_menu.children.append(MenuEntry("No jobs running", kind="label", enabled=False))
     for job in jobs:
-        jid = str(job.get("id"))
-        sub = MenuEntry(job_label(job), f"job:{jid}", kind="submenu")
-        actions = JOB_ACTIONS.get(str(job.get("state")), ())
-        for action in ("pause", "resume", "park", "stop"):
+        jid = job.id
+        sub = MenuEntry(job_label(job.to_json()), f"job:{jid}", kind="submenu")
+        actions = JOB_ACTIONS.get(job.state, ())
+        for action in (A.PAUSE, A.RESUME, A.PARK, A.STOP):
             sub.children.append(MenuEntry(action.capitalize(), f"job:{jid}:{action}",
                                           enabled=action in actions))
         job_menu.children.append(sub)
     job_menu.children += [_sep(), MenuEntry("All jobs...", "open:jobs", enabled=live)]
     entries.append(job_menu)
     entries.append(MenuEntry("Pause all jobs", "pause_all",
-                             enabled=live and any(str(j.get("state")) in JOB_ACTIONS
-                                                  and "pause" in JOB_ACTIONS[str(j.get("state"))]
+                             enabled=live and any(A.PAUSE in JOB_ACTIONS.get(j.state, ())
                                                   for j in jobs)))
     mode = ((status or {}).get("guard") or {}).get("mode") if live else None
     guard = MenuEntry("Guard", "guard", kind="submenu", enabled=live)
@@ -315,11 +304,11 @@ def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
         return "", ""
     guard = status.get("guard") or {}
     state = guard.get("state")
-    if state not in ("warn", "pause", "park"):
+    if state not in BANNER_WORDS:
         if guard.get("mode") == "off":
             return "info", "The guard is off: Headroom only watches."
         return "", ""
-    words = {"warn": "Warning", "pause": "Jobs paused", "park": "Jobs parked"}[state]
+    words = BANNER_WORDS[state]
     text = words + ": " + ("; ".join(str(r) for r in guard.get("reasons") or []) or
                            "memory is running low")
     tte = guard.get("seconds_to_exhaustion")
@@ -335,32 +324,16 @@ def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
 
 def vram_split(status: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
     """Per GPU index, VRAM by the guard's jobs (``"job.<id>"``) and the rest (``"other"``),
-    as the engine splits it for the history (``gpu{i}.job.<id>``, ``gpu{i}.other``)."""
-    pid_to_job: Dict[int, str] = {}
-    for job in status.get("jobs") or []:
-        pids: Sequence[Any] = job.get("pids") or ([job["pid"]] if job.get("pid") else [])
-        for pid in pids:
-            pid_to_job[int(pid)] = str(job["id"])
-    out: Dict[int, Dict[str, float]] = {}
-    for g in status.get("gpus") or []:
-        by_job: Dict[str, float] = {}
-        for proc in g.get("processes") or []:
-            jid = pid_to_job.get(int(proc.get("pid") or -1))
-            used = proc.get("used_memory_bytes")
-            if jid is not None and used is not None:
-                by_job[f"job.{jid}"] = by_job.get(f"job.{jid}", 0.0) + float(used)
-        used_total = g.get("memory_used_bytes")
-        if used_total is not None:
-            by_job["other"] = max(0.0, float(used_total) - sum(by_job.values()))
-        out[int(g.get("index") or 0)] = by_job
-    return out
+    as the engine splits it for the history (``trayapp.series``)."""
+    owners = series.pid_owners(status_jobs(status))
+    return {int(g.get("index") or 0): series.vram_layers(g, owners)
+            for g in status.get("gpus") or []}
 
 
 def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:
     """Job id -> name, for the legend of the VRAM stack."""
-    return {str(j.get("id")): str(j.get("name") or j.get("id"))
-            for j in (status or {}).get("jobs") or []}
+    return {j.id: j.name or j.id for j in status_jobs(status)}
 
 
 def clock_text(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    return formats.clock(t)

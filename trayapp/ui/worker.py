@@ -13,7 +13,6 @@ import gc
 import logging
 import queue
 import threading
-import time
 from typing import Any, Callable, Dict, Optional
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
@@ -25,12 +24,11 @@ from trayapp.engine.client import (
     EngineError,
     EngineUnavailable,
     Subscription,
-    start_engine,
+    start_and_wait,
 )
 
 log = logging.getLogger("headroom.ui")
 
-ENGINE_START_SECONDS = 20.0
 # The poller's own requests: short, so quitting never waits long for it.
 REQUEST_SECONDS = 3.0
 # Most pushes handed on at once; older snapshots in a burst are dropped (only the last counts).
@@ -162,26 +160,8 @@ class EngineWorker(QThread):
 
     def _start_engine(self, client: EngineClient) -> None:
         """Start an engine and wait until it answers (or another one that won the race)."""
-        proc = start_engine(self.paths, demo=self.demo, config_file=self.config_file)
-        # The engine outlives the tray; meanwhile a thread reaps it if it ends first.
-        threading.Thread(target=proc.wait, name="headroom-engine-reaper", daemon=True).start()
-        deadline = time.monotonic() + ENGINE_START_SECONDS
-        while not self._halt.wait(0.05):
-            try:
-                client.ping()
-                break
-            except EngineUnavailable:
-                rc = proc.poll()
-                # 0: another engine won the race for the lock; that one answers soon.
-                if rc not in (None, 0):
-                    raise EngineUnavailable(f"the engine could not start (exit status {rc}); "
-                                            f"see {self.paths.log_file}") from None
-                if time.monotonic() > deadline:
-                    raise EngineUnavailable(f"the engine did not start in "
-                                            f"{ENGINE_START_SECONDS:.0f} s; see "
-                                            f"{self.paths.log_file}") from None
-        if self._halt.is_set():
-            raise EngineUnavailable("stopped")
+        proc = start_and_wait(self.paths, client, demo=self.demo, config_file=self.config_file,
+                              halt=self._halt)
         self.started_engine = True
         log.info("started an engine for %s (pid %d)", self.paths.home, proc.pid)
 

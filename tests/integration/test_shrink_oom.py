@@ -1,0 +1,224 @@
+"""Out of memory in fit(): the runner trains on at half the micro-batch with twice the
+accumulation, from where training stood, and the training is the one asked for.
+
+Real jobs under the runner (real processes, real tensorflow-cpu): a real OOM under an
+address-space limit on the job's interpreter, and OOMs raised by a callback at chosen batches,
+so the weights can be compared with a fit that had none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from tests.integration.test_runner import JOB_TIMEOUT, Job, TestEngine, start
+from trayapp.jobs.options import JobSpec
+from trayapp.runner import protocol
+
+pytestmark = pytest.mark.tensorflow
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "runner"
+SHRINK_FIT = SCRIPTS / "shrink_fit.py"
+OOM_FIT = SCRIPTS / "oom_fit.py"
+# Measured on tensorflow-cpu: 16384 samples at batch 16384 always raise under this limit; after
+# each out-of-memory error the process keeps part of what it held, and the job finishes at
+# micro-batches of 2048 or 4096.
+AS_LIMIT = int(2.5 * 2**30)
+OOM_SAMPLES = "16384"
+# oneDNN's CPU allocator crashes (SIGSEGV) instead of reporting an allocation that fails under
+# an address-space limit; TensorFlow's own allocator reports ResourceExhaustedError.
+NO_ONEDNN = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def plain(script: Path, *args: str, python: str = sys.executable,
+          **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env_vars)
+    return subprocess.run([python, str(script), *args], capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT, env=env)
+
+
+def with_options(job_spec: JobSpec, tmp_path: Path, engine: TestEngine, jobs: List[Job],
+                 **options: Any) -> Job:
+    """A job started as the launcher would, with runner options the spec has no field for."""
+    job = start(jobs, job_spec, tmp_path, engine) if not options else None
+    if job is not None:
+        return job
+    original = Job.__init__
+
+    def patched(self: Job, spec: JobSpec, path: Path, eng: Any = None) -> None:
+        from trayapp.jobs import plan as plan_module
+
+        build = plan_module.build_launch
+
+        def build_with(*a: Any, **k: Any) -> Any:
+            plan = build(*a, **k)
+            current = json.loads(plan.env[protocol.ENV_OPTIONS])
+            plan.env[protocol.ENV_OPTIONS] = json.dumps({**current, **options})
+            return plan
+
+        import tests.integration.test_runner as tr
+
+        tr.build_launch = build_with
+        try:
+            original(self, spec, path, eng)
+        finally:
+            tr.build_launch = build
+
+    Job.__init__ = patched  # type: ignore[method-assign]
+    try:
+        return start(jobs, job_spec, tmp_path, engine)
+    finally:
+        Job.__init__ = original  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def engine() -> Iterator[TestEngine]:
+    e = TestEngine()
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
+def jobs() -> Iterator[List[Job]]:
+    started: List[Job] = []
+    yield started
+    for job in started:
+        job.kill()
+
+
+def report(path: Path) -> Dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def same_weights(a: Dict[str, Any], b: Dict[str, Any], tol: float = 1e-5) -> float:
+    worst = 0.0
+    for wa, wb in zip(a["weights"], b["weights"]):
+        worst = max(worst, max(abs(p - q) for p, q in zip(wa, wb)))
+    assert worst < tol, f"the weights differ by {worst}"
+    return worst
+
+
+def notes(engine: TestEngine) -> List[str]:
+    return [m["message"] for m in engine.drain() if m["type"] == protocol.NOTE]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
+    """The fit without any out-of-memory error, under plain python."""
+    out = tmp_path_factory.mktemp("ref") / "report.json"
+    r = plain(SHRINK_FIT, str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return report(out)
+
+
+def test_an_oom_mid_epoch_trains_on_at_half_the_batch_and_the_weights_are_the_same(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any]) -> None:
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "2:4"), python=sys.executable)
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 0, job.output[-3000:]
+    got = report(out)
+    same_weights(reference, got)
+    assert got["updates"] == reference["updates"] == 48  # 3 epochs of 16 updates
+    assert got["accumulation"] == 2
+    assert got["epochs"] == [0, 1, 2] and len(got["loss"]) == 3
+    said = notes(engine)
+    assert any("out of memory at epoch 2, batch 4" in n and "micro-batches of 16 x 2" in n
+               and "the same training" in n for n in said), said
+    # Progress counts the user's batches, not the micro-batches.
+    progress = [m for m in engine.seen if m["type"] == protocol.PROGRESS]
+    assert progress and all(m["steps"] == 16 for m in progress if m.get("steps")), progress[-3:]
+
+
+def test_ooms_again_halve_again_down_to_the_floor(tmp_path: Path, engine: TestEngine,
+                                                  jobs: List[Job],
+                                                  reference: Dict[str, Any]) -> None:
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "1:2", "--oom", "2:5",
+                                                 "--above", "8"),
+                   python=sys.executable)
+    job = with_options(spec, tmp_path, engine, jobs, min_batch=8)
+    assert job.wait() == 0, job.output[-3000:]
+    got = report(out)
+    same_weights(reference, got)
+    assert got["accumulation"] == 4
+    said = notes(engine)
+    assert any("micro-batches of 16 x 2" in n for n in said), said
+    assert any("micro-batches of 8 x 4" in n for n in said), said
+
+
+def test_below_the_floor_it_parks_with_a_checkpoint_and_resumes_at_the_shrunk_size(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any]) -> None:
+    out, once, ckpt = tmp_path / "report.json", tmp_path / "once", tmp_path / "ckpt"
+    args = (str(out), "--oom", "2:4", "--oom", "3:4", "--above", "8", "--once", str(once))
+    # The first OOM (epoch 2) halves to 16 x 2; the second, at the 4th micro-batch of epoch 3
+    # (one update and a half done: the half is trained again), is below the floor.
+    spec = JobSpec(script=str(SHRINK_FIT), args=args[:3] + ("--oom", "3:4", "--above", "8"),
+                   python=sys.executable, checkpoint_dir=str(ckpt))
+    job = with_options(spec, tmp_path, engine, jobs, min_batch=16)
+    assert job.wait() == protocol.PARK_EXIT_CODE, job.output[-3000:]
+    said = notes(engine)
+    assert any("smallest batch" in n and "parked with a checkpoint" in n for n in said), said
+    metadata = json.loads((ckpt / "fit-1" / "training_metadata.json").read_text())
+    assert metadata["headroom"]["accumulation"] == 2
+    assert metadata["epoch"] == 2 and metadata["headroom"]["batches_done"] == 2  # 1 update x 2
+
+    once.touch()  # the resumed job has the memory it needs
+    resumed = JobSpec(script=str(SHRINK_FIT), args=args, python=sys.executable,
+                      checkpoint_dir=str(ckpt), resume=True)
+    engine2 = engine
+    job = with_options(resumed, tmp_path, engine2, jobs, min_batch=16)
+    assert job.wait() == 0, job.output[-3000:]
+    got = report(out)
+    assert got["accumulation"] == 2
+    assert any("resumed at micro-batches of 16 x 2" in n for n in notes(engine)), engine.seen[-5:]
+    same_weights(reference, got)
+
+
+def test_on_oom_stop_fails_as_without_headroom(tmp_path: Path, engine: TestEngine,
+                                               jobs: List[Job]) -> None:
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "1:3"),
+                   python=sys.executable)
+    job = with_options(spec, tmp_path, engine, jobs, on_oom="stop")
+    assert job.wait() == 1
+    assert "ResourceExhaustedError" in job.output
+    assert not out.exists()
+
+
+def test_a_real_oom_under_an_address_space_limit_finishes_under_headroom(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+    python = tmp_path / "python-limited"
+    python.write_text(
+        f"#!{sys.executable}\nimport os, resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({AS_LIMIT}, {AS_LIMIT}))\n"
+        f"os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])\n")
+    python.chmod(0o755)
+    out = tmp_path / "report.json"
+    failed = plain(OOM_FIT, str(out), OOM_SAMPLES, "1", OOM_SAMPLES, python=str(python),
+                   **NO_ONEDNN)
+    assert failed.returncode != 0 and "ResourceExhaustedError" in failed.stderr, \
+        failed.stderr[-2000:]
+    assert not out.exists()
+
+    spec = JobSpec(script=str(OOM_FIT), args=(str(out), OOM_SAMPLES, "1", OOM_SAMPLES),
+                   python=str(python),
+                   env=tuple(NO_ONEDNN.items()))
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait(timeout=300) == 0, job.output[-3000:]
+    got = report(out)
+    assert got["updates"] == 1 and got["accumulation"] >= 2
+    said = notes(engine)
+    shrinks = [n for n in said if n.startswith("out of memory at epoch 1, batch 1")]
+    assert shrinks and all("OOM when allocating tensor" in n and "the same training" in n
+                           for n in shrinks), said
+    assert f"micro-batches of {16384 // got['accumulation']} x {got['accumulation']}" \
+        in shrinks[-1]

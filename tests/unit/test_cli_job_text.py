@@ -1,0 +1,91 @@
+"""How a job reads in the terminal (``run``'s progress line, the ``jobs`` table, an action's
+answer) and the exit status of ``headroom run``, from job records read as the engine sends
+them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+import pytest
+
+from trayapp.cli.follow import exit_status
+from trayapp.cli.jobs import describe, format_jobs, progress_cell, progress_text
+from trayapp.jobs.record import JobRecord
+from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
+
+GiB = 2**30
+
+
+def job(**fields: Any) -> JobRecord:
+    return JobRecord.from_json({"id": "ab12", "name": "mnist", "state": "running", **fields})
+
+
+@pytest.mark.parametrize("fields, text", [
+    ({}, "[ab12] running · RAM n/a · VRAM n/a"),
+    ({"epoch": 3, "epochs": 10, "step": 50, "steps": 100, "metrics": {"loss": 0.123456},
+      "eta_seconds": 3725, "rss_bytes": 6 * GiB, "vram_bytes": GiB},
+     "[ab12] running · epoch 3/10 · step 50/100 · loss 0.1235 · ETA 1h02m · RAM 6.0 GiB · "
+     "VRAM 1.0 GiB"),
+    ({"state": "paused", "pause_mode": "runner", "epochs": 5},
+     "[ab12] paused (runner) · epoch 0/5 · RAM n/a · VRAM n/a"),
+    ({"metrics": {"loss": "nan?"}, "eta_seconds": 42}, "[ab12] running · ETA 42s · RAM n/a · "
+                                                      "VRAM n/a"),
+])
+def test_the_progress_line(fields: Dict[str, Any], text: str) -> None:
+    assert progress_text(job(**fields)) == text
+
+
+@pytest.mark.parametrize("fields, cell", [
+    ({}, "-"),
+    ({"epoch": 2, "epochs": 4}, "epoch 2/4"),
+    ({"state": "failed", "exit_code": 7, "steps": 9, "step": 9}, "step 9/9, exit 7"),
+    ({"state": "running", "exit_code": 7}, "-"),  # a live job has no exit status yet
+])
+def test_the_progress_cell(fields: Dict[str, Any], cell: str) -> None:
+    assert progress_cell(job(**fields)) == cell
+
+
+@pytest.mark.parametrize("fields, line", [
+    ({}, "job ab12 (mnist): running"),
+    ({"state": "paused", "pause_mode": "signal"}, "job ab12 (mnist): paused (signal)"),
+    ({"state": "failed", "end_reason": "exit status 1"},
+     "job ab12 (mnist): failed (exit status 1)"),
+    ({"state": "parked", "end_reason": "parked by guard"},
+     "job ab12 (mnist): parked (parked by guard)"),
+    ({"state": "finished", "end_reason": "finished"}, "job ab12 (mnist): finished"),
+])
+def test_an_actions_answer(fields: Dict[str, Any], line: str) -> None:
+    assert describe(job(**fields)) == line
+
+
+def test_the_table() -> None:
+    assert format_jobs([]) == "no jobs"
+    now = time.time()
+    text = format_jobs([job(started=now, rss_bytes=GiB, name="x" * 30),
+                        job(id="cd34", state="stopped", exit_code=-15)])
+    head, first, second = text.splitlines()
+    assert head.split() == ["ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED"]
+    assert first.split()[:5] == ["ab12", "x" * 24, "running", "-", "1.0"]
+    assert first.endswith(time.strftime("%H:%M:%S", time.localtime(now)))
+    assert second.split() == ["cd34", "mnist", "stopped", "exit", "-15", "n/a", "n/a", "n/a"]
+
+
+@pytest.mark.parametrize("state, code, interrupted, status", [
+    ("finished", 0, False, 0),
+    ("parked", None, False, PARK_EXIT_CODE),
+    ("stopped", None, False, STOP_EXIT_CODE),
+    ("stopped", None, True, 130),
+    ("failed", 7, False, 7),
+    ("failed", -9, False, 128 + 9),
+    ("failed", 300, False, 1),
+    ("failed", None, False, 1),
+    ("lost", None, False, 1),
+])
+def test_the_exit_status_of_run(state: str, code: Optional[int], interrupted: bool,
+                                status: int) -> None:
+    assert exit_status(job(state=state, exit_code=code), interrupted) == status
+
+
+def test_the_old_name_of_who_parked_a_job_is_read() -> None:
+    assert job(state="parked", park_by="guard").parked_by == "guard"

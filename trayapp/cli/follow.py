@@ -1,0 +1,363 @@
+"""``headroom run``'s follower: the job's output, its progress and the guard's events on the
+terminal until the job ends, and the exit status that says how it ended.
+
+``headroom run`` exits with the script's exit status: 0 when it finished, its own status when it
+failed (128 + N when signal N ended it), 130 when it was stopped with Ctrl-C, 75 (EX_TEMPFAIL,
+``PARK_EXIT_CODE``) when it was parked and waits for ``headroom resume``, 76 (``STOP_EXIT_CODE``)
+when it was stopped (``headroom stop``, the jobs window, the guard; with a checkpoint folder it
+waits for ``headroom resume`` too), 1 when its end is unknown. A job that the guard parks and
+will resume by itself is followed on.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional, TextIO
+
+from trayapp import vocab
+from trayapp.cli.base import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_ENGINE, EXIT_OK, say
+from trayapp.cli.jobs import progress_text
+from trayapp.config import Paths
+from trayapp.engine.client import (
+    EngineBusy,
+    EngineClient,
+    EngineError,
+    EngineUnavailable,
+    Subscription,
+    connect,
+)
+from trayapp.jobs.record import JobRecord
+from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
+from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+PROGRESS_TTY_SECONDS = 0.5  # the progress line is redrawn at most twice a second
+PROGRESS_PLAIN_SECONDS = 2.0  # and printed as a plain line at most every 2 s
+POLL_SECONDS = 0.2
+JOB_GET_SECONDS = 0.5  # the job is read again at most this often while it runs
+ACTION_TIMEOUT_SECONDS = 10.0
+LAST_LINES = 15  # of a failed job's log, shown when the output went elsewhere
+CTRL_C_REASON = "Ctrl-C in headroom run"
+LOUD_LEVELS = ("warn", "error")  # the levels of events (not the guard's) worth a "!"
+GUARD_PREFIX = "guard"  # the guard's event kinds (guard_warn, guard_pause...), this job's all shown
+# Events about how the job started or ended: the summary at the end says it.
+_TOLD_AT_THE_END = frozenset({E.JOB_STARTED, E.JOB_ADOPTED}) | vocab.JOB_END_EVENTS
+
+
+def exit_status(job: JobRecord, interrupted: bool) -> int:
+    """The exit status of ``headroom run`` for a job that ended as ``job`` says."""
+    if job.state == S.FINISHED:
+        return EXIT_OK
+    if job.state == S.PARKED:
+        return PARK_EXIT_CODE
+    if job.state == S.STOPPED:
+        return EXIT_INTERRUPTED if interrupted else STOP_EXIT_CODE
+    code = job.exit_code
+    if code is not None:
+        if code < 0:
+            return 128 + (-code)
+        if code > 0:
+            return code if code < 256 else EXIT_FAILED
+    return EXIT_FAILED
+
+
+class Follower:
+    """Shows a job's output, progress and the guard's events until it ends; Ctrl-C parks or
+    stops it (twice: stops it at once)."""
+
+    def __init__(self, client: Any, paths: Paths, job: JobRecord,
+                 out: Optional[TextIO] = None):
+        self.client = client
+        self.paths = paths
+        self.job = job
+        self.job_id = job.id
+        self.out = out or sys.stdout
+        self.tty = self.out.isatty()
+        self.offset = 0
+        self.pending = ""  # a partial last line, held back on a terminal
+        self.pending_since = 0.0
+        self.interrupts = 0
+        self.handled = 0
+        self.line_shown = False
+        self.last_progress = 0.0
+        self.last_plain = ""
+        self.events: queue.Queue[Dict[str, Any]] = queue.Queue()
+        self.output_seen = False
+        self._stop_events = threading.Event()
+        self.engine_options: Dict[str, Any] = {}  # how to start an engine if it goes away
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        say(f"job {self.job_id} ({self.job.name}) started; output follows "
+            "(Ctrl-C: " + ("park" if self.job.checkpoint_dir else "stop") + " it)")
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        threading.Thread(target=self._event_reader, daemon=True).start()
+        try:
+            return self._loop()
+        finally:
+            self._stop_events.set()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.interrupts += 1
+
+    def _event_reader(self) -> None:
+        while not self._stop_events.is_set():
+            try:
+                with Subscription(self.paths, snapshots=False, events=True) as sub:
+                    while not self._stop_events.is_set():
+                        msg = sub.get(0.5)
+                        if msg and msg.get("push") == "event":
+                            self.events.put(msg.get("data") or {})
+            except EngineUnavailable:
+                self._stop_events.wait(1.0)
+            except Exception:  # never let the side thread end the command
+                self._stop_events.wait(1.0)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _loop(self) -> int:
+        last_get = 0.0
+        busy_said = False
+        while True:
+            if self.interrupts > self.handled:
+                if self._interrupt():
+                    self._clear_line()
+                    say(f"left job {self.job_id}; the engine goes on ending it")
+                    return EXIT_INTERRUPTED
+            try:
+                drained = self._read_log()
+                now = time.monotonic()
+                if now - last_get >= JOB_GET_SECONDS or not self.job.is_live:
+                    self.job = JobRecord.from_json(self.client.job_get(self.job_id))
+                    last_get = now
+                busy_said = False
+            except EngineBusy:
+                # It runs, and watches the job: follow on once it answers again (Ctrl-C leaves).
+                if not busy_said:
+                    self._clear_line()
+                    say(f"the engine is busy and does not answer now; still following job "
+                        f"{self.job_id}")
+                    busy_said = True
+                self.client.close()
+                time.sleep(POLL_SECONDS)
+                continue
+            except EngineUnavailable:
+                if not self._reconnect():
+                    self._clear_line()
+                    say(f"the engine went away; job {self.job_id} goes on running "
+                        "(see 'headroom jobs')")
+                    return EXIT_NO_ENGINE
+                continue
+            self._show_events()
+            if not self.job.is_live and drained:
+                if self.job.is_parked and self._wait_for_auto_resume():
+                    time.sleep(POLL_SECONDS)
+                    continue
+                return self._finish()
+            self._show_progress()
+            time.sleep(POLL_SECONDS)
+
+    def _reconnect(self) -> bool:
+        """The engine went away: start one (it adopts the job); False when none comes."""
+        try:
+            self.client.close()
+            self.client = connect(self.paths, start=True, **self.engine_options)
+            return True
+        except EngineBusy:
+            return True  # one runs: the loop follows on through it
+        except EngineUnavailable:
+            return False
+
+    def _wait_for_auto_resume(self) -> bool:
+        """A job the guard parked and will resume by itself is followed on (until Ctrl-C)."""
+        if self.handled:
+            return False
+        return self.job.parked_by == "guard" and self.job.auto_resume
+
+    def _interrupt(self) -> bool:
+        """Act on Ctrl-C; True when the command should leave now."""
+        self.handled += 1
+        self._clear_line()
+        if self.handled == 1:
+            if self.job.is_parked:
+                return True
+            park = bool(self.job.checkpoint_dir) and self.job.hooked
+            if park:
+                say(f"parking job {self.job_id} (checkpoint, then end); Ctrl-C again to stop "
+                    "it at once")
+            else:
+                say(f"stopping job {self.job_id}; Ctrl-C again to stop it at once")
+            self._act_in_background("park" if park else "stop", fallback="stop")
+            return False
+        if self.handled == 2:
+            say(f"stopping job {self.job_id} at once")
+            self._act_in_background("kill", fallback=None)
+            return False
+        return True
+
+    def _act_in_background(self, action: str, fallback: Optional[str]) -> None:
+        def act() -> None:
+            with EngineClient(self.paths, timeout=ACTION_TIMEOUT_SECONDS) as c:
+                try:
+                    c.job_action(self.job_id, action, reason=CTRL_C_REASON)
+                except EngineError as e:
+                    if fallback is None:
+                        say(e)
+                        return
+                    say(f"{one_line(e)}; stopping it instead")
+                    try:
+                        c.job_action(self.job_id, fallback, reason=CTRL_C_REASON)
+                    except (EngineError, EngineUnavailable) as e2:
+                        say(e2)
+                except EngineUnavailable as e:
+                    say(e)
+
+        threading.Thread(target=act, daemon=True).start()
+
+    # -- output -------------------------------------------------------------------------------
+
+    def _read_log(self) -> bool:
+        """Copy new output to the terminal; True when all of the log has been read."""
+        for _ in range(64):
+            chunk = self.client.job_log(self.job_id, offset=self.offset)
+            data = chunk.get("data") or ""
+            self.offset = int(chunk.get("offset") or self.offset)
+            if data:
+                self._write_output(data)
+            if self.offset >= int(chunk.get("size") or 0) or not data:
+                break
+        ended = not self.job.is_live
+        if self.pending and (ended or time.monotonic() - self.pending_since > 1.0):
+            self._write_output("", flush_partial=True)
+        size_left = self.offset < int(chunk.get("size") or 0)
+        return not size_left
+
+    def _write_output(self, data: str, flush_partial: bool = False) -> None:
+        text = self.pending + data
+        if self.tty and not flush_partial:
+            # On a terminal a partial line would be overwritten by the progress line.
+            cut = text.rfind("\n") + 1
+            if cut < len(text):
+                if not self.pending:
+                    self.pending_since = time.monotonic()
+                self.pending = text[cut:]
+                text = text[:cut]
+            else:
+                self.pending = ""
+        else:
+            self.pending = ""
+        if not text:
+            return
+        self._clear_line()
+        self.out.write(text)
+        self.out.flush()
+        self.output_seen = True
+
+    def _clear_line(self) -> None:
+        if self.tty and self.line_shown:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+            self.line_shown = False
+
+    def _show_progress(self) -> None:
+        now = time.monotonic()
+        text = progress_text(self.job)
+        if self.tty:
+            if now - self.last_progress < PROGRESS_TTY_SECONDS and self.line_shown:
+                return
+            self.last_progress = now
+            width = _terminal_width()
+            self.out.write("\r\x1b[K" + text[: max(10, width - 1)])
+            self.out.flush()
+            self.line_shown = True
+            return
+        # Plain output: a line when the training position or the state moved, every 2 s at most.
+        key = f"{self.job.state} {self.job.epoch} {self.job.step}"
+        if key == self.last_plain or now - self.last_progress < PROGRESS_PLAIN_SECONDS:
+            return
+        if self.job.state in vocab.RUNNING and not self.job.epochs:
+            return  # no training progress to tell (a script without fit)
+        self.last_plain = key
+        self.last_progress = now
+        print(f"headroom: {text}", file=sys.stderr, flush=True)
+
+    def _show_events(self) -> None:
+        while True:
+            try:
+                ev = self.events.get_nowait()
+            except queue.Empty:
+                return
+            if not self._worth_showing(ev):
+                continue
+            self._clear_line()
+            mark = "! " if ev.get("level") in LOUD_LEVELS else ""
+            say(f"{mark}{ev.get('message')}")
+
+    def _worth_showing(self, ev: Dict[str, Any]) -> bool:
+        """The guard's events about this job, its runner's warnings, and pauses or resumes
+        that someone else asked for (the summary at the end tells how it ended)."""
+        data = ev.get("data")
+        data = data if isinstance(data, dict) else {}
+        if ev.get("job_id") != self.job_id and self.job_id not in (data.get("job_ids") or []):
+            return False
+        kind = str(ev.get("kind") or "")
+        if kind.startswith(GUARD_PREFIX):
+            return True
+        if kind == E.JOB_NOTE:
+            return ev.get("level") in LOUD_LEVELS
+        if kind in (E.JOB_PAUSED, E.JOB_RESUMED):
+            return data.get("by") != "guard"  # the guard's own event says it already
+        return kind not in _TOLD_AT_THE_END
+
+    def _finish(self) -> int:
+        self._clear_line()
+        self._show_events()
+        job = self.job
+        status = exit_status(job, interrupted=self.handled > 0)
+        if job.state == S.FINISHED:
+            say(f"job {self.job_id} finished")
+        elif job.state == S.PARKED:
+            say(f"job {self.job_id} parked (checkpoint in {job.checkpoint_dir}); continue it "
+                f"with 'headroom resume {self.job_id}'")
+        elif job.state == S.STOPPED:
+            text = f"job {self.job_id} {job.end_reason or 'stopped'}"
+            if job.resumable:
+                text += (f" (checkpoint in {job.checkpoint_dir}); continue it with "
+                         f"'headroom resume {self.job_id}'")
+            say(text)
+        elif job.state == S.LOST:
+            say(f"job {self.job_id}: {job.end_reason or 'its end is unknown'}")
+        else:
+            say(f"job {self.job_id} failed ({job.end_reason or 'exit status unknown'})")
+            if not self.tty or not self.output_seen:
+                self._print_last_lines()
+        return status
+
+    def _print_last_lines(self) -> None:
+        try:
+            chunk = self.client.job_log(self.job_id, offset=None)
+        except Exception:
+            return
+        lines = (chunk.get("data") or "").rstrip("\n").splitlines()[-LAST_LINES:]
+        if lines:
+            print(f"headroom: the last lines of its output ({self.job.log_path}):",
+                  file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
+            sys.stderr.flush()
+
+
+def _terminal_width() -> int:
+    columns = shutil.get_terminal_size((100, 24)).columns
+    return columns if columns >= 20 else 100  # a pseudo-terminal may say 0

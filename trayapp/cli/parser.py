@@ -1,0 +1,117 @@
+"""The command line's arguments: ``headroom [tray] | engine | status | run | jobs | pause |
+resume | park | stop | doctor``. Bad usage exits 2 with one line, naming the command."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from typing import Any, Dict, NoReturn
+
+from trayapp import __version__
+from trayapp.cli.base import EXIT_USAGE
+from trayapp.jobs.options import add_run_arguments
+from trayapp.text import one_line
+
+ACTIONS = ("pause", "resume", "park", "stop")  # the job actions, each a command
+
+
+class _Parser(argparse.ArgumentParser):
+    commands: Dict[str, argparse.ArgumentParser] = {}  # the sub-commands, by name
+
+    def error(self, message: str) -> NoReturn:
+        # One line, no usage dump: the user sees what is wrong and where to look.
+        for action in self._actions:
+            # A REMAINDER positional (the script's own arguments) may be empty: never "required".
+            if action.nargs == argparse.REMAINDER and action.metavar:
+                message = message.replace(f", {action.metavar}", "")
+        self.exit(EXIT_USAGE, f"{self.prog}: {one_line(message)} (see '{self.prog} --help')\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # An unknown option is named by the command it was given to, with the closest one it
+        # has ("did you mean"), rather than by the top level.
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self.commands.get(getattr(ns, "command", None) or "", self)
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            first = next((e.split("=", 1)[0] for e in extras if e.startswith("--")), None)
+            close = difflib.get_close_matches(first, known, n=1) if first else []
+            if close:
+                message += f"; did you mean {close[0]}?"
+            parser.error(message)
+        return ns
+
+
+def _common(parser: argparse.ArgumentParser, top: bool) -> None:
+    # On sub-commands the defaults are SUPPRESS so they do not overwrite the top level's values.
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--config", metavar="PATH", default=default,
+                        help="use this config.toml instead of the one in the state folder")
+    parser.add_argument("--demo", action="store_true",
+                        default=False if top else argparse.SUPPRESS,
+                        help="use simulated GPUs (to try Headroom without an NVIDIA GPU)")
+
+
+_ACTION_HELP = {
+    "pause": "pause a job (it stops growing; memory stays)",
+    "resume": "resume a paused job, or continue a parked or stopped one from its checkpoint",
+    "park": "checkpoint a job and end it, freeing its memory",
+    "stop": "end a job at the next batch (after a checkpoint, with a checkpoint folder); the "
+            "rest of its script does not run",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command; ``parse_args`` exits 2 with one line on bad usage."""
+    p = _Parser(prog="headroom",
+                description="Headroom watches RAM and GPU memory, launches Keras/TensorFlow "
+                            "training with real memory options, and pauses jobs before the "
+                            "machine locks up. Without a command it starts the tray.",
+                epilog="HEADROOM_HOME=DIR keeps all state (settings, history, jobs) under DIR.")
+    p.add_argument("--version", action="version", version=f"headroom {__version__}")
+    _common(p, top=True)
+    p.add_argument("--open", choices=("dashboard", "launch", "jobs", "settings"),
+                   help="also open this window at start")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    e = sub.add_parser("engine", help="run the engine (the guard) in the foreground")
+    _common(e, top=False)
+    e.add_argument("--stay", action="store_true",
+                   help="keep running with no clients and no jobs")
+
+    s = sub.add_parser("status", help="RAM, swap, pressure, GPUs, the guard and the jobs")
+    _common(s, top=False)
+    s.add_argument("--json", action="store_true", help="print the status as JSON")
+    s.add_argument("--watch", type=_positive_float, metavar="SECONDS",
+                   help="refresh every SECONDS until Ctrl-C")
+
+    r = sub.add_parser("run", help="launch a training script under the guard")
+    _common(r, top=False)
+    add_run_arguments(r)
+
+    j = sub.add_parser("jobs", help="list the jobs")
+    _common(j, top=False)
+    j.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    j.add_argument("--all", action="store_true", help="include ended jobs (finished, stopped...)")
+
+    for name in ACTIONS:
+        a = sub.add_parser(name, help=_ACTION_HELP[name])
+        _common(a, top=False)
+        a.add_argument("job", metavar="JOB", help="job id or unique name")
+
+    d = sub.add_parser("doctor", help="check the driver, CUDA and TensorFlow build")
+    _common(d, top=False)
+    d.add_argument("--python", metavar="PATH", help="the interpreter to check")
+    d.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.commands = dict(sub.choices)
+    return p
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value

@@ -1,0 +1,70 @@
+"""``headroom run``: check the spec, launch the script under the guard (an engine is started when
+none runs) and follow it to its end; ``--dry-run`` prints the plan and starts nothing."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Tuple
+
+from trayapp import config as configmod
+from trayapp.cli.base import EXIT_OK, UsageError, config_file, demo, say
+from trayapp.cli.follow import Follower
+from trayapp.config import Paths
+from trayapp.engine.client import connect
+from trayapp.jobs.options import JobSpec, SpecError, spec_from_cli, validate
+from trayapp.jobs.plan import JobProcess, build_launch, format_plan
+from trayapp.jobs.record import JobRecord
+from trayapp.probes.gpu import make_backend
+from trayapp.probes.snapshot import GpuReading
+from trayapp.text import one_line
+
+DRY_RUN_ID = "dry-run"
+
+
+def local_gpus(demo: bool) -> Tuple[GpuReading, ...]:
+    """GPU readings from the probes (for a dry run or checks before an engine answers)."""
+    backend = make_backend(demo=demo)
+    try:
+        return tuple(backend.read())
+    finally:
+        backend.close()
+
+
+def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
+    try:
+        spec = spec_from_cli(args)
+    except SpecError as e:
+        raise UsageError(one_line(e)) from None
+    gpus = local_gpus(demo(args))
+    try:
+        warnings = validate(spec, gpus, check_paths=True)
+    except SpecError as e:
+        raise UsageError(one_line(e)) from None
+    if getattr(args, "dry_run", False):
+        return _dry_run(spec, paths, gpus)
+    for w in warnings:
+        say(f"warning: {w}")
+    client = connect(paths, start=True, demo=demo(args), config_file=config_file(args))
+    try:
+        job = client.job_start(spec.to_json(), environ=dict(os.environ))
+        follower = Follower(client, paths, JobRecord.from_json(job))
+        follower.engine_options = {"demo": demo(args), "config_file": config_file(args)}
+        return follower.run()
+    finally:
+        client.close()
+
+
+def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
+    # The engine reads the same file: the priority and the log cap it would give the job.
+    process = JobProcess.from_config(configmod.load(paths.config_file))
+    folder = paths.jobs_dir / DRY_RUN_ID
+    try:
+        plan = build_launch(spec, job_id=DRY_RUN_ID, address=paths.job_address(DRY_RUN_ID),
+                            keyfile=str(folder / "key"), gpus=gpus,
+                            base_env=dict(os.environ), process=process,
+                            log_path=str(folder / "log"))
+    except ValueError as e:
+        raise UsageError(one_line(e)) from None
+    print(format_plan(plan))
+    return EXIT_OK

@@ -1,0 +1,399 @@
+"""Start, watch, pause, resume, park and stop training jobs (whole process trees); their logs.
+
+Every job runs in its own session (process group), with stdout and stderr in
+``jobs/<id>/log``, and talks to the engine over its own channel (``paths.job_address(id)``,
+authenticated with a key kept in ``jobs/<id>/key``, 0600). The runner inside the job is the
+channel's client; it reconnects when the engine comes back, so an engine that restarts takes
+its jobs back (``adopt``). An engine that goes away never ends a job.
+
+Threads: the engine loop calls ``tick``; control-channel threads call the actions; each job's
+channel has threads of its own. One lock guards every job's state. No action blocks: stop
+escalation, pause deadlines and reaping all advance in ``tick``.
+
+A parked job that is resumed is relaunched under the same id (same folder, log and channel,
+``runs`` counts the launches) with its spec's ``resume`` set, so the runner continues from the
+checkpoint. So is a stopped job that has a checkpoint folder: the runner's stop saves where
+training is, ends ``fit()`` and exits with ``STOP_EXIT_CODE`` before the rest of the script.
+
+The parts: ``table`` (the jobs, the store), ``runner_link`` (the runner's messages),
+``starting`` (launching), ``control`` (pause, resume, park, stop), ``ladder`` (the stop's
+steps), ``trees`` (process trees), ``logpages`` (logs), ``eta``; this module ties them up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import psutil
+
+from trayapp import config as configmod
+from trayapp import vocab
+from trayapp.channel import Peer
+from trayapp.config import Paths
+from trayapp.jobs import ladder, logpages, messages, trees
+from trayapp.jobs.control import JobControl
+from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
+from trayapp.jobs.ladder import Stage
+from trayapp.jobs.logcap import LogKeeper
+from trayapp.jobs.record import JobRecord
+from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.runner import protocol as rp
+from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+log = logging.getLogger("headroom.jobs")
+
+SAMPLE_INTERVAL = 0.25  # psutil reads a job's tree at most 4 times a second
+SAVE_INTERVAL = 5.0  # progress reaches the store at most this often (state changes at once)
+LIST_LIMIT = 200  # ended jobs ``list`` reads from the store
+ADOPT_LIMIT = 1000  # live and parked jobs ``adopt`` reads from the store
+STOP_ALL_POLL_SECONDS = 0.05
+STOP_ALL_KILL_WAIT_SECONDS = 2.0  # after SIGKILL to what is left, when the engine exits
+LOG_MAX_MB = 32  # the log cap of a job launched before the cap was kept with it
+
+
+class JobManager(JobControl):
+    """The engine's jobs. See the module docstring for threads and life cycle.
+
+    ``emit(kind, message, *, level, job_id, data)`` records and pushes an event; ``gpus()``
+    returns the engine's latest GPU readings; ``config()`` its current settings.
+    """
+
+    def __init__(self, paths: Paths, store: Any, *, emit: Emit,
+                 gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
+                 config: Callable[[], Any] = lambda: configmod.Config(),
+                 runner_dir: Optional[Path] = None, subreaper: bool = True):
+        super().__init__(paths, store, emit=emit, gpus=gpus, config=config,
+                         runner_dir=runner_dir)
+        self.subreaper = trees.become_subreaper() if subreaper else False
+        # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
+        self._log_keeper = LogKeeper(self._running_logs)
+        self._log_keeper.start()
+
+    # -- the engine's calls -------------------------------------------------------------------
+
+    def handlers(self) -> Dict[str, Callable[[Peer, Dict[str, Any]], Any]]:
+        """The control-channel ops this manager answers: ``{op: fn(peer, args)}``."""
+        return {
+            "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
+            "job_get": lambda peer, a: self.get(a["job"]),
+            "job_start": lambda peer, a: self.start(a["spec"], environ=a.get("environ"),
+                                                    env_from=a.get("env_from")),
+            "job_action": self._op_action,
+            "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
+            "jobs_pause_all": lambda peer, a: self.pause_all(by=BY_USER),
+        }
+
+    def list(self, include_finished: bool = False) -> List[Dict[str, Any]]:
+        """Job dicts, newest first: live and parked jobs, and with ``include_finished`` the
+        ended ones the store keeps."""
+        with self._lock:
+            out = {j.id: j.rec for j in self._jobs.values()}
+            recent = dict(self._ended)
+        if include_finished:
+            for rec in self._stored_list(True, LIST_LIMIT):
+                out.setdefault(rec.id, rec)
+            for k, v in recent.items():
+                if k not in out or out[k].state in vocab.LIVE:
+                    out[k] = v
+        return [r.to_json() for r in sorted(out.values(), key=lambda r: -(r.started or 0))]
+
+    def guard_jobs(self) -> List[JobRecord]:
+        """The records of the live and parked jobs, as the guard's ladder reads them (frozen:
+        nothing the guard does changes them, and nothing a job sends can make this fail)."""
+        with self._lock:
+            return [job.rec for job in self._jobs.values()]
+
+    def get(self, job_ref: str) -> Dict[str, Any]:
+        """The job dict for an id, a unique id prefix or a unique name.
+
+        Raises LookupError ("no job named x" / "x matches 2 jobs (...)")."""
+        with self._lock:
+            job = self._find(job_ref)
+            return (job.rec if isinstance(job, Job) else job).to_json()
+
+    def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:
+        """A job's memory now from its processes ``pids``, each page counted once as of the
+        last exact reading (cheap enough for every guard tick); None for a job not watched or
+        no readable process."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            meter = job.meter if job is not None else None
+        if meter is None:
+            return None
+        return meter.read(pids)
+
+    def active_count(self) -> int:
+        """Jobs with a process (parked ones have none)."""
+        with self._lock:
+            return sum(1 for j in self._jobs.values() if j.state in vocab.LIVE)
+
+    # -- adoption -----------------------------------------------------------------------------
+
+    def adopt(self) -> List[str]:
+        """Take back the jobs an earlier engine left: live ones get their channel back (same
+        address, same key) and are watched with psutil; parked ones wait for ``resume``; the
+        rest end as "lost", or as the runner's ``bye`` said. A saved record that cannot be read
+        is left out (logged). Returns the adopted ids."""
+        adopted: List[str] = []
+        for saved in self.store.list_jobs(include_finished=False, limit=ADOPT_LIMIT):
+            with self._lock:
+                rec = self._stored(saved, adopting=True)
+                if rec is None or rec.id in self._jobs or not self._adopt(rec):
+                    continue
+            adopted.append(rec.id)
+            self._emit(E.JOB_ADOPTED, f"job {rec.id} ({rec.name}) is watched again "
+                       f"(pid {rec.pid}, {rec.state})", job_id=rec.id)
+        return adopted
+
+    def _adopt(self, rec: JobRecord) -> bool:
+        """Take one saved job back (under the lock); True for a live one now watched."""
+        try:
+            key = (self.paths.jobs_dir / rec.id / "key").read_bytes()
+        except OSError:
+            key = b""
+        job = Job(rec, key)
+        if rec.state in vocab.PARKED:
+            self._jobs[rec.id] = job
+            return False
+        if rec.state not in vocab.LIVE:
+            return False
+        proc = trees.same_process(rec.pid, rec.create_time)
+        if proc is None:
+            self._end(job, None, adopted_gone=True)
+            return False
+        job.process = proc
+        job.known = {proc.pid: proc}
+        job.change(connected=False)
+        try:
+            if not key:
+                raise ValueError("its key is missing")
+            self._open_channel(job)
+        except ValueError as e:
+            log.warning("job %s: %s; it runs on without progress reports", rec.id, e)
+        self._jobs[rec.id] = job
+        if rec.state == S.PAUSING:
+            job.pause_deadline = time.monotonic() + self._pause_deadline(None)
+        elif rec.state == S.STOPPING:
+            job.stop_note = (rec.stopped_by or BY_USER, rec.stop_reason or "")
+            self._take_step(job, ladder.step(Stage.INT, time.monotonic()))
+        return True
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def tick(self, snapshot: Optional[Snapshot] = None) -> None:
+        """Reap ended jobs, sample each tree's memory (at most 4 Hz), move stops and pause
+        deadlines along, save progress. Cheap when nothing is due."""
+        gpus: Tuple[GpuReading, ...] = tuple(snapshot.gpus) if snapshot is not None else \
+            tuple(self._gpus())
+        if snapshot is not None:
+            self._memory_total = snapshot.memory.total_bytes  # cgroup-aware
+        events: List[Event] = []
+        with self._lock:
+            t = time.monotonic()
+            for job in list(self._jobs.values()):
+                if job.state not in vocab.LIVE:
+                    continue
+                try:
+                    self._tick_job(job, t, gpus, events)
+                except Exception:  # one job's trouble must not stop the others' watch
+                    log.exception("job %s: watching failed", job.id)
+            if self._orphans.due(t):
+                self._reap_orphans()
+        self._flush_events(events)
+
+    def _reap_orphans(self) -> None:
+        self._orphans.reap({j.popen.pid for j in self._jobs.values() if j.popen is not None})
+
+    def _tick_job(self, job: Job, t: float, gpus: Tuple[GpuReading, ...],
+                  events: List[Event]) -> None:
+        if not job.exit_seen:
+            code, gone = self._poll_exit(job)
+            if gone:
+                job.exit_seen = True
+                job.change(exit_code=code, pids=())
+        if job.exit_seen:
+            # A stop ends only when the whole tree is gone; anything else ends with its root.
+            if job.state == S.STOPPING and trees.remnants(job):
+                self._advance_stop(job, t, runner_gone=True)  # no one left to ask
+                return
+            if job.state == S.PARKING:
+                trees.end_remnants(job)
+            self._end(job, job.rec.exit_code, events=events)
+            return
+        if t >= job.next_sample:
+            job.next_sample = t + SAMPLE_INTERVAL
+            trees.sample(job, gpus)
+        if job.state == S.PAUSING and job.pause_deadline is not None and t >= job.pause_deadline:
+            self._suspend(job, events, why="the pause deadline passed")
+        if job.state == S.STOPPING:
+            self._advance_stop(job, t)
+        if job.dirty and t - job.last_saved >= SAVE_INTERVAL:
+            self._save(job)
+
+    def _poll_exit(self, job: Job) -> Tuple[Optional[int], bool]:
+        """(exit code or None when unknown, whether the root process is gone)."""
+        if job.popen is not None:
+            rc = job.popen.poll()
+            return rc, rc is not None
+        proc = job.process
+        if proc is None:
+            return _bye_code(job.rec), True
+        try:
+            gone = not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            gone = True
+        return (_bye_code(job.rec) if gone else None), gone
+
+    def _end(self, job: Job, code: Optional[int], *, events: Optional[List[Event]] = None,
+             adopted_gone: bool = False) -> None:
+        """Record how the job ended, close its channel and move it out of the live set."""
+        end = ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
+        job.move(end.state, exit_code=code, ended=now(), end_reason=end.reason,
+                 pids=(), rss_bytes=None, vram_bytes=None, eta_seconds=None,
+                 pause_mode=None, connected=False,
+                 resumable=end.state == S.PARKED or resumable_stop(job.rec, end.state))
+        self._close_channel(job)
+        job.popen = None
+        trees.remnants(job)
+        self._orphans.procs.update(job.known)  # what still runs, or waits to be reaped
+        job.process = None
+        job.known = {}
+        self._save(job)
+        if end.state != S.PARKED:
+            self._retire(job)
+        data = {"state": end.state, "exit_code": code, "end_reason": end.reason}
+        event: Event = (end.kind, end.level, end.message, job.id, data)
+        if events is not None:
+            events.append(event)
+        else:
+            self._flush_events([event])
+
+    # -- the engine's last calls --------------------------------------------------------------
+
+    def stop_all(self, reason: str, timeout: float = 7.0) -> None:
+        """Stop every live job and wait (up to ``timeout`` seconds) until they have ended;
+        what is left then is killed. Starts at SIGINT: the engine is on its way out."""
+        with self._lock:
+            for job in list(self._jobs.values()):
+                if job.state in vocab.LIVE:
+                    self._begin_stop(job, BY_ENGINE, reason, force=False, ask=False)
+        self._wait_ended(timeout)
+        with self._lock:
+            for job in list(self._jobs.values()):
+                if job.state in vocab.LIVE:
+                    self._take_step(job, ladder.step(Stage.KILL, time.monotonic()))
+        self._wait_ended(STOP_ALL_KILL_WAIT_SECONDS)
+
+    def _wait_ended(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and self.active_count():
+            self.tick(None)
+            time.sleep(STOP_ALL_POLL_SECONDS)
+
+    def close(self) -> None:
+        """The engine exits: close every job's channel and save its state. The jobs keep
+        running; the next engine adopts them."""
+        self._log_keeper.close()
+        with self._lock:
+            self._closed = True
+            # What ended jobs left to this process (as their subreaper) is collected now: once
+            # it exits, a zombie would pass to whoever is next up the tree.
+            self._reap_orphans()
+            for job in self._jobs.values():
+                if job.server is not None:
+                    job.server.close()
+                    job.server = None
+                job.peer = None
+                if job.popen is not None:
+                    # Let go of the child: it runs on, and a later engine adopts it.
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", ResourceWarning)
+                        job.popen = None
+                if job.state in vocab.LIVE:
+                    job.change(connected=False)
+                    self._save(job)
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def log(self, job_ref: str, offset: Optional[int] = None,
+            max_bytes: Optional[int] = None) -> Dict[str, Any]:
+        """The job's output from byte ``offset`` (default: the last 64 KiB).
+
+        Returns ``{"data": text, "offset": next offset, "size": file size, "start": offset
+        read from}``; a character cut at either end is left for the next read. Raises
+        LookupError for an unknown job, ValueError for a negative offset or a log that cannot
+        be read."""
+        with self._lock:
+            found = self._find(job_ref)
+            rec = found.rec if isinstance(found, Job) else found
+        path = Path(str(rec.log_path or self.paths.jobs_dir / rec.id / "log"))
+        try:
+            return logpages.read_page(path, offset, max_bytes, self._log_cap(rec))
+        except OSError as e:
+            raise ValueError(f"cannot read the log of job {rec.id}: "
+                             f"{e.strerror or one_line(e)}") from None
+
+    def _log_cap(self, rec: JobRecord) -> int:
+        return logpages.log_cap(rec, int(self._setting("jobs.log_max_mb", LOG_MAX_MB)) << 20)
+
+    def _running_logs(self) -> List[Tuple[str, int]]:
+        """(log path, cap) of every job with a process, for the log keeper's thread."""
+        with self._lock:
+            return [(str(j.rec.log_path), self._log_cap(j.rec)) for j in self._jobs.values()
+                    if j.state in vocab.LIVE and j.rec.log_path]
+
+
+# -- how a job ended -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job ended: its state and end reason, and the event that says so."""
+
+    state: str
+    reason: str
+    kind: str
+    level: str
+    message: str
+
+
+def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
+           stop_note: Tuple[str, str], adopted_gone: bool = False) -> Ending:
+    """How the job of ``rec`` ended with exit status ``code`` (None: unknown), from its state,
+    the runner's bye and who parked or stopped it."""
+    bye = rec.bye or {}
+    said = bye.get("reason")
+    head = f"job {rec.id} ({rec.name})"
+    if (rec.state == S.PARKING or said == messages.BYE_PARKED) and \
+            (code == rp.PARK_EXIT_CODE or (code is None and said == messages.BYE_PARKED)):
+        by, why = park_note
+        reason = f"parked by {by}" + (f": {why}" if why else "")
+        return Ending(S.PARKED, reason, E.JOB_PARKED, "info",
+                      f"{head} parked; resume it with 'headroom resume {rec.id}'")
+    if rec.state == S.STOPPING or (said == messages.BYE_STOPPED and code == rp.STOP_EXIT_CODE):
+        by, why = stop_note
+        reason = f"stopped by {by}" + (f": {why}" if why else "")
+        message = f"{head} {reason}"
+        if rec.checkpoint_dir:
+            message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
+        return Ending(S.STOPPED, reason, E.JOB_STOPPED, "info", message)
+    if code is None:
+        reason = "the process ended while no engine watched it (exit status unknown)" \
+            if adopted_gone else "the process ended (exit status unknown)"
+        return Ending(S.LOST, reason, E.JOB_LOST, "warn", f"{head}: {reason}")
+    if code == 0:
+        return Ending(S.FINISHED, S.FINISHED.value, E.JOB_FINISHED, "info", f"{head} finished")
+    reason = f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
+    return Ending(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed ({reason})")
+
+
+def _bye_code(rec: JobRecord) -> Optional[int]:
+    code = (rec.bye or {}).get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None

@@ -1,0 +1,223 @@
+"""The link to the runner inside each job: the job's channel, and what the runner's messages
+(hello, progress, state, checkpointed, note, bye) and its disconnects do to the job.
+
+Every message is parsed (``messages.parse``) before anything of it is kept: a job's script can
+send anything on its channel. What does not pass is counted and said at a bounded rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List, Optional
+
+from trayapp.channel import ChannelServer, Peer
+from trayapp.jobs import eta, messages
+from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now
+from trayapp.jobs.ladder import Stage, grace
+from trayapp.jobs.table import JobTable
+from trayapp.runner import protocol as rp
+from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+log = logging.getLogger("headroom.jobs")
+
+MAX_NOTES = 50
+# Warnings and errors a job sends become events (database rows kept for days, log lines): at
+# most this many a minute per job; the rest are kept with the job only.
+NOTE_EVENTS_PER_MINUTE = 20
+PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps")  # kept as the runner sends them
+MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
+
+
+class RunnerLink(JobTable):
+    """The job manager's side of each job's channel."""
+
+    def _open_channel(self, job: Job) -> None:
+        address = self.paths.job_address(job.id)
+        job_id = job.id
+        server = ChannelServer(
+            address, job.key, lambda peer, data: self._on_message(job_id, peer, data),
+            name=f"job-{job_id}", max_peers=MAX_PEERS,
+            on_close=lambda peer: self._on_disconnect(job_id, peer))
+        try:
+            server.start()
+        except OSError as e:
+            raise ValueError(f"cannot open the job's channel at {address}: "
+                             f"{e.strerror or e}") from None
+        job.server = server
+
+    def _close_channel(self, job: Job) -> None:
+        if job.server is not None:
+            job.server.close()
+            job.server = None
+        job.peer = None
+        job.change(connected=False)
+
+    def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
+        msg: Optional[messages.JobMessage]
+        try:
+            msg, dropped = messages.parse(data)
+        except rp.ProtocolError as e:
+            msg, dropped = None, [f"a message: {one_line(e, 200)}"]
+        events: List[Event] = []
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            if msg is not None:
+                try:
+                    self._dispatch(job, peer, msg, events)
+                except Exception:  # a bad message must never cost the job its channel
+                    if not self._drops.count(job_id):
+                        log.exception("job %s: handling a message failed", job_id)
+                    dropped.append(f"{type(msg).__name__.lower()}: handling it failed")
+            if dropped:
+                self._note_dropped(job, dropped, events)
+        self._flush_events(events)
+        return None
+
+    def _note_dropped(self, job: Job, dropped: List[str], events: List[Event]) -> None:
+        """Count what was dropped from a job's messages; say so the first time, then at most
+        once a minute (the log and the job's events)."""
+        due = self._drops.add(job.id, len(dropped))
+        job.change(dropped_fields=self._drops.count(job.id))
+        job.dirty = True
+        if due is None:
+            return
+        first, since = due
+        text = messages.summary(dropped)
+        if first:
+            message = f"job {job.id}: dropped what its messages held that Headroom does not " \
+                      f"take ({text})"
+        else:
+            message = f"job {job.id}: {since} more dropped from its messages (last: {text})"
+        events.append((E.JOB_BAD_MESSAGE, "warn", message, job.id, {"dropped": since}))
+
+    def _dispatch(self, job: Job, peer: Peer, msg: messages.JobMessage,
+                  events: List[Event]) -> None:
+        if isinstance(msg, messages.Hello):
+            self._on_hello(job, peer, msg, events)
+        elif isinstance(msg, messages.Progress):
+            self._on_progress(job, msg)
+        elif isinstance(msg, messages.State):
+            self._on_state(job, msg, events)
+        elif isinstance(msg, messages.Checkpointed):
+            if msg.path is not None:
+                job.change(checkpoint={"path": msg.path, "epoch": msg.epoch, "step": msg.step,
+                                       "time": now()})
+                self._save(job)
+        elif isinstance(msg, messages.Note):
+            self._on_note(job, msg, events)
+        elif isinstance(msg, messages.Bye):
+            job.change(bye=msg.to_json())
+            self._save(job)
+
+    def _on_hello(self, job: Job, peer: Peer, msg: messages.Hello,
+                  events: List[Event]) -> None:
+        if job.peer is not None and job.peer is not peer:
+            job.peer.close()
+        job.peer = peer
+        peer.context["job"] = job.id
+        job.change(hello=msg.to_json(), connected=True,
+                   hooked=msg.fit_hook == messages.FIT_HOOK_INSTALLED or bool(msg.hooked))
+        if job.state == S.STARTING:
+            job.move(S.RUNNING)
+        rec, runner_state = job.rec, msg.state
+        if runner_state == messages.RUNNER_PAUSED and job.state in (S.RUNNING, S.PAUSING):
+            self._set_paused(job, rec.paused_by or BY_USER, rec.pause_reason or "",
+                             COOPERATIVE, events)
+        # A command given while the runner was away is given again now it is back.
+        elif job.state == S.PAUSING:
+            self._send(job, rp.PAUSE)
+        elif job.state == S.PARKING:
+            self._send(job, rp.PARK)
+        elif job.state == S.STOPPING and job.stop_stage == Stage.ASK:
+            self._send(job, rp.STOP)
+        elif job.state == S.PAUSED and rec.pause_mode == COOPERATIVE \
+                and runner_state == messages.RUNNER_RUNNING:
+            job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None)
+        self._save(job)
+
+    def _on_progress(self, job: Job, msg: messages.Progress) -> None:
+        changes: Dict[str, Any] = {name: getattr(msg, name) for name in PROGRESS_FIELDS
+                                   if name in msg.given}
+        if "logs" in msg.given:
+            changes["metrics"] = dict(msg.logs)
+        if "tf_memory" in msg.given:
+            changes["tf_memory"] = None if msg.tf_memory is None else \
+                tuple(m.to_json() for m in msg.tf_memory)
+        job.change(**changes)
+        if job.state == S.STARTING:
+            job.move(S.RUNNING)
+        self._update_eta(job)
+        job.dirty = True
+
+    def _update_eta(self, job: Job) -> None:
+        ref, seconds, changed = eta.estimate(job.rec, job.rate_ref, time.monotonic())
+        job.rate_ref = ref
+        if changed:
+            job.change(eta_seconds=seconds)
+
+    def _on_state(self, job: Job, msg: messages.State, events: List[Event]) -> None:
+        state = msg.state
+        if state is None:
+            return  # dropped: not a state the runner has
+        rec = job.rec
+        if state == messages.RUNNER_PAUSED:
+            # The runner pauses only when asked; after a resume a late "paused" is followed by
+            # "running" as soon as the resume arrives, so only a pause under way counts.
+            if job.state == S.PAUSING:
+                self._set_paused(job, rec.paused_by or BY_USER, rec.pause_reason or "",
+                                 COOPERATIVE, events)
+        elif state == messages.RUNNER_RUNNING:
+            if job.state == S.PAUSED and rec.pause_mode == COOPERATIVE:
+                # The runner resumed on its own (or on our word): it is running again.
+                job.move(S.RUNNING, pause_mode=None, paused_at=None)
+                job.rate_ref = None
+                self._save(job)
+            elif job.state == S.STARTING:
+                job.move(S.RUNNING)
+                self._save(job)
+        elif state == messages.RUNNER_PARKING and job.state in (S.RUNNING, S.PAUSING, S.PAUSED):
+            job.move(S.PARKING)
+            self._save(job)
+        elif state == messages.RUNNER_STOPPING and job.state == S.STOPPING:
+            # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
+            due = grace(job.stop_stage, job.stop_next, time.monotonic(),
+                        granted=job.stop_grace, by_guard=job.stop_note[0] == BY_GUARD)
+            if due is not None:
+                job.stop_grace = True
+                job.stop_next = due
+        job.change(runner_state=state)
+
+    def _on_note(self, job: Job, msg: messages.Note, events: List[Event]) -> None:
+        level, text = msg.level, msg.message  # one line, control characters escaped
+        note = {"time": now(), "level": level, "message": text}
+        job.change(notes=(job.rec.notes + (note,))[-MAX_NOTES:])
+        job.dirty = True
+        # Info notes ("no fit() seen") stay with the job; warnings and errors are events too.
+        if level == messages.NOTE_INFO:
+            return
+        t = time.monotonic()
+        start, count = job.note_window
+        if t - start >= 60.0:
+            start, count = t, 0
+        count += 1
+        job.note_window = (start, count)
+        if count <= NOTE_EVENTS_PER_MINUTE:
+            events.append((E.JOB_NOTE, str(level), f"job {job.id}: {text}", job.id, None))
+        if count == NOTE_EVENTS_PER_MINUTE:
+            events.append((E.JOB_NOTE, "warn", f"job {job.id} sends more than "
+                           f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "
+                           "minute's are kept with the job only (headroom jobs --json)",
+                           job.id, None))
+
+    def _on_disconnect(self, job_id: str, peer: Peer) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and job.peer is peer:
+                job.peer = None
+                job.change(connected=False)
+                job.dirty = True

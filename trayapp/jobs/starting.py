@@ -1,0 +1,295 @@
+"""Starting a job: its folder, key, spec and environment files, the plan, the process in its own
+session with its output to the log; and launching a parked or stopped one again under the same
+id, from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Set
+
+import psutil
+
+from trayapp import config as configmod
+from trayapp import private
+from trayapp.jobs import envfile, logpages
+from trayapp.jobs.job import Job, budget_bytes, now
+from trayapp.jobs.ladder import Stage
+from trayapp.jobs.options import JobSpec, SpecError, apply_preset, validate
+from trayapp.jobs.plan import JobProcess, LaunchPlan, build_launch
+from trayapp.jobs.record import JobRecord
+from trayapp.jobs.runner_link import RunnerLink
+from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+WINDOWS = sys.platform == "win32"
+MIN_FREE_BYTES = 1024 * 1024  # what a new job's folder needs at least: key, spec, first output
+KEY_BYTES = 32
+
+
+def refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A start whose files cannot be written (disk full, read-only, quota) is refused with the
+    reason in one line, and leaves no half-made job folder behind."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Launching, *args: Any, **kwargs: Any) -> Any:
+        before = folders(self.paths.jobs_dir)
+        try:
+            return fn(self, *args, **kwargs)
+        except OSError as e:
+            with self._lock:
+                known = set(self._jobs) | set(self._ended)
+            for name in folders(self.paths.jobs_dir) - before - known:
+                remove_folder(self.paths.jobs_dir / name)
+            raise ValueError(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
+                             f"under {self.paths.jobs_dir}") from None
+
+    return wrapper
+
+
+class Launching(RunnerLink):
+    """Starting jobs and launching parked or stopped ones again."""
+
+    @refused_on_disk_errors
+    def start(self, spec_json: Dict[str, Any],
+              environ: Optional[Dict[str, Any]] = None,
+              env_from: Optional[str] = None) -> Dict[str, Any]:
+        """Validate the spec and launch it. Returns the new job's dict (state "starting").
+
+        ``environ``: the environment of the client that asked (``headroom run`` in a shell), so
+        the job sees what ``python script.py`` in that shell would; the engine's own otherwise.
+        ``env_from``: a job whose kept ``--env`` values fill the spec's hidden ones (a job's
+        spec as shown has its ``env`` values hidden; see ``envfile``).
+        Raises ValueError with one line for a bad spec or a launch that fails (no job is
+        recorded then)."""
+        if self._closed:
+            raise ValueError("the engine is shutting down")
+        check_free_space(self.paths.jobs_dir)
+        if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in environ.items()):
+            raise ValueError("job_start: environ must map names to strings")
+        if envfile.hidden_names(spec_json if isinstance(spec_json, dict) else {}):
+            spec_json = envfile.restore(spec_json, self._env_folder(env_from))
+        try:
+            spec = JobSpec.from_json(spec_json)
+            spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
+            applied = self._with_preset(spec)
+        except SpecError as e:
+            raise ValueError(one_line(e)) from None
+        with self._lock:
+            job = self._new_job(spec, applied, environ, spec_warnings)
+            self._jobs[job.id] = job
+            self._save(job)
+            rec = job.rec
+        where = f" in {rec.cwd}" if rec.cwd else ""
+        self._emit(E.JOB_STARTED, f"job {rec.id} ({rec.name}) started{where} (pid {rec.pid})",
+                   job_id=rec.id,
+                   data={"pid": rec.pid, "argv": list(rec.argv), "warnings": spec_warnings})
+        return rec.to_json()
+
+    def _new_job(self, spec: JobSpec, applied: JobSpec, environ: Optional[Dict[str, Any]],
+                 spec_warnings: List[str]) -> Job:
+        """The job's folder and files, its channel and its process (under the lock)."""
+        job_id = self._new_id()
+        folder = self.paths.jobs_dir / job_id
+        folder.mkdir(parents=True, exist_ok=False, mode=0o700)
+        key = secrets.token_bytes(KEY_BYTES)
+        configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
+        # The spec as kept and shown names its --env variables without their values; those
+        # (and the shell's environment) are kept for a relaunch in one private file.
+        spec_data = envfile.hide(spec.to_json())
+        configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+        envfile.save(folder, environ, spec.env)
+        job = Job(self._new_record(job_id, applied, spec_data, folder, spec_warnings), key)
+        try:
+            self._open_channel(job)
+            self._launch(job, applied, append=False)
+        except ValueError:
+            self._close_channel(job)
+            remove_folder(folder)
+            raise
+        return job
+
+    def _env_folder(self, env_from: Optional[str]) -> Optional[Path]:
+        """The folder of the job ``env_from`` names (None: no such job, or none named)."""
+        if not isinstance(env_from, str) or not env_from:
+            return None
+        with self._lock:
+            try:
+                job = self._find(env_from)
+            except LookupError:
+                return None
+        return self.paths.jobs_dir / job.id
+
+    def _with_preset(self, spec: JobSpec) -> JobSpec:
+        """The spec with its preset applied against this machine (GPUs, RAM total), so the
+        job's budgets are known here; the stored spec keeps what the user asked for."""
+        if not spec.preset:
+            return spec
+        total = self._memory_total or psutil.virtual_memory().total
+        return apply_preset(spec, spec.preset, tuple(self._gpus()), ram_total_bytes=total)
+
+    def _new_id(self) -> str:
+        for _ in range(100):
+            job_id = secrets.token_hex(4)
+            if job_id in self._jobs or job_id in self._ended:
+                continue
+            if (self.paths.jobs_dir / job_id).exists() or self.store.get_job(job_id) is not None:
+                continue
+            return job_id
+        raise ValueError("cannot find a free job id")  # pragma: no cover - 2**32 ids
+
+    def _new_record(self, job_id: str, spec: JobSpec, spec_data: Dict[str, Any], folder: Path,
+                    warnings: List[str]) -> JobRecord:
+        auto = spec.auto_resume
+        if auto is None:
+            auto = bool(self._setting("guard.auto_resume", True))
+        return JobRecord(
+            id=job_id, name=spec.name or Path(str(spec.script or "job")).stem,
+            state=S.STARTING.value, started=now(), spec=spec_data, script=str(spec.script),
+            checkpoint_dir=str(spec.checkpoint_dir) if spec.checkpoint_dir else None,
+            log_path=str(folder / "log"),
+            ram_budget_bytes=budget_bytes(spec.ram_budget_mb),
+            vram_budget_bytes=budget_bytes(spec.vram_budget_mb),
+            auto_resume=bool(auto), warnings=tuple(warnings))
+
+    def _launch(self, job: Job, spec: JobSpec, *, append: bool) -> None:
+        """Build the plan and start the process in its own session, output to the log."""
+        folder = self.paths.jobs_dir / job.id
+        log_path = Path(str(job.rec.log_path or folder / "log"))
+        process = JobProcess.from_config(self._config())
+        try:
+            plan = build_launch(spec, job_id=job.id, address=self.paths.job_address(job.id),
+                                keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
+                                base_env=job_environ(folder), runner_dir=self.runner_dir,
+                                process=process, log_path=str(log_path))
+        except Exception as e:  # SpecError and friends: a plan that cannot be made
+            raise ValueError(one_line(e)) from None
+        popen = spawn(plan, log_path, process, append=append)
+        job.popen = popen
+        if not WINDOWS:
+            self._orphans.groups.add(popen.pid)
+        try:
+            job.process = psutil.Process(popen.pid)
+            create_time: Optional[float] = job.process.create_time()
+        except psutil.Error:
+            job.process, create_time = None, None
+        rec = job.rec
+        job.move(S.STARTING, pid=popen.pid, pids=(popen.pid,), create_time=create_time,
+                 argv=tuple(plan.argv), cwd=str(plan.cwd) if plan.cwd else None,
+                 exit_code=None, ended=None, end_reason=None, bye=None, hooked=False,
+                 runs=rec.runs + 1, eta_seconds=None, resumable=False,
+                 paused_by=None, pause_reason=None, pause_mode=None, paused_at=None,
+                 process={"nice": process.nice, "oom_score_adj": process.oom_score_adj,
+                          "log_max_bytes": process.log_max_bytes},
+                 warnings=rec.warnings + tuple(w for w in plan.warnings
+                                               if w not in rec.warnings))
+        job.known = {popen.pid: job.process} if job.process is not None else {}
+        job.exit_seen = False
+        job.meter = None  # a new tree
+        job.stop_stage = Stage.NONE
+        job.pause_deadline = None
+        job.rate_ref = None
+        job.next_sample = 0.0
+
+    def _relaunch(self, job: Job, by: str, reason: str) -> None:
+        """Launch a parked (or stopped) job again from its checkpoint, under the same id."""
+        try:
+            data = envfile.restore(dict(job.rec.spec), self.paths.jobs_dir / job.id)
+            spec = dataclasses.replace(JobSpec.from_json(data), resume=True, fresh=False)
+            validate(spec, tuple(self._gpus()), check_paths=True)
+            spec = self._with_preset(spec)
+        except ValueError as e:  # a SpecError, or an --env value that was not kept
+            raise ValueError(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
+        if not job.key:
+            job.key = secrets.token_bytes(KEY_BYTES)
+            configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key,
+                                         mode=0o600)
+        self._open_channel(job)
+        try:
+            self._launch(job, spec, append=True)
+        except ValueError:
+            self._close_channel(job)
+            raise
+        # "spec" stays what the user asked for (a relaunch from it starts afresh).
+        job.change(resumed_at=now())
+        self._save(job)
+        why = f": {reason}" if reason else ""
+        self._emit(E.JOB_RESUMED, f"job {job.id} ({job.rec.name}) relaunched from its "
+                   f"checkpoint by {by}{why} (pid {job.rec.pid})", job_id=job.id,
+                   data={"by": by, "reason": reason, "relaunched": True})
+
+
+# -- the process ---------------------------------------------------------------------------------
+
+
+def spawn(plan: LaunchPlan, log_path: Path, process: JobProcess, *,
+          append: bool) -> subprocess.Popen:
+    """Start ``plan`` in its own session (Windows: process group), stdin from nothing,
+    stdout and stderr appended to the log. Raises ValueError saying why it did not start."""
+    kwargs: Dict[str, Any] = {}
+    if WINDOWS:  # pragma: no cover - Windows only
+        kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
+                                   | subprocess.CREATE_NO_WINDOW  # type: ignore
+                                   | (subprocess.BELOW_NORMAL_PRIORITY_CLASS  # type: ignore
+                                      if process.nice > 0 else 0))
+    else:
+        kwargs["start_new_session"] = True
+        if private.user_umask() is not None:
+            kwargs["umask"] = private.user_umask()  # the user's, not the engine's 077
+    with logpages.open_to_append(log_path) as out:
+        if append:
+            try:
+                out.write(f"\n--- resumed from checkpoint "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+                out.flush()
+            except OSError:
+                pass  # a full disk costs the log this line, not the job its relaunch
+        try:
+            return subprocess.Popen(list(plan.argv), env=dict(plan.env), cwd=plan.cwd,
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, close_fds=True, **kwargs)
+        except OSError as e:
+            raise ValueError(f"cannot start {plan.argv[0]}: "
+                             f"{e.strerror or one_line(e)}") from None
+
+
+def job_environ(folder: Path) -> Dict[str, str]:
+    """The environment a job starts from: its client's, kept at start, else the engine's."""
+    environ, _ = envfile.load(folder)
+    return environ if environ is not None else dict(os.environ)
+
+
+def check_free_space(folder: Path) -> None:
+    """Refuse (ValueError, one line) a start on a disk with (almost) no room left."""
+    statvfs = getattr(os, "statvfs", None)
+    if statvfs is None:  # pragma: no cover - Windows: the writes themselves say it
+        return
+    try:
+        st = statvfs(folder)
+    except OSError:
+        return  # the folder's own trouble is reported by the writes
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        raise ValueError(f"cannot start the job: no space left on device under {folder} "
+                         f"({configmod.format_bytes(st.f_bavail * st.f_frsize)} free)")
+
+
+def folders(folder: Path) -> Set[str]:
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return set()
+
+
+def remove_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

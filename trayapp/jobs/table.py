@@ -1,0 +1,193 @@
+"""The job manager's table of jobs: what every part of it shares (the lock, the live and ended
+jobs, the store, finding a job by reference, saving it, reading a saved one back, events).
+
+``JobTable`` is the base of the manager's parts (the runner link, launching, control, the
+manager itself), each a class of its own module built on the one below.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+from trayapp import config as configmod
+from trayapp import vocab
+from trayapp.config import Paths
+from trayapp.jobs import messages, trees
+from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now
+from trayapp.jobs.record import JobRecord
+from trayapp.probes.snapshot import GpuReading
+from trayapp.runner import protocol as rp
+from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+log = logging.getLogger("headroom.jobs")
+
+RECENT_ENDED = 50  # ended jobs kept in memory (the store keeps them all)
+PREFIX_MIN = 4  # an id prefix names a job from this many characters on
+
+# A job found by reference: one of the manager's (live or parked) or the record of an ended one.
+Found = Union[Job, JobRecord]
+
+
+class JobTable:
+    """The jobs and what the manager's parts share. ``emit(kind, message, *, level, job_id,
+    data)`` records and pushes an event; ``gpus()`` returns the engine's latest GPU readings;
+    ``config()`` its current settings."""
+
+    def __init__(self, paths: Paths, store: Any, *, emit: Emit,
+                 gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
+                 config: Callable[[], Any] = lambda: configmod.Config(),
+                 runner_dir: Optional[Path] = None):
+        self.paths = paths
+        self.store = store
+        self._emit = emit
+        self._gpus = gpus
+        self._config = config
+        self.runner_dir = runner_dir  # None: the plan's default (also right in a frozen build)
+        self._lock = threading.RLock()
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._ended: OrderedDict[str, JobRecord] = OrderedDict()
+        self._closed = False
+        self._orphans = trees.Orphans()
+        self._memory_total: Optional[int] = None  # from the engine's latest reading
+        self._drops = messages.DropLog()  # what jobs sent that was not taken, per job
+
+    # -- finding ------------------------------------------------------------------------------
+
+    def _find(self, job_ref: str) -> Found:
+        """The Job (live or parked) or the record of an ended one, by id, a unique id prefix or
+        a unique name; LookupError else."""
+        ref = str(job_ref).strip()
+        if not ref:
+            raise LookupError("no job named ''")
+        if ref in self._jobs:
+            return self._jobs[ref]
+        if ref in self._ended:
+            return self._ended[ref]
+        saved = self._stored(self.store.get_job(ref))
+        if saved is not None:
+            return saved
+        found = _match(ref, {j.id: j.rec.name for j in self._jobs.values()})
+        if found is not None:
+            return self._jobs[found]
+        older: Dict[str, JobRecord] = {r.id: r for r in self._stored_list(True, 500)}
+        older.update(self._ended)
+        found = _match(ref, {i: r.name for i, r in older.items()})
+        if found is not None:
+            return older[found]
+        raise LookupError(f"no job named {ref}")
+
+    def _live(self, job_ref: str, what: str) -> Job:
+        job = self._find(job_ref)
+        if not isinstance(job, Job) or job.state not in vocab.LIVE:
+            rec = job if isinstance(job, JobRecord) else job.rec
+            done = what + ("d" if what.endswith("e") else "ed")  # paused, parked
+            raise ValueError(f"job {rec.id} is {rec.state}; it cannot be {done}")
+        return job
+
+    # -- the store ----------------------------------------------------------------------------
+
+    def _stored(self, data: Any, *, adopting: bool = False) -> Optional[JobRecord]:
+        """A job record read back from the store: the fields that came from the job's messages
+        checked again (an earlier engine's record is not trusted), then read field by field.
+        None for no record, or one that cannot be read (logged, and left out)."""
+        if not isinstance(data, dict):
+            return None
+        job_id = data.get("id")
+        try:
+            reset = messages.clean_record(data)
+            if reset and adopting:
+                log.warning("job %s: its saved %s did not pass the checks; reset", one(job_id),
+                            ", ".join(reset))
+            if data.get("state") not in vocab.ALL:
+                raise ValueError(f"its state {one(data.get('state'))} is not a job state")
+            return JobRecord.from_json(data)
+        except Exception as e:  # any row at all: one that cannot be read must not stop the rest
+            log.warning("job %s: its saved record cannot be read (%s); left out", one(job_id),
+                        one_line(e, 200))
+            return None
+
+    def _stored_list(self, include_finished: bool, limit: int) -> List[JobRecord]:
+        out = []
+        for data in self.store.list_jobs(include_finished=include_finished, limit=limit):
+            rec = self._stored(data)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def _save(self, job: Job) -> None:
+        job.dirty = False
+        job.last_saved = time.monotonic()
+        self.store.save_job(job.rec.to_json())
+
+    def _retire(self, job: Job) -> None:
+        """An ended job leaves the live set; the last ones are kept at hand."""
+        self._jobs.pop(job.id, None)
+        self._ended[job.id] = job.rec
+        while len(self._ended) > RECENT_ENDED:
+            self._ended.popitem(last=False)
+
+    # -- shared by the parts ------------------------------------------------------------------
+
+    def _setting(self, name: str, default: Any) -> Any:
+        try:
+            return self._config()[name]
+        except (KeyError, TypeError):
+            return default
+
+    def _flush_events(self, events: List[Event]) -> None:
+        for kind, level, message, job_id, data in events:
+            self._emit(kind, message, level=level, job_id=job_id, data=data)
+
+    def _send(self, job: Job, kind: str, **fields: Any) -> bool:
+        peer = job.peer
+        if peer is None or peer.closed:
+            return False
+        return peer.send(rp.make(kind, **fields))
+
+    def _pause_deadline(self, deadline: Optional[float]) -> float:
+        if deadline is not None:
+            return max(0.0, float(deadline))
+        return float(self._setting("guard.pause_deadline_seconds", 2.0))
+
+    def _set_paused(self, job: Job, by: str, reason: str, mode: str, events: List[Event],
+                    note: str = "") -> None:
+        already = job.state == S.PAUSED
+        job.move(S.PAUSED, pause_mode=mode, paused_by=by, pause_reason=reason or None)
+        if job.rec.paused_at is None:
+            job.change(paused_at=now())
+        job.pause_deadline = None
+        self._save(job)
+        if not already or mode == SUSPENDED:
+            how = "suspended" if mode == SUSPENDED else "paused at a batch end"
+            why = f": {reason}" if reason else ""
+            events.append((E.JOB_PAUSED, "info" if by == BY_USER else "warn",
+                           f"job {job.id} ({job.rec.name}) {how} by {by}{why}{note}",
+                           job.id, {"by": by, "reason": reason, "pause_mode": mode}))
+
+
+def _match(ref: str, names: Dict[str, str]) -> Optional[str]:
+    """The one id that ``ref`` is a prefix of (``PREFIX_MIN`` characters at least), else the one
+    job named ``ref``; None when none is. LookupError when more than one match."""
+    for matcher in (lambda i, n: i.startswith(ref) and len(ref) >= PREFIX_MIN,
+                    lambda i, n: n == ref):
+        hits = [i for i, n in names.items() if matcher(i, n)]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise LookupError(f"{ref} matches {len(hits)} jobs "
+                              f"({', '.join(hits[:5])}); use the id")
+    return None
+
+
+def one(value: Any) -> str:
+    """A value of a saved record, short, for a log line (a plain id as it is)."""
+    if isinstance(value, str) and len(value) <= 80 and value.isprintable():
+        return value
+    return repr(value)[:80]

@@ -1,0 +1,298 @@
+"""The ``keras.Model.fit`` patch and the callbacks it adds, built from the Keras the script
+imported (the runner cannot import Keras itself: the script chooses which one)."""
+
+import functools
+import inspect
+import os
+
+from . import shrink
+from .control import Parked
+from .training import WEIGHTS_FILE, FitRun, _first_line, _int
+
+
+def _callback_classes(callbacks_module, keras3):
+    """(the progress callback, the first callback, the restoring callback or None)."""
+    headroom_cls, first_cls = _progress_classes(callbacks_module.Callback)
+    return headroom_cls, first_cls, _restore_class(callbacks_module, keras3)
+
+
+def _progress_classes(base):
+    class HeadroomCallback(base):
+        # Keras 3 runs batch-end callbacks on a thread when all are "async safe"; ours only
+        # queues progress there, so it keeps the user's fit as fast as without it.
+        async_safe = True
+
+        def __init__(self, run):
+            super().__init__()
+            self._run = run
+
+        def on_train_begin(self, logs=None):
+            self._run.train_begin(self.params or {})
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._run.epoch_begin(epoch)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._run.batch_begin(batch)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._run.batch_end(batch, logs)
+
+        def on_test_batch_begin(self, batch, logs=None):
+            self._run.test_batch_begin()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._run.epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            self._run.train_end(logs)
+
+    class FirstCallback(base):
+        """Runs before the user's callbacks: sees whether fit() stopped inside the epoch."""
+
+        async_safe = True
+
+        def __init__(self, run):
+            super().__init__()
+            self._run = run
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._run.stop_seen = False
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._run.stop_seen = bool(getattr(self.model, "stop_training", False))
+
+    return HeadroomCallback, FirstCallback
+
+
+def _restore_class(callbacks_module, keras3):
+    backup_base = getattr(callbacks_module, "BackupAndRestore", None)
+    if keras3 and backup_base is not None:
+
+        class Restore(backup_base):
+            """BackupAndRestore for restoring only; the HeadroomCallback does the saving."""
+
+            async_safe = True
+
+            def __init__(self, run):
+                super().__init__(backup_dir=run.dir, save_freq="epoch", delete_checkpoint=False)
+                self._run = run
+
+            def on_train_begin(self, logs=None):
+                folder = self._run.dir
+                if not os.path.exists(os.path.join(folder, WEIGHTS_FILE)):
+                    return
+                if not self.model.built:
+                    self._run.session.note(
+                        "warn",
+                        "cannot restore the checkpoint: the model is not built before fit() "
+                        "(give it an Input layer or call model.build())",
+                    )
+                    return
+                try:
+                    super().on_train_begin(logs)
+                except Exception as e:
+                    raise RuntimeError(
+                        f"cannot restore the checkpoint in {folder}: {_first_line(e)}"
+                    ) from e
+
+            def on_epoch_end(self, epoch, logs=None):
+                pass
+
+            def on_train_batch_end(self, batch, logs=None):
+                pass
+
+            def on_train_end(self, logs=None):
+                pass
+
+        return Restore
+    return backup_base
+
+
+def install(keras, session):
+    """Patch ``keras.Model.fit`` of the given Keras package; returns True when hooked."""
+    model_class = getattr(keras, "Model", None)
+    callbacks_module = getattr(keras, "callbacks", None)
+    if model_class is None or callbacks_module is None:
+        return False
+    original = model_class.fit
+    if getattr(original, "__headroom_fit__", False):
+        return True
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        return False
+    if "callbacks" not in signature.parameters:
+        return False
+    keras3, tf_backend = _keras_facts(keras)
+    epochs_default = signature.parameters.get("epochs")
+    epochs_default = epochs_default.default if epochs_default is not None else 1
+    headroom_cls, first_cls, restore_cls = _callback_classes(callbacks_module, keras3)
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        if session.active_run is not None:
+            return original(self, *args, **kwargs)  # a fit() inside a fit(): leave it alone
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return original(self, *args, **kwargs)  # let Keras say what is wrong
+        user = bound.arguments.get("callbacks")
+        if user is not None and not isinstance(user, (list, tuple)):
+            session.note("warn", "fit(callbacks=...) is not a list: progress is not available")
+            return original(self, *args, **kwargs)
+        epochs = bound.arguments.get("epochs", epochs_default)
+        run = FitRun(
+            session,
+            self,
+            session.next_fit_index(),
+            epochs,
+            keras3,
+            tf_backend,
+            bound.arguments.get("initial_epoch", 0),
+        )
+        run.prepare_folder()
+        shrinker = shrink.Shrinker(keras, session, self, bound, keras3)
+        shrinker.prepare(tf_backend)
+        _resume_shrunk(run, shrinker)
+
+        def set_callbacks(restore):
+            first = [first_cls(run)]
+            if restore and run.dir and restore_cls is not None:
+                first.insert(0, _restorer(restore_cls, run, keras3))
+            bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+
+        set_callbacks(True)
+        if hasattr(self, "_initial_epoch"):
+            # Set by a BackupAndRestore of an earlier fit() of this model; only this fit's own
+            # checkpoint may choose where it starts.
+            self._initial_epoch = None
+        session.fit_started(run)
+        try:
+            history = _fit_shrinking(original, bound, run, shrinker, set_callbacks)
+        except Parked:
+            history = None
+        finally:
+            session.fit_ended(run)
+        _after_fit(session)
+        return history
+
+    fit.__headroom_fit__ = True  # type: ignore[attr-defined]
+    model_class.fit = fit
+    return True
+
+
+def _keras_facts(keras):
+    """(Keras 3, the TensorFlow backend) of the Keras package the script imported."""
+    version = str(getattr(keras, "__version__", "0"))
+    keras3 = _int(version.split(".")[0], 0) >= 3
+    tf_backend = True
+    if keras3:
+        try:
+            tf_backend = keras.backend.backend() == "tensorflow"
+        except Exception:
+            tf_backend = False
+    return keras3, tf_backend
+
+
+def _restorer(restore_cls, run, keras3):
+    if keras3:
+        return restore_cls(run)
+    save_freq = run.every or "epoch"
+    return restore_cls(backup_dir=run.dir, save_freq=save_freq, delete_checkpoint=False)
+
+
+def _after_fit(session):
+    if session.control.park:
+        # A park that came as fit() was ending: the fit is done and saved, so the job can
+        # end here as well as at a batch.
+        session.control.parked = True
+        session.exit_parked()
+    if session.control.stop:
+        # Stopped (at a batch, or as fit() was ending): the rest of the script does not run.
+        session.exit_stopped()
+
+
+def _resume_shrunk(run, shrinker):
+    """A job resumed from a checkpoint saved at a shrunk batch goes on with it: the
+    accumulation is set before the checkpoint is restored (its optimizer state has the
+    accumulators)."""
+    if not run.dir or not run.session.options["resume"]:
+        return
+    metadata = run.read_metadata() or {}
+    extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
+    k = _int(extra.get("accumulation"), 1)
+    if k <= 1:
+        return
+    refusal = shrinker.refusal()
+    if refusal is not None:
+        run.session.note("warn", f"the checkpoint was trained at a shrunk batch, but {refusal}")
+        return
+    micro = shrinker.apply(k)
+    run.accumulation = k
+    run.session.note("info", f"resumed at micro-batches of {micro} x {k} "
+                             f"(batch {shrinker.effective_batch()}, the same training)")
+
+
+def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
+    """``fit()``, trained again at half the micro-batch (twice the accumulation) after an
+    out-of-memory error, from where it stood, as often as the floor allows."""
+    session = run.session
+    earlier = None
+    while True:
+        try:
+            history = original(*bound.args, **bound.kwargs)
+            return _merged(earlier, history)
+        except Exception as error:
+            if not shrink.is_oom(error) or run.stopping:
+                raise
+            refusal = shrinker.refusal()
+            if refusal is not None:
+                session.note("error", f"out of memory in fit(); not shrunk: {refusal}")
+                raise
+            halved = shrinker.halve()
+            what = shrink.oom_text(error)
+            earlier = _merged(earlier, getattr(run.model, "history", None))
+            if halved is None:
+                _below_floor(run, shrinker, what)
+                raise
+        # Out of the except block, the failed step's frames (and their tensors) are gone.
+        shrink.release_memory()
+        epoch, done = run.updates_done()
+        micro, k = halved
+        shrinker.apply(k)
+        run.restart_in_memory(epoch, done, k)
+        set_callbacks(False)  # the weights in memory are newer than any checkpoint
+        bound.arguments["initial_epoch"] = epoch
+        session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+                             f"training micro-batches of {micro} x {k} "
+                             f"(batch {shrinker.effective_batch()}, the same training)")
+
+
+def _below_floor(run, shrinker, what):
+    """No smaller micro-batch: with a checkpoint folder, save where training is and park."""
+    floor = f"micro-batch {shrink.micro_batch(shrinker.effective_batch(), shrinker.k)}, " \
+            f"--min-batch {shrinker.floor}"
+    session = run.session
+    if not run.dir:
+        session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
+        return
+    epoch, done = run.updates_done()
+    shrink.to_update_boundary(run.model.optimizer)
+    run.accumulation = shrinker.k
+    if run.save(epoch, done * shrinker.k, "oom"):
+        session.note("error", f"out of memory in fit() at the smallest batch ({floor}); "
+                              "parked with a checkpoint: resume it when memory is free")
+        session.control.parked = True
+        session.exit_parked()
+
+
+def _merged(earlier, history):
+    """One History for the whole fit: the epochs of the attempts before an out-of-memory error
+    come first."""
+    if earlier is None or history is None or earlier is history:
+        return history if history is not None else earlier
+    for key, values in (getattr(earlier, "history", None) or {}).items():
+        history.history[key] = list(values) + list(history.history.get(key, []))
+    history.epoch = list(getattr(earlier, "epoch", [])) + list(getattr(history, "epoch", []))
+    return history

@@ -1,0 +1,260 @@
+"""What the jobs window shows of a job, worked out from its record: no Qt, no I/O.
+
+The table's cells, the state with its reason, the filter, the actions a state allows, the stop
+question, the relaunch spec and the rows of the details' Options tab are pure functions of a
+``JobRecord``, so they are tested with records.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from trayapp import formats, vocab
+from trayapp.config import format_bytes
+from trayapp.jobs.record import JobRecord
+from trayapp.ui.model import JOB_ACTIONS, format_duration
+from trayapp.vocab import GuardAct as A
+from trayapp.vocab import JobState as S
+
+COLUMNS = ("Name", "State", "Progress", "Loss", "ETA", "RAM", "VRAM", "Elapsed")
+COL_PROGRESS = COLUMNS.index("Progress")
+FINISHED_STATES = vocab.ENDED
+# States whose text says who paused the job and why.
+PAUSE_STATES = vocab.words(S.PAUSED, S.PAUSING)
+# The filter's choices: its key ("finished" shows the ended jobs) and its label.
+SHOW_CHOICES = (("all", "All jobs"), ("active", "Running and parked"),
+                ("finished", "Finished"))
+ACTIONS = (A.PAUSE, A.RESUME, A.PARK, A.STOP)
+STATE_COLOURS: Dict[str, str] = {
+    S.RUNNING: "#2e7d32", S.PAUSED: "#b26a00", S.PAUSING: "#b26a00", S.PARKED: "#6a3d9a",
+    S.PARKING: "#6a3d9a", S.FAILED: "#c0392b", S.LOST: "#c0392b", S.STOPPED: "#555555",
+    S.FINISHED: "#1f5fa8"}
+LEVEL_COLOURS = {"warn": "#a15c00", "error": "#c0392b"}  # an event's level
+# What the runner's hello says that the Options tab shows in sections of its own.
+_HELLO_SHOWN = ("applied", "options", "python", "python_version", "tf_version", "keras_version",
+                "hooked", "job_id", "pid")
+
+Rows = List[Tuple[str, str]]
+
+
+def progress_fraction(job: JobRecord) -> Optional[float]:
+    """Training done as a share (epochs are 1-based, steps count within the epoch), or None
+    when the job reports no progress."""
+    epoch, epochs, step, steps = job.epoch, job.epochs, job.step, job.steps
+    if job.state == S.FINISHED and epochs:
+        return 1.0
+    if not epochs or epoch is None:
+        return None
+    if steps:
+        done = max(0.0, (epoch - 1) * steps + float(step or 0))
+        return max(0.0, min(1.0, done / (epochs * steps)))
+    return max(0.0, min(1.0, (epoch - 1) / epochs))
+
+
+def progress_text(job: JobRecord) -> str:
+    """``"epoch 2/5 · step 30/100"``, or "" without progress reports."""
+    return formats.progress(job.epoch, job.epochs, job.step, job.steps, sep=" · ")
+
+
+def loss_text(job: JobRecord) -> str:
+    return formats.loss(job.metrics.get("loss"))
+
+
+def elapsed_seconds(job: JobRecord, now: float) -> Optional[float]:
+    if job.started is None:
+        return None
+    end = job.ended or now
+    return max(0.0, end - job.started)
+
+
+def state_text(job: JobRecord) -> str:
+    """The state with why: ``"paused by guard: RAM low"``, ``"failed (exit status 1)"``."""
+    state = job.state
+    if state in PAUSE_STATES and job.paused_by:
+        text = f"{state} by {job.paused_by}"
+        return text + (f": {job.pause_reason}" if job.pause_reason else "")
+    if state in FINISHED_STATES | vocab.PARKED and job.end_reason and job.end_reason != state:
+        return f"{state} ({job.end_reason})"
+    return state
+
+
+def cell_text(job: JobRecord, column: int, now: float) -> str:
+    name = COLUMNS[column]
+    if name == "Name":
+        return job.name or job.id
+    if name == "State":
+        return state_text(job)
+    if name == "Progress":
+        return progress_text(job)
+    if name == "Loss":
+        return loss_text(job)
+    if name == "ETA":
+        eta = job.eta_seconds
+        return "" if eta is None or job.state in FINISHED_STATES else format_duration(eta)
+    if name in ("RAM", "VRAM"):
+        value = job.rss_bytes if name == "RAM" else job.vram_bytes
+        if value is None:
+            # An ended job has no memory; a live one whose reading is missing shows "n/a".
+            return "" if job.state in FINISHED_STATES | vocab.PARKED else "n/a"
+        return format_bytes(value)
+    return format_duration(elapsed_seconds(job, now))
+
+
+def job_matches(job: JobRecord, text: str, show: str) -> bool:
+    """Whether the job passes the filter: ``show`` is "active", "finished" or "all"; ``text``
+    must appear in its name, id, state or script (any case)."""
+    finished = job.state in FINISHED_STATES
+    if (show == "active" and finished) or (show == "finished" and not finished):
+        return False
+    needle = text.strip().lower()
+    if not needle:
+        return True
+    return needle in " ".join((job.name, job.id, job.state, job.script)).lower()
+
+
+def actions_for(job: Optional[JobRecord]) -> Tuple[str, ...]:
+    """The actions a job's state allows (the engine has the last word)."""
+    if job is None:
+        return ()
+    if job.state == S.STOPPED and job.resumable:
+        return (A.RESUME,)  # stopped with a checkpoint folder: continues from it
+    return JOB_ACTIONS.get(job.state, ())
+
+
+def stop_question(job: JobRecord) -> str:
+    """What the stop confirmation asks: what stop does to the checkpoint and to the script."""
+    name = f"{job.name} ({job.id})"
+    if not job.hooked:
+        return (f"Stop {name}? It is interrupted (as with Ctrl-C), then ended by force if it "
+                "does not end; the rest of its script does not run.")
+    if job.checkpoint_dir:
+        return (f"Stop {name}? It saves a checkpoint and ends at the next batch; the rest of "
+                "its script (after fit()) does not run. Resume continues it from the "
+                "checkpoint.")
+    return (f"Stop {name}? It ends at the next batch; the rest of its script (after fit()) "
+            "does not run. It has no checkpoint folder, so its training progress is lost; "
+            "Park needs one.")
+
+
+RELAUNCH_CHOICES = ("Continue from the checkpoint", "Start over (the checkpoint is deleted)")
+
+
+def relaunch_spec(spec: Mapping[str, Any], choice: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The spec to launch again after the relaunch question: ``choice`` 0 continues from the
+    checkpoint (``resume``), 1 starts over (``fresh``), None asks nothing (no checkpoint
+    there); None when the question was cancelled."""
+    if choice is None:
+        return dict(spec, resume=False, fresh=False)
+    if choice not in (0, 1):
+        return None
+    return dict(spec, resume=choice == 0, fresh=choice == 1)
+
+
+def job_folder(job: JobRecord) -> Optional[Path]:
+    """The job's folder (``jobs/<id>/``), from where its log lives."""
+    return Path(job.log_path).parent if job.log_path else None
+
+
+def plain(value: Any) -> str:
+    """A value as the Options tab shows it."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def process_rows(process: Any) -> Rows:
+    """(what, value) of how the job's process runs beside the desktop: its CPU priority, its
+    OOM score, its log's cap; empty for a job launched before they were recorded."""
+    if not isinstance(process, Mapping):
+        return []
+    rows = []
+    nice, oom, cap = process.get("nice"), process.get("oom_score_adj"), \
+        process.get("log_max_bytes")
+    if isinstance(nice, int):
+        rows.append(("CPU priority", f"nice {nice}" + (" (the desktop's normal priority)"
+                                                       if nice == 0 else " (below the desktop)")))
+    if isinstance(oom, int) and sys.platform != "win32":
+        rows.append(("OOM score", f"oom_score_adj {oom:+d} (the kernel's OOM killer takes it "
+                                  "before the desktop)" if oom > 0 else f"oom_score_adj {oom}"))
+    if isinstance(cap, int):
+        rows.append(("Log", f"capped at {format_bytes(cap)} (its head and its tail kept)"))
+    return rows
+
+
+def checkpoint_text(ck: Mapping[str, Any]) -> str:
+    """The last checkpoint in the words of the progress column: ``/ckpt/fit-1 (in epoch 22,
+    after step 2)`` or ``(after epoch 26)``; the runner counts the epochs done, from 0."""
+    path, epoch, step = ck.get("path"), ck.get("epoch"), ck.get("step")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return str(path)
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        return f"{path} (in epoch {epoch + 1}, after step {step})"
+    return f"{path} (after epoch {epoch})" if epoch else f"{path} (before the first epoch)"
+
+
+def applied_lines(hello: Optional[Mapping[str, Any]]) -> List[str]:
+    """The runner's applied options, one line each: ``"memory_growth = True
+    (tf.config.experimental.set_memory_growth)"``."""
+    lines = []
+    for item in (hello or {}).get("applied") or []:
+        if isinstance(item, dict):
+            text = f"{item.get('option', '?')} = {plain(item.get('value'))}"
+            if item.get("call"):
+                text += f"  ({item['call']})"
+            lines.append(text)
+        else:
+            lines.append(plain(item))
+    return lines
+
+
+def _hello_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
+    hello = job.hello or {}
+    if not hello:
+        return [("Options applied", [("", "not reported yet (the runner has not said hello)")])]
+    rows = [(name, value) for name, _, value in
+            (line.partition(" = ") for line in applied_lines(hello))]
+    sections = [("Options applied", rows or [("", "none (TensorFlow's defaults)")])]
+    sections.append(("Interpreter", [
+        ("Python", f"{hello.get('python_version') or '?'} ({hello.get('python') or '?'})"),
+        ("TensorFlow", str(hello.get("tf_version") or "not imported")),
+        ("Keras", str(hello.get("keras_version") or "n/a")),
+        ("fit() progress", "hooked" if hello.get("hooked") or job.hooked else "not hooked")]))
+    asked = hello.get("options")
+    if isinstance(asked, dict):
+        sections.append(("Options asked for",
+                         [(k, plain(v)) for k, v in asked.items() if v is not None]))
+    rest = {k: v for k, v in hello.items() if k not in _HELLO_SHOWN}
+    if rest:
+        sections.append(("Reported by the runner", [(k, plain(v)) for k, v in rest.items()]))
+    return sections
+
+
+def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
+    """The Options tab of a job: (section title, its (what, value) rows), in order: what the
+    runner applied and reported, the process, the last checkpoint, warnings and notes."""
+    sections = _hello_sections(job)
+    rows = process_rows(job.process)
+    if rows:
+        sections.append(("Process", rows))
+    if job.checkpoint:
+        sections.append(("Checkpoint", [("last", checkpoint_text(job.checkpoint))]))
+    notes = [f"{n.get('level')}: {n.get('message')}" for n in job.notes]
+    if job.warnings or notes:
+        sections.append(("Warnings and notes", [("", w) for w in list(job.warnings) + notes]))
+    return sections
+
+
+def options_key(job: JobRecord) -> str:
+    """What the Options tab is made of, as one string: the tab is filled again when it
+    changes."""
+    return job.id + ":" + json.dumps([job.hello, job.warnings, job.notes, job.checkpoint,
+                                      job.process], default=_jsonable, sort_keys=True)
+
+
+def _jsonable(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else str(value)
