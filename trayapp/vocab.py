@@ -150,6 +150,14 @@ class GuardCause(Word):
     OK = "ok"  # all is well again (the notification)
 
 
+class GuardMode(Word):
+    """What the guard does (setting ``guard.mode``)."""
+
+    ACT = "act"  # warn, pause, park and stop
+    DRY_RUN = "dry-run"  # record what it would do, do nothing
+    OFF = "off"  # watch only
+
+
 C = GuardCause
 BUDGET_CAUSES = words(C.BUDGET_RAM, C.BUDGET_VRAM)
 # Memory so short that the guard parks or stops rather than waits.

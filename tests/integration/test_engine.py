@@ -16,6 +16,7 @@ from multiprocessing.connection import Client
 import pytest
 
 from tests.conftest import EngineProcess, headroom_cmd, run_cli
+from trayapp import __version__
 from trayapp.engine.client import EngineClient, EngineError, EngineUnavailable, Subscription
 
 STATUS_KEYS = {"time", "memory", "gpus", "guard", "jobs"}
@@ -266,7 +267,5 @@ def test_bad_flags_exit_2_with_one_line(home, args) -> None:  # type: ignore[no-
 
 
 def test_version(home) -> None:  # type: ignore[no-untyped-def]
-    from trayapp import __version__
-
     r = run_cli("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"headroom {__version__}"

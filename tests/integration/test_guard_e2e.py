@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -212,8 +213,6 @@ def test_the_guard_acts_with_no_client_connected(
 
 def test_the_guard_acts_while_clients_flood_the_channel(
         start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
-    import threading
-
     engine = start_engine()
     progress = tmp_path / "progress"
     stop = threading.Event()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from trayapp import config as cfg
 from trayapp.config import ConfigError
+from trayapp.engine.config_watch import STATUS_PROBLEMS, shown_problems
 from trayapp.engine.guard import Policy
 
 if sys.version_info >= (3, 11):
@@ -194,8 +195,6 @@ def test_an_edit_is_noticed_by_its_stamp_or_within_the_clock_tick_by_its_bytes(
 
 
 def test_the_status_shows_a_few_problems_and_counts_the_rest() -> None:
-    from trayapp.engine.config_watch import STATUS_PROBLEMS, shown_problems
-
     c = cfg.from_mapping({"guard": {f"k{i}": i for i in range(5000)}})
     assert len(c.problems) == 5000
     shown = shown_problems(c.problems)

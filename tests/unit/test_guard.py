@@ -25,6 +25,11 @@ from trayapp.engine.guard import (
     decide,
     still_holds,
 )
+from trayapp.engine.guarding import ConfigPolicy, GuardService
+from trayapp.engine.service import Engine
+from trayapp.engine.store import Store
+from trayapp.probes.gpu import NoGpuBackend
+from trayapp.probes.memory import MemoryProbe
 from trayapp.probes.snapshot import GpuProcess, GpuReading, MemoryReading
 
 MiB = 1 << 20
@@ -693,7 +698,7 @@ def test_policy_from_settings() -> None:
     cfg.rules = [{"process": "chrome*", "action": "pause"}]
     p = Policy.from_config(cfg)
     assert p.warn_available.bytes_of(TOTAL) == 2 * GiB
-    assert p.mode == "dry-run" and p.psi_pause_percent == 70.0
+    assert p.mode == "dry-run" and p.psi_pause_threshold == 70.0
     assert p.rules == (Rule("chrome*", "pause"),)
     assert Policy.from_config(Config()) == Policy()  # the table's defaults are the policy's
 
@@ -732,11 +737,6 @@ class FakeProc:
 
 @pytest.fixture
 def engine_on_fake_proc(tmp_path: Path, paths: Paths) -> Iterator[Tuple[Any, FakeProc, list]]:
-    from trayapp.engine.service import Engine
-    from trayapp.engine.store import Store
-    from trayapp.probes.gpu import NoGpuBackend
-    from trayapp.probes.memory import MemoryProbe
-
     now = [1_800_000_000.0]
     proc = FakeProc(tmp_path / "proc")
     probe = MemoryProbe(proc_root=str(proc.root), cgroup_root=str(tmp_path / "no-cgroups"),
@@ -751,6 +751,13 @@ def engine_on_fake_proc(tmp_path: Path, paths: Paths) -> Iterator[Tuple[Any, Fak
         engine.store.close()
 
 
+def service_for(engine: Any) -> GuardService:
+    """A guard service on ``engine``'s readings, events and settings, without a job manager."""
+    return GuardService(jobs=list, acts=None, emit=engine.emit_event,
+                        read_snapshot=engine.read_snapshot,
+                        policy=ConfigPolicy(lambda: engine.config))
+
+
 def run_ticks(svc: Any, engine: Any, now: list, proc: FakeProc, avails: Sequence[int],
               step: float = 1.0) -> List[Dict[str, Any]]:
     states = []
@@ -763,11 +770,9 @@ def run_ticks(svc: Any, engine: Any, now: list, proc: FakeProc, avails: Sequence
 
 
 def test_the_service_warns_and_clears_without_jobs(engine_on_fake_proc) -> None:
-    from trayapp.engine.guarding import GuardService
-
     engine, proc, now = engine_on_fake_proc
     assert engine.jobs is None
-    svc = GuardService(engine)
+    svc = service_for(engine)
     states = run_ticks(svc, engine, now, proc, [pct(50), pct(14), pct(7), pct(7), pct(50)])
     assert [s["state"] for s in states] == ["ok", "warn", "pause", "pause", "ok"]
     st = states[2]
@@ -782,10 +787,8 @@ def test_the_service_warns_and_clears_without_jobs(engine_on_fake_proc) -> None:
 
 
 def test_the_service_samples_faster_as_memory_runs_short(engine_on_fake_proc) -> None:
-    from trayapp.engine.guarding import GuardService
-
     engine, proc, now = engine_on_fake_proc
-    svc = GuardService(engine)
+    svc = service_for(engine)
     run_ticks(svc, engine, now, proc, [pct(50)] * 3)
     calm = svc.next_interval(1.0)
     run_ticks(svc, engine, now, proc, [pct(20)] * 4)
@@ -803,10 +806,8 @@ def test_the_service_samples_faster_as_memory_runs_short(engine_on_fake_proc) ->
 
 
 def test_the_service_follows_a_reloaded_mode(engine_on_fake_proc) -> None:
-    from trayapp.engine.guarding import GuardService
-
     engine, proc, now = engine_on_fake_proc
-    svc = GuardService(engine)
+    svc = service_for(engine)
     engine.config = Config(values={**Config().values, "guard.mode": "off"})
     states = run_ticks(svc, engine, now, proc, [pct(4)])
     assert states[0]["mode"] == "off" and states[0]["state"] == "park"

@@ -12,8 +12,12 @@ import psutil
 import pytest
 
 from trayapp.probes.processes import (
+    SAME_PROCESS_TOLERANCE_S,
+    ProcessSampler,
+    pids_rss,
     process_name,
-    top_consumers,
+    same_process,
+    same_start,
     tree_memory,
     tree_pids,
     tree_vram,
@@ -155,15 +159,78 @@ def test_process_name_of_this_process() -> None:
     assert process_name(os.getpid()) == psutil.Process().name()
 
 
-def test_top_consumers(hog: subprocess.Popen) -> None:
-    top = top_consumers(limit=5)
+# Grows by SIZE MiB (touched) each time a line comes on its stdin, and says so.
+GROWER = textwrap.dedent(
+    """
+    import sys
+    blocks = []
+    print("ready", flush=True)
+    for line in sys.stdin:
+        blocks.append(b"\\x01" * (int(line) * 1024 * 1024))
+        print("grown", flush=True)
+    """
+)
+
+
+def test_the_sampler_names_the_largest_first(hog: subprocess.Popen) -> None:
+    top = ProcessSampler().sample(5)
     hog_rss = psutil.Process(hog.pid).memory_info().rss
     assert 1 <= len(top) <= 5
-    assert [r[2] for r in top] == sorted((r[2] for r in top), reverse=True)
-    pids = [r[0] for r in top]
-    if hog.pid in pids:
-        (row,) = [r for r in top if r[0] == hog.pid]
-        assert row[1] == psutil.Process(hog.pid).name() and row[2] >= 200 * MiB
+    assert [r.rss_bytes for r in top] == sorted((r.rss_bytes for r in top), reverse=True)
+    assert all(r.rate_bytes_per_s is None for r in top)  # nothing to compare with yet
+    by_pid = {r.pid: r for r in top}
+    if hog.pid in by_pid:
+        row = by_pid[hog.pid]
+        assert row.name == psutil.Process(hog.pid).name() and row.rss_bytes >= 200 * MiB
+        assert same_start(row.create_time, psutil.Process(hog.pid).create_time())
     else:  # other processes on this machine hold more: all five must
-        assert len(top) == 5 and all(r[2] >= hog_rss - 16 * MiB for r in top)
-    assert top_consumers(limit=0) == []
+        assert len(top) == 5 and all(r.rss_bytes >= hog_rss - 16 * MiB for r in top)
+    assert ProcessSampler().sample(0) == []
+
+
+def test_the_sampler_gives_the_growth_of_a_process_it_saw_before() -> None:
+    proc = start([GROWER])
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        now = [1000.0]
+        sampler = ProcessSampler(clock=lambda: now[0])
+        mine = psutil.Process(proc.pid).name()
+        also = (lambda name: name == mine)  # the grower, and any other process of that name
+        (first,) = [r for r in sampler.sample(0, also) if r.pid == proc.pid]
+        assert first.rate_bytes_per_s is None
+        proc.stdin.write("64\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "grown"
+        now[0] += 2.0
+        (second,) = [r for r in sampler.sample(0, also) if r.pid == proc.pid]
+        grown = second.rss_bytes - first.rss_bytes
+        assert grown >= 60 * MiB
+        assert second.rate_bytes_per_s == pytest.approx(grown / 2.0)
+        # Not asked for this time: it is forgotten, and comes back without a growth.
+        assert [r for r in sampler.sample(0) if r.pid == proc.pid] == []
+        now[0] += 1.0
+        (third,) = [r for r in sampler.sample(0, also) if r.pid == proc.pid]
+        assert third.rate_bytes_per_s is None
+    finally:
+        stop(proc)
+
+
+def test_same_process_is_the_one_that_started_then(hog: subprocess.Popen) -> None:
+    created = psutil.Process(hog.pid).create_time()
+    found = same_process(hog.pid, created)
+    assert found is not None and found.pid == hog.pid
+    assert same_process(hog.pid, created + SAME_PROCESS_TOLERANCE_S / 2) is not None
+    assert same_process(hog.pid, created + 10 * SAME_PROCESS_TOLERANCE_S) is None  # pid reused
+    assert same_process(hog.pid, None) is not None
+    stop(hog)
+    assert same_process(hog.pid, created) is None
+
+
+def test_pids_rss_sums_the_processes_still_there(family: tuple) -> None:
+    _, kids = family
+    each = [psutil.Process(pid).memory_info().rss for pid in kids]
+    total = pids_rss(kids)
+    assert total is not None and abs(total - sum(each)) < 8 * MiB
+    assert pids_rss(kids + [2**22 + 12345]) == pytest.approx(total, abs=8 * MiB)
+    assert pids_rss([2**22 + 12345]) is None and pids_rss([]) is None

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 from trayapp import config as configmod
-from trayapp.config import Config
+from trayapp.config import Config, Paths
 from trayapp.vocab import EventKind as E
 
 log = logging.getLogger("headroom.engine")
@@ -32,12 +32,25 @@ def shown_problems(problems: List[str]) -> List[str]:
         f"config: and {more} more problems (see the settings)"]
 
 
+class ConfigHost(Protocol):
+    """What the watcher needs of the engine: its settings (read and replaced), its paths,
+    where events go, and a way to sample again now."""
+
+    config: Config
+    paths: Paths
+
+    def emit_event(self, kind: str, message: str, *, level: str = ...,
+                   job_id: Optional[str] = ..., data: Optional[Dict[str, Any]] = ...) -> Any: ...
+
+    def wake(self) -> None: ...
+
+
 class ConfigWatcher:
     """Holds the engine's settings file in view. ``engine`` gives ``config`` (read and set),
     ``paths``, ``emit_event`` and ``wake``. Thread-safe: the tick and the control channel's
     threads both call it."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: ConfigHost):
         self.engine = engine
         self.lock = threading.RLock()
         self._failed = False  # a failed look at the file is logged once, not every tick

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from trayapp import __version__, channel, private
 from trayapp import config as configmod
@@ -22,11 +22,21 @@ from trayapp.channel import ChannelServer, Peer
 from trayapp.config import Config, ConfigConflict, ConfigError, Paths
 from trayapp.engine import protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
+from trayapp.engine.guarding import ConfigPolicy, GuardService
 from trayapp.engine.history import RecentHistory
 from trayapp.engine.parts import Parts
+from trayapp.engine.store import Store
+from trayapp.jobs.envfile import hide_stored
+from trayapp.jobs.manager import JobManager
+from trayapp.jobs.record import JobRecord
+from trayapp.probes.gpu import GpuBackend, make_backend
+from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
+from trayapp.probes.processes import ProcessSampler
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.series import sample_values as series_values
 from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import GuardLevel
 
 log = logging.getLogger("headroom.engine")
 
@@ -50,12 +60,12 @@ class EngineLock:
         f = private.open_private_file(self.path, "r+")
         try:
             if sys.platform == "win32":  # pragma: no cover
-                import msvcrt
+                import msvcrt  # Windows only
 
                 f.seek(0)
                 msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
             else:
-                import fcntl
+                import fcntl  # POSIX only: not on Windows
 
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -92,7 +102,7 @@ def harden_process() -> List[str]:
     if not sys.platform.startswith("linux"):
         return notes
     try:
-        import ctypes
+        import ctypes  # Linux only (mlockall)
 
         libc = ctypes.CDLL(None, use_errno=True)
         # MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT: pages stay in RAM once touched, without
@@ -122,7 +132,7 @@ def harden_process() -> List[str]:
 # -- the engine ---------------------------------------------------------------------------------
 
 
-def sample_values(snap: Snapshot, jobs: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
+def sample_values(snap: Snapshot, jobs: List[Any]) -> Dict[str, Optional[float]]:
     """One snapshot as named series for the history (``trayapp.series``)."""
     return series_values(snap.memory, snap.gpus, jobs)
 
@@ -137,7 +147,8 @@ class Engine:
     """The guardian process. ``run()`` blocks until stopped; everything else is thread-safe."""
 
     def __init__(self, paths: Paths, config: Config, *, demo: bool = False, stay: bool = False,
-                 memory_probe: Any = None, gpu_backend: Any = None,
+                 memory_probe: Optional[Union[MemoryProbe, PsutilMemoryProbe]] = None,
+                 gpu_backend: Optional[GpuBackend] = None,
                  clock: Callable[[], float] = time.time):
         self.paths = paths
         self.config = config
@@ -151,9 +162,9 @@ class Engine:
         self.recent = RecentHistory()
         self.lock = EngineLock(paths.lock_file)
         self.server: Optional[ChannelServer] = None
-        self.store: Any = None
-        self.jobs: Any = None
-        self.guard: Any = None
+        self.store: Optional[Store] = None
+        self.jobs: Optional[JobManager] = None
+        self.guard: Optional[GuardService] = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._state_lock = threading.RLock()
@@ -181,10 +192,6 @@ class Engine:
     # -- set-up -------------------------------------------------------------------------------
 
     def _open_parts(self) -> None:
-        from trayapp.engine.store import Store
-        from trayapp.probes.gpu import make_backend
-        from trayapp.probes.memory import make_memory_probe
-
         if self._memory_probe is None:
             self._memory_probe = make_memory_probe()
         if self._gpu_backend is None:
@@ -198,22 +205,28 @@ class Engine:
         self._attach_guard()
 
     def _attach_jobs(self) -> None:
-        from trayapp.jobs.launcher import JobManager
-
+        assert self.store is not None
         self.jobs = JobManager(self.paths, self.store, emit=self.emit_event,
                                gpus=lambda: self._gpus, config=lambda: self.config)
-        from trayapp.jobs.envfile import hide_stored
-
         if hide_stored(self.store, self.paths.jobs_dir):  # saved by an older Headroom
             log.info("environment values of older jobs moved out of the database")
         self.handlers.update(self.jobs.handlers())
         self.jobs.adopt()
 
     def _attach_guard(self) -> None:
-        from trayapp.engine.guarding import GuardService
-
-        self.guard = GuardService(self)
+        self.guard = GuardService(jobs=self._guard_jobs, acts=self.jobs, emit=self.emit_event,
+                                  read_snapshot=self.read_snapshot,
+                                  policy=ConfigPolicy(lambda: self.config),
+                                  processes=ProcessSampler())
         self.handlers.update(self.guard.handlers())
+
+    def _guard_jobs(self) -> List[JobRecord]:
+        """The job manager's jobs as the guard reads them: records (a manager that still gives
+        dicts has them read into records here, the one place the guard gets its jobs)."""
+        if self.jobs is None:
+            return []
+        return [JobRecord.from_json(d) if isinstance(d, dict) else d
+                for d in self.jobs.guard_jobs()]
 
     # -- running ------------------------------------------------------------------------------
 
@@ -239,7 +252,8 @@ class Engine:
             # finds an engine behind it.
             configmod.atomic_write_bytes(self.paths.key_file, key, mode=0o600)
             self._install_signals()
-            self.emit_event("engine_started", f"engine started (pid {os.getpid()}, "
+            assert self._gpu_backend is not None  # opened with the other parts
+            self.emit_event(E.ENGINE_STARTED, f"engine started (pid {os.getpid()}, "
                             f"GPU backend: {self._gpu_backend.status.backend})",
                             data={"pid": os.getpid(), "version": __version__})
             log.info("engine %s listening for %s", __version__, self.paths.home)
@@ -301,12 +315,14 @@ class Engine:
 
     def read_snapshot(self, gpus_now: bool = False) -> Snapshot:
         """A fresh reading: memory always, GPUs at most once a second unless ``gpus_now``."""
+        probe, backend = self._memory_probe, self._gpu_backend
+        assert probe is not None and backend is not None  # given, or opened with the parts
         now = self.clock()
-        memory = self._memory_probe.read()
+        memory = probe.read()
         if gpus_now or now - self._gpu_read_at >= GPU_MIN_INTERVAL:
-            self._gpus = tuple(self._gpu_backend.read())
+            self._gpus = tuple(backend.read())
             self._gpu_read_at = now
-        return Snapshot(now, memory, self._gpus, self._gpu_backend.status)
+        return Snapshot(now, memory, self._gpus, backend.status)
 
     def tick(self) -> None:
         """One reading, then each part on its own (``Parts``): job bookkeeping, the guard,
@@ -338,11 +354,16 @@ class Engine:
         jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
         values = sample_values(snap, jobs)
         self.recent.add(snap.time, values)
-        self.store.add_sample(snap.time, values)
+        self._history_store().add_sample(snap.time, values)
 
     def _flush_store(self) -> None:
-        self.store.flush()
+        self._history_store().flush()
         self._report_store_health()
+
+    def _history_store(self) -> Store:
+        if self.store is None:
+            raise LookupError("the engine has no history store yet")
+        return self.store
 
     def _publish_snapshot(self) -> None:
         if self.server is not None:
@@ -355,10 +376,10 @@ class Engine:
         if err == self._store_error:
             return
         if err and not self._store_error:
-            self.emit_event("store_error", f"history cannot be written ({err}); the guard keeps "
+            self.emit_event(E.STORE_ERROR, f"history cannot be written ({err}); the guard keeps "
                             "working and keeps recent history in memory", level="warn")
         elif not err:
-            self.emit_event("store_ok", "history is written to disk again")
+            self.emit_event(E.STORE_OK, "history is written to disk again")
         self._store_error = err
 
     def _shutdown(self) -> None:
@@ -374,7 +395,7 @@ class Engine:
             if self.jobs is not None:
                 self.jobs.close()
             if self.store is not None:
-                self.store.add_event("engine_stopped", f"engine stopped ({self._exit_reason})")
+                self.store.add_event(E.ENGINE_STOPPED, f"engine stopped ({self._exit_reason})")
                 self.store.close()
             if self._gpu_backend is not None:
                 self._gpu_backend.close()
@@ -419,7 +440,7 @@ class Engine:
             "gpus": [g.to_json() for g in snap.gpus],
             "gpu_status": gpu_status.to_json(),
             "guard": self.guard.state_json() if self.guard is not None else
-            {"state": "ok", "mode": self.config["guard.mode"], "reasons": [],
+            {"state": GuardLevel.OK, "mode": self.config["guard.mode"], "reasons": [],
              "seconds_to_exhaustion": None},
             "jobs": self.jobs.list(include_finished=False) if self.jobs is not None else [],
             "engine": {
@@ -467,13 +488,13 @@ class Engine:
                 raise ValueError("history: series and prefix must be lists of names")
         if self.recent.covers(start):
             return self.recent.query(start, end, series, prefix)
-        return self.store.history(start, end, series=series, prefix=prefix)
+        return self._history_store().history(start, end, series=series, prefix=prefix)
 
     def _op_events(self, peer: Peer, args: Dict[str, Any]) -> List[Dict[str, Any]]:
         limit = args.get("limit") or 500
         if not 1 <= limit <= 5000:
             raise ValueError("events: limit must be between 1 and 5000")
-        return self.store.events(since=args.get("since"), after_id=args.get("after_id"),
+        return self._history_store().events(since=args.get("since"), after_id=args.get("after_id"),
                                  job_id=args.get("job"), limit=limit)
 
     def _op_subscribe(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
@@ -494,7 +515,7 @@ class Engine:
         if version is not None and not isinstance(version, str):
             raise ValueError("config_set: version must be the text config_get gave")
         checked = self.config_watch.save(name, value, version)
-        self.emit_event("config_changed", f"setting {name} = {checked!r}",
+        self.emit_event(E.CONFIG_CHANGED, f"setting {name} = {checked!r}",
                         data={"name": name, "value": checked})
         return self._config_json()
 

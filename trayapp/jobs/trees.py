@@ -15,7 +15,7 @@ import psutil
 
 from trayapp.jobs.job import Job
 from trayapp.jobs.ladder import Stage
-from trayapp.probes.processes import SAME_PROCESS_SECONDS, TreeMeter, tree_memory
+from trayapp.probes.processes import SAME_PROCESS_TOLERANCE_S, TreeMeter, tree_memory
 from trayapp.probes.snapshot import GpuReading
 
 WINDOWS = sys.platform == "win32"
@@ -275,13 +275,13 @@ def reap(proc: psutil.Process) -> bool:
 
 def same_process(pid: Any, create_time: Any) -> Optional[psutil.Process]:
     """The process ``pid`` if it is the one that was started (same create time, within
-    ``SAME_PROCESS_SECONDS``) and lives."""
+    ``SAME_PROCESS_TOLERANCE_S``) and lives."""
     if not isinstance(pid, int) or pid <= 0:
         return None
     try:
         proc = psutil.Process(pid)
         if isinstance(create_time, (int, float)) \
-                and abs(proc.create_time() - create_time) > SAME_PROCESS_SECONDS:
+                and abs(proc.create_time() - create_time) > SAME_PROCESS_TOLERANCE_S:
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None

@@ -28,9 +28,6 @@ import psutil
 from trayapp.probes.snapshot import GpuReading, ProcessMemory
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
-# A pid is still the process seen before when its create time is within this of the one kept
-# (the times psutil reads back are rounded to clock ticks and the boot time they start from).
-SAME_PROCESS_SECONDS = 0.05
 
 
 def tree_pids(pid: int) -> List[int]:
@@ -113,19 +110,78 @@ def tree_memory(pid: int, gpu_readings: Iterable[GpuReading] = ()) -> Optional[P
     )
 
 
-def top_consumers(limit: int = 5) -> List[Tuple[int, str, int]]:
-    """The ``limit`` processes with the largest RSS as (pid, name, rss bytes), largest first.
+# ---------------------------------------------------------------------------------------------
+# All processes: the largest, and whether a pid is still the process it was
 
-    Processes that vanish or refuse access while being listed are skipped.
-    """
-    rows: List[Tuple[int, str, int]] = []
-    for proc in psutil.process_iter(["name", "memory_info"]):
-        info = proc.info
-        mem = info.get("memory_info")
-        if mem is None:
-            continue
-        rows.append((proc.pid, info.get("name") or "", int(mem.rss)))
-    return heapq.nlargest(max(0, limit), rows, key=lambda r: r[2])
+# A pid is still the process seen before when its create time is within this of the one kept
+# (the times psutil reads back are rounded to clock ticks and the boot time they start from; a
+# pid reused by a new process starts later than that).
+SAME_PROCESS_TOLERANCE_S = 0.05
+
+
+def same_start(a: float, b: float) -> bool:
+    """Whether two start times (``create_time``) are those of the same process."""
+    return abs(a - b) <= SAME_PROCESS_TOLERANCE_S
+
+
+def same_process(pid: int, created: Optional[float]) -> Optional[psutil.Process]:
+    """The process ``pid`` if it is still the one that started at ``created`` (any, when
+    ``created`` is None); None when it is gone or another process has its pid now."""
+    try:
+        proc = psutil.Process(pid)
+        if created is not None and not same_start(proc.create_time(), created):
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+class ProcessRow(NamedTuple):
+    """One process of a sample."""
+
+    pid: int
+    name: str
+    rss_bytes: int
+    create_time: float
+    rate_bytes_per_s: Optional[float]  # RSS growth since the previous sample (None: new)
+
+
+class ProcessSampler:
+    """Reads the process list: the ``limit`` largest by RSS, and any other ``also`` names,
+    each with its RSS growth since the previous ``sample`` of the same process. One pass over
+    the process list a call (milliseconds with hundreds of processes: not for every tick)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self._prev: Dict[int, Tuple[float, int, float]] = {}  # pid -> (time, rss, created)
+
+    def sample(self, limit: int,
+               also: Optional[Callable[[str], bool]] = None) -> List[ProcessRow]:
+        """The largest ``limit`` processes first (largest first), then those ``also`` picks
+        by name. Processes that vanish or refuse access while being listed are left out."""
+        now = self._clock()
+        rows: List[Tuple[int, str, int, float]] = []
+        for proc in psutil.process_iter(["name", "memory_info", "create_time"]):
+            info = proc.info
+            mem = info.get("memory_info")
+            if mem is None:
+                continue
+            rows.append((proc.pid, info.get("name") or "", int(mem.rss),
+                         float(info.get("create_time") or 0.0)))
+        keep = {r[0]: r for r in heapq.nlargest(max(0, limit), rows, key=lambda r: r[2])}
+        if also is not None:
+            for r in rows:
+                if r[0] not in keep and also(r[1]):
+                    keep[r[0]] = r
+        out: List[ProcessRow] = []
+        for pid, name, rss, created in keep.values():
+            rate = None
+            before = self._prev.get(pid)
+            if before is not None and same_start(before[2], created) and now > before[0]:
+                rate = (rss - before[1]) / (now - before[0])
+            out.append(ProcessRow(pid, name, rss, created, rate))
+        self._prev = {r.pid: (now, r.rss_bytes, r.create_time) for r in out}
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,6 +215,18 @@ def rss_bytes(pid: int, proc_root: str = "/proc") -> Optional[int]:
         return int(psutil.Process(pid).memory_info().rss)
     except psutil.Error:
         return None
+
+
+def pids_rss(pids: Sequence[int], proc_root: str = "/proc") -> Optional[int]:
+    """The summed RSS of ``pids`` (those still there), one ``rss_bytes`` each: cheap enough
+    for every tick. None when none is readable."""
+    total, found = 0, False
+    for pid in pids:
+        rss = rss_bytes(pid, proc_root)
+        if rss is not None:
+            total += rss
+            found = True
+    return total if found else None
 
 
 def _field_kb(data: bytes, name: bytes) -> Optional[int]:

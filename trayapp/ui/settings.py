@@ -15,30 +15,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from PySide6.QtCore import QRectF, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPainter, QPen, QShowEvent
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFormLayout,
     QLabel,
-    QLineEdit,
     QMessageBox,
     QPushButton,
-    QSizePolicy,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from trayapp import config as configmod
-from trayapp.config import SETTINGS, ConfigError, Setting, Threshold, format_bytes
+from trayapp.config import SETTINGS, ConfigError, Setting, Threshold
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.ui import autostart
 from trayapp.ui.forms import (
@@ -50,21 +44,11 @@ from trayapp.ui.forms import (
     set_message,
     window_title,
 )
-from trayapp.ui.model import GUARD_MODE_LABELS, GUARD_MODES
+from trayapp.ui.settings_fields import Field, label_of, make_field, same
+from trayapp.ui.settings_ladder import LADDER, ThresholdBar, order_problem, threshold_preview
 from trayapp.ui.worker import CallRunner
 
 log = logging.getLogger("headroom.ui")
-
-# The guard's ladder, lowest first; each step with the word for it and its colour.
-LADDER: Tuple[Tuple[str, str, str], ...] = (
-    ("guard.stop_available", "stop", "#7b1020"),
-    ("guard.park_available", "park", "#d7263d"),
-    ("guard.pause_available", "pause", "#ee6a1c"),
-    ("guard.warn_available", "warn", "#f2a900"),
-    ("guard.resume_available", "resume", "#2e9d46"),
-)
-
-LABEL_ROWS = 3  # rows for the words above the thresholds' ticks
 
 # Tabs and the settings on each, in the order of the form; settings not named here land on
 # "Advanced", so a new entry in the table always has a field.
@@ -77,225 +61,7 @@ TABS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                  "ui.show_dashboard_at_start", "history.raw_hours", "history.keep_days")),
 )
 
-LABELS: Dict[str, str] = {
-    "guard.mode": "Guard mode",
-    "guard.warn_available": "Warn below",
-    "guard.pause_available": "Pause jobs below",
-    "guard.park_available": "Park a job below",
-    "guard.stop_available": "Stop a job below (last resort)",
-    "guard.hysteresis": "Warning clears this far above",
-    "guard.psi_pause_threshold": "Pause when pressure (PSI full) is above",
-    "guard.psi_pause_duration_seconds": "Pause for pressure after",
-    "guard.rate_window_seconds": "Fill rate measured over",
-    "guard.resume_available": "Resume above",
-    "guard.warn_horizon_seconds": "Warn when memory runs out within",
-    "guard.pause_horizon_seconds": "Pause when memory runs out within",
-    "guard.auto_resume": "Resume paused jobs when memory is back",
-    "engine.sample_interval": "Sampling interval",
-    "ui.notifications": "Show desktop notifications",
-    "ui.start_at_login": "Start Headroom when I log in",
-    "ui.show_dashboard_at_start": "Open the dashboard when Headroom starts",
-    "history.raw_hours": "Keep every sample for",
-    "history.keep_days": "Keep one-minute history for",
-    "guard.psi_full_threshold": "Warn when pressure (PSI full) is above",
-    "guard.psi_duration_seconds": "Warn for pressure after",
-    "guard.vram_warn_percent": "Warn when a GPU's memory is above",
-    "guard.budget_warn_percent": "Warn at this share of a job's budget",
-    "guard.pause_deadline_seconds": "Time a job gets to pause by itself",
-    "guard.resume_after_seconds": "Memory must stay above “resume” for",
-    "guard.cooldown_seconds": "No predicted-shortage pause after a resume for",
-    "engine.idle_exit_seconds": "Engine exits when idle for",
-    "engine.publish_hz": "Updates a second to the tray",
-    "jobs.nice": "Jobs' CPU priority (nice, 0 = the desktop's)",
-    "jobs.oom_score_adj": "Jobs' OOM score (the kernel kills higher first)",
-    "jobs.log_max_mb": "Keep at most this much of a job's output",
-}
-
-SUFFIXES: Dict[str, str] = {
-    "history.raw_hours": " h",
-    "history.keep_days": " days",
-    "engine.publish_hz": " per s",
-    "guard.psi_full_threshold": " %",
-    "guard.psi_pause_threshold": " %",
-    "jobs.log_max_mb": " MB",
-}
-
-
-def _suffix(s: Setting) -> str:
-    if s.name in SUFFIXES:
-        return SUFFIXES[s.name]
-    if s.key.endswith("_seconds") or s.key.endswith("_interval"):
-        return " s"
-    if s.key.endswith("_percent"):
-        return " %"
-    return ""
-
-
-def _kind(s: Setting) -> str:
-    if isinstance(s.default, bool):
-        return "bool"
-    if s.name == "guard.mode":
-        return "choice"
-    if isinstance(s.default, str):
-        return "threshold"
-    return "number"
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
-            not isinstance(a, bool) and not isinstance(b, bool):
-        return abs(float(a) - float(b)) < 1e-9
-    if isinstance(a, str) and isinstance(b, str):
-        return a.strip() == b.strip()
-    return bool(a == b)
-
-
-# -- where the thresholds sit ---------------------------------------------------------------------
-
-
-def threshold_preview(text: str, total_bytes: Optional[int],
-                      available_bytes: Optional[int], word: str) -> str:
-    """One line saying what a threshold means on this machine now, e.g.
-    ``"= 3.6 GiB of 24.0 GiB; 12.0 GiB available now, above it"``. Raises ConfigError for a
-    value that is not a threshold."""
-    t = Threshold.parse(text)
-    if not total_bytes:
-        return "(the total memory is not known yet)"
-    b = t.bytes_of(int(total_bytes))
-    line = f"= {format_bytes(b)} of {format_bytes(total_bytes)}"
-    if available_bytes is None or not word:
-        return line
-    if word == "resume":
-        where = "above it" if available_bytes > b else "below it: paused jobs stay paused"
-    else:
-        where = "above it" if available_bytes > b else f"below it: the guard would {word} now"
-    return f"{line}; {format_bytes(available_bytes)} available now, {where}"
-
-
-def order_problem(values: Dict[str, str], total_bytes: int) -> Optional[str]:
-    """A line when the ladder does not nest (stop <= park <= pause <= warn, resume above
-    pause), else None."""
-    try:
-        b = {name: Threshold.parse(values[name]).bytes_of(total_bytes) for name, _w, _c in LADDER
-             if name in values}
-    except ConfigError:
-        return None
-    steps = [b[name] for name, word, _c in LADDER if word != "resume" and name in b]
-    if steps != sorted(steps):
-        return "The steps should nest: stop ≤ park ≤ pause ≤ warn (they still apply as written)."
-    resume, pause = b.get("guard.resume_available"), b.get("guard.pause_available")
-    if resume is not None and pause is not None and resume < pause:
-        return "Resume sits below pause: jobs would resume into a shortage and pause again."
-    return None
-
-
-class ThresholdBar(QWidget):
-    """Available memory from 0 (left) to the total (right): the green part is what is
-    available now; a tick marks each threshold."""
-
-    def __init__(self, parent: Optional[QWidget] = None):
-        super().__init__(parent)
-        self.total_bytes: Optional[int] = None
-        self.available_bytes: Optional[int] = None
-        self.marks: List[Tuple[str, int, str]] = []  # (word, bytes, colour)
-        self.setMinimumHeight(LABEL_ROWS * 14 + 20)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self.setAccessibleName("Where the thresholds sit on the memory available now")
-
-    def sizeHint(self) -> QSize:
-        return QSize(360, LABEL_ROWS * 14 + 20)
-
-    def set_values(self, total_bytes: Optional[int], available_bytes: Optional[int],
-                   marks: List[Tuple[str, int, str]]) -> None:
-        self.total_bytes, self.available_bytes, self.marks = total_bytes, available_bytes, marks
-        parts = [f"{w} at {format_bytes(b)}" for w, b, _ in marks]
-        if available_bytes is not None:
-            parts.insert(0, f"{format_bytes(available_bytes)} available now")
-        self.setAccessibleDescription("; ".join(parts))
-        self.update()
-
-    def paintEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
-        p = QPainter(self)
-        try:
-            w, h = self.width(), self.height()
-            label_h = 14
-            top = LABEL_ROWS * label_h + 2
-            bar = QRectF(0.5, top + 0.5, w - 1.0, h - top - 2.0)
-            p.setPen(QPen(QColor("#555555"), 1))
-            p.setBrush(QColor("#e8e8e8"))
-            p.drawRect(bar)
-            total = self.total_bytes
-            if not total:
-                return
-            if self.available_bytes is not None:
-                frac = max(0.0, min(1.0, self.available_bytes / total))
-                fill = QRectF(bar.left() + 1, bar.top() + 1, (bar.width() - 2) * frac,
-                              bar.height() - 2)
-                p.fillRect(fill, QColor("#8fd19e"))
-            font = p.font()
-            font.setPointSizeF(max(6.0, font.pointSizeF() * 0.8))
-            p.setFont(font)
-            row_ends = [float("-inf")] * LABEL_ROWS
-            for word, b, colour in sorted(self.marks, key=lambda m: m[1]):
-                x = bar.left() + bar.width() * max(0.0, min(1.0, b / total))
-                p.setPen(QPen(QColor(colour), 2))
-                p.drawLine(int(x), int(bar.top()), int(x), int(bar.bottom()))
-                tw = p.fontMetrics().horizontalAdvance(word)
-                tx = max(0, min(w - tw, int(x - tw / 2)))
-                # Close thresholds put their words on different rows, so none covers another.
-                free = [r for r in range(LABEL_ROWS) if tx >= row_ends[r] + 3]
-                row = free[0] if free else min(range(LABEL_ROWS), key=lambda r: row_ends[r])
-                row_ends[row] = tx + tw
-                p.setPen(QColor(colour).darker(140))
-                p.drawText(tx, row * label_h + label_h - 3, word)
-        finally:
-            p.end()
-
-
 # -- the dialog -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Field:
-    setting: Setting
-    widget: QWidget
-    error: QLabel
-    preview: Optional[QLabel] = None
-
-    def value(self) -> Any:
-        w = self.widget
-        if isinstance(w, QCheckBox):
-            return w.isChecked()
-        if isinstance(w, QComboBox):
-            return w.currentData()
-        if isinstance(w, QLineEdit):
-            return w.text().strip()
-        assert isinstance(w, QDoubleSpinBox)
-        v = w.value()
-        return int(round(v)) if isinstance(self.setting.default, int) else float(v)
-
-    def set_value(self, value: Any) -> None:
-        w = self.widget
-        if isinstance(w, QCheckBox):
-            w.setChecked(bool(value))
-        elif isinstance(w, QComboBox):
-            i = w.findData(value)
-            w.setCurrentIndex(max(0, i))
-        elif isinstance(w, QLineEdit):
-            w.setText(str(value))
-        elif isinstance(w, QDoubleSpinBox):
-            try:
-                w.setValue(float(value))
-            except (TypeError, ValueError):
-                w.setValue(float(self.setting.default))
-
-    def check(self) -> Optional[str]:
-        """The reason the value cannot be saved, or None."""
-        try:
-            self.setting.check(self.value())
-        except ConfigError as e:
-            return one_line(e)
-        return None
 
 
 class SettingsDialog(QDialog):
@@ -392,58 +158,12 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(page, title)
 
     def _add_field(self, form: QFormLayout, s: Setting) -> None:
-        label = LABELS.get(s.name, s.name)
-        kind = _kind(s)
-        widget: QWidget
-        if kind == "bool":
-            box = QCheckBox(label)
-            box.toggled.connect(self._changed)
-            widget = box
-        elif kind == "choice":
-            combo = QComboBox()
-            for m in GUARD_MODES:
-                combo.addItem(GUARD_MODE_LABELS[m], m)
-            combo.currentIndexChanged.connect(self._changed)
-            widget = combo
-        elif kind == "threshold":
-            edit = QLineEdit()
-            edit.setPlaceholderText('a share like "15%" or a size like "2 GiB"')
-            edit.textChanged.connect(self._changed)
-            widget = edit
+        f, holder = make_field(s, self._changed)
+        if s.kind == "bool":
+            form.addRow(holder)  # the check box carries its label
         else:
-            spin = QDoubleSpinBox()
-            # Hundredths only where the table allows less than one (0.02 s, 0.1 per s).
-            fine = s.minimum is not None and 0 < s.minimum < 1
-            spin.setDecimals(2 if fine and not isinstance(s.default, int) else 0)
-            spin.setRange(s.minimum if s.minimum is not None else 0.0,
-                          s.maximum if s.maximum is not None else 1e9)
-            spin.setSuffix(_suffix(s))
-            spin.setKeyboardTracking(True)
-            spin.valueChanged.connect(self._changed)
-            widget = spin
-        widget.setAccessibleName(label)
-        widget.setAccessibleDescription(s.comment)
-        widget.setToolTip(s.comment)
-        widget.setObjectName(s.name)
-        error = message_label(accessible_name=f"{label}: problem")
-        preview = None
-        column = QVBoxLayout()
-        column.setSpacing(2)
-        column.addWidget(widget)
-        if kind == "threshold":
-            preview = QLabel()
-            preview.setStyleSheet(NOTE_STYLE)
-            preview.setAccessibleName(f"{label}: on this machine")
-            column.addWidget(preview)
-        column.addWidget(error)
-        holder = QWidget()
-        holder.setLayout(column)
-        column.setContentsMargins(0, 0, 0, 0)
-        if kind == "bool":
-            form.addRow(holder)
-        else:
-            form.addRow(label, holder)
-        self.fields[s.name] = Field(s, widget, error, preview)
+            form.addRow(label_of(s.name), holder)
+        self.fields[s.name] = f
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -553,7 +273,7 @@ class SettingsDialog(QDialog):
             return
         for name, mine in self.changes().items():
             theirs = self._file_value(config, name)
-            if not _same(theirs, self.loaded[name]) and not _same(theirs, mine):
+            if not same(theirs, self.loaded[name]) and not same(theirs, mine):
                 self.file_changed[name] = theirs
 
     def _conflicts(self) -> Dict[str, Any]:
@@ -565,7 +285,7 @@ class SettingsDialog(QDialog):
     def _show_conflicts(self) -> None:
         conflicts = self._conflicts()
         if conflicts:
-            names = ", ".join(LABELS.get(n, n) for n in conflicts)
+            names = ", ".join(label_of(n) for n in conflicts)
             self.status_label.setText(f"The settings file changed while this window was open "
                                       f"({names}); saving asks which values to keep.")
             self.status_label.setStyleSheet(WARNING_STYLE)
@@ -605,7 +325,7 @@ class SettingsDialog(QDialog):
     def changes(self) -> Dict[str, Any]:
         """The fields whose value differs from what the engine has."""
         return {name: f.value() for name, f in self.fields.items()
-                if name in self.loaded and not _same(f.value(), self.loaded[name])}
+                if name in self.loaded and not same(f.value(), self.loaded[name])}
 
     def invalid(self) -> Dict[str, str]:
         """Field name -> the reason its value cannot be saved."""
@@ -683,7 +403,7 @@ class SettingsDialog(QDialog):
     def _ask(self, conflicts: Dict[str, Any]) -> None:
         """Which to keep, the file's values or the user's (``conflict_box``, not blocking)."""
         changes = self.changes()
-        lines = [f"{LABELS.get(n, n)}: the file says {v!r}, this window {changes[n]!r}"
+        lines = [f"{label_of(n)}: the file says {v!r}, this window {changes[n]!r}"
                  for n, v in conflicts.items()]
         box = QMessageBox(QMessageBox.Icon.Question, window_title("Settings"),
                           "The settings file changed since this window read it:\n\n"
