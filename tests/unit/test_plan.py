@@ -106,6 +106,7 @@ def test_defaults_change_nothing_in_tensorflow(script):
         "resume": False,
         "on_oom": "shrink",
         "min_batch": 8,
+        "accumulation": 1,
     }
     assert runner_steps(plan.runner_options) == []
 

@@ -81,7 +81,7 @@ class JobActs(Protocol):
 
     def resume(self, job_ref: str, /, *, by: str, reason: str) -> Any: ...
 
-    def park(self, job_ref: str, /, *, by: str, reason: str) -> Any: ...
+    def park(self, job_ref: str, /, *, by: str, reason: str, smaller: bool = ...) -> Any: ...
 
     def stop(self, job_ref: str, /, *, by: str, reason: str) -> Any: ...
 
@@ -356,7 +356,8 @@ class GuardService:
         elif action.kind == A.RESUME:
             manager.resume(ref, by=BY, reason=action.reason)
         elif action.kind == A.PARK:
-            manager.park(ref, by=BY, reason=action.reason)
+            manager.park(ref, by=BY, reason=action.reason,
+                         smaller=bool(action.data.get("smaller")))
         elif action.kind == A.STOP:
             manager.stop(ref, by=BY, reason=action.reason)
 

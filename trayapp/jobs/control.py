@@ -20,6 +20,7 @@ from trayapp.jobs.job import (
     Job,
     now,
     resumable_stop,
+    smaller_accumulation,
 )
 from trayapp.jobs.ladder import Stage, Step
 from trayapp.jobs.record import JobRecord
@@ -146,10 +147,13 @@ class JobControl(Launching):
 
     # -- park ---------------------------------------------------------------------------------
 
-    def park(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def park(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
+             smaller: bool = False) -> Dict[str, Any]:
         """Ask the runner to checkpoint, end training and exit (state "parking", then "parked"
         when the process has ended with the park exit status). A suspended tree is resumed
-        first so it can checkpoint. Returns the job dict.
+        first so it can checkpoint. Returns the job dict. ``smaller``: a job that can shrink
+        is relaunched as soon as it has parked, at half its micro-batch (``jobs.job.
+        smaller_accumulation``), instead of waiting for memory to come back.
 
         Raises ValueError for a job without a checkpoint folder or without the runner's hook
         (parking would lose its progress), LookupError for an unknown job."""
@@ -169,9 +173,12 @@ class JobControl(Launching):
                                  "instead)")
             if rec.pause_mode == SUSPENDED:
                 trees.resume(job)
-            if not self._send(job, rp.PARK):
+            k = smaller_accumulation(rec) if smaller else None
+            sent = self._send(job, rp.PARK, accumulation=k) if k else self._send(job, rp.PARK)
+            if not sent:
                 raise ValueError(f"job {job.id} did not take the request (its channel closed)")
             job.park_note = (by, reason)
+            job.smaller = k
             job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
             job.pause_deadline = None
             self._save(job)

@@ -17,6 +17,7 @@ import psutil
 
 from trayapp import vocab
 from trayapp.channel import ChannelServer, Peer
+from trayapp.jobs import spec_values as sv
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.record import JobRecord
 from trayapp.vocab import JobState as S
@@ -60,6 +61,8 @@ class Job:
         self.stop_grace = False  # the runner's "stopping" got its time to save (once a stop)
         self.stop_note: Tuple[str, str] = (BY_USER, "")
         self.park_note: Tuple[str, str] = (BY_USER, "")
+        # Parked to be relaunched at once, training micro-batches with this accumulation.
+        self.smaller: Optional[int] = None
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
         self.exit_seen = False
         self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
@@ -112,3 +115,19 @@ def budget_bytes(mb: Any) -> Optional[int]:
     if isinstance(mb, (int, float)) and not isinstance(mb, bool):
         return int(mb * MIB)
     return None
+
+
+def smaller_accumulation(rec: JobRecord) -> Optional[int]:
+    """The accumulation of a relaunch at half the micro-batch (the same training), or None
+    where the job cannot shrink: the runner says its fit cannot (Keras 2, input it cannot
+    re-batch, ``--on-oom stop``), no checkpoint folder to relaunch from, or the half would be
+    under ``--min-batch`` or would not split the batch evenly."""
+    if not rec.shrinkable or not rec.batch or not rec.checkpoint_dir or not rec.hooked:
+        return None
+    k = (rec.accumulation or 1) * 2
+    floor = rec.spec.get("min_batch")
+    floor = floor if isinstance(floor, int) and not isinstance(floor, bool) else \
+        sv.MIN_BATCH_DEFAULT
+    if rec.batch % k or rec.batch // k < max(1, floor):
+        return None
+    return k

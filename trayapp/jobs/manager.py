@@ -270,10 +270,23 @@ class JobManager(JobControl):
             self._retire(job)
         data = {"state": end.state, "exit_code": code, "end_reason": end.reason}
         event: Event = (end.kind, end.level, end.message, job.id, data)
-        if events is not None:
+        smaller, job.smaller = job.smaller, None
+        if end.state == S.PARKED and smaller:
+            self._flush_events([event])  # parked, then relaunched: in that order
+            self._relaunch_smaller(job, smaller)
+        elif events is not None:
             events.append(event)
         else:
             self._flush_events([event])
+
+    def _relaunch_smaller(self, job: Job, accumulation: int) -> None:
+        """A job parked to shrink is relaunched at once, without waiting for memory."""
+        by, why = job.park_note
+        try:
+            self._relaunch(job, by, why or "smaller, to fit", accumulation=accumulation)
+        except ValueError as e:
+            self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
+                       level="warn", job_id=job.id)
 
     # -- the engine's last calls --------------------------------------------------------------
 

@@ -243,6 +243,7 @@ class Progress(Message):
     batch: Optional[int] = None
     micro_batch: Optional[int] = None
     accumulation: Optional[int] = None
+    shrinkable: Optional[bool] = None
 
     def to_json(self) -> Dict[str, Any]:
         out = super().to_json()
@@ -319,6 +320,7 @@ _SCHEMAS: Dict[str, Tuple[type, Mapping[str, Callable[[Any], Any]]]] = {
         "fit": _COUNT, "epoch": _COUNT, "epochs": _COUNT, "step": _COUNT, "steps": _COUNT,
         "logs": _metrics, "tf_memory": _optional(_objects(_tf_memory)),
         "batch": _COUNT, "micro_batch": _COUNT, "accumulation": _COUNT,
+        "shrinkable": _optional(_bool),
     }),
     rp.STATE: (State, {"state": _choice(RUNNER_STATES), "epoch": _COUNT, "step": _COUNT}),
     rp.CHECKPOINTED: (Checkpointed, {

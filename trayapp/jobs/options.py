@@ -110,6 +110,7 @@ class JobSpec:
     auto_resume: Optional[bool] = None  # None: the guard's default
     on_oom: str = "shrink"  # an out-of-memory error in fit(): shrink the micro-batch, or stop
     min_batch: Optional[int] = None  # None: sv.MIN_BATCH_DEFAULT
+    accumulation: Optional[int] = None  # start at micro-batches of batch / N (a relaunch smaller)
 
     def to_json(self) -> Dict[str, Any]:
         """A JSON-able dict; ``JobSpec.from_json`` reads it back unchanged."""
@@ -164,6 +165,7 @@ class JobSpec:
             "auto_resume": sv.want_opt_bool("auto_resume", d.get("auto_resume")),
             "on_oom": sv.want_str("on_oom", d.get("on_oom", "shrink")),
             "min_batch": sv.want_opt_int("min_batch", d.get("min_batch")),
+            "accumulation": sv.want_opt_int("accumulation", d.get("accumulation")),
         }
         return cls(**values)
 
@@ -332,6 +334,8 @@ def _check_choices(spec: JobSpec) -> None:
     if spec.on_oom not in sv.ON_OOM_CHOICES:
         raise SpecError(f"--on-oom: {spec.on_oom!r} is not one of "
                         f"{', '.join(sv.ON_OOM_CHOICES)}", sv.ON_OOM)
+    if spec.accumulation is not None and not 1 <= spec.accumulation <= 1024:
+        raise SpecError(f"accumulation: {spec.accumulation} is not 1 to 1024", "accumulation")
     if spec.min_batch is not None and spec.min_batch < 1:
         raise SpecError(f"--min-batch: {spec.min_batch} is not a batch size; give 1 or more",
                         sv.MIN_BATCH)

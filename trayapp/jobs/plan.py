@@ -177,6 +177,7 @@ def _runner_options(
         "resume": spec.resume,
         "on_oom": spec.on_oom,
         "min_batch": spec.min_batch or sv.MIN_BATCH_DEFAULT,
+        "accumulation": spec.accumulation or 1,
     }
 
 

@@ -28,7 +28,8 @@ MAX_NOTES = 50
 # most this many a minute per job; the rest are kept with the job only.
 NOTE_EVENTS_PER_MINUTE = 20
 # Kept as the runner sends them.
-PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps", "batch", "micro_batch", "accumulation")
+PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps", "batch", "micro_batch", "accumulation",
+                   "shrinkable")
 MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
 
 
@@ -144,6 +145,8 @@ class RunnerLink(JobTable):
     def _on_progress(self, job: Job, msg: messages.Progress) -> None:
         changes: Dict[str, Any] = {name: getattr(msg, name) for name in PROGRESS_FIELDS
                                    if name in msg.given}
+        if "shrinkable" in changes:
+            changes["shrinkable"] = msg.shrinkable is True
         if "logs" in msg.given:
             changes["metrics"] = dict(msg.logs)
         if "tf_memory" in msg.given:

@@ -202,11 +202,15 @@ class Launching(RunnerLink):
         job.rate_ref = None
         job.next_sample = 0.0
 
-    def _relaunch(self, job: Job, by: str, reason: str) -> None:
-        """Launch a parked (or stopped) job again from its checkpoint, under the same id."""
+    def _relaunch(self, job: Job, by: str, reason: str,
+                  accumulation: Optional[int] = None) -> None:
+        """Launch a parked (or stopped) job again from its checkpoint, under the same id;
+        ``accumulation``: at micro-batches of its batch / N (the same training)."""
         try:
             data = envfile.restore(dict(job.rec.spec), self.paths.jobs_dir / job.id)
             spec = dataclasses.replace(JobSpec.from_json(data), resume=True, fresh=False)
+            if accumulation:
+                spec = dataclasses.replace(spec, accumulation=accumulation)
             validate(spec, tuple(self._gpus()), check_paths=True)
             spec = self._with_preset(spec)
         except ValueError as e:  # a SpecError, or an --env value that was not kept
@@ -225,9 +229,16 @@ class Launching(RunnerLink):
         job.change(resumed_at=now())
         self._save(job)
         why = f": {reason}" if reason else ""
+        said: Dict[str, Any] = {"by": by, "reason": reason, "relaunched": True}
+        smaller = ""
+        if accumulation and job.rec.batch:
+            micro = job.rec.batch // accumulation
+            smaller = (f" at micro-batches of {micro} x {accumulation} (batch {job.rec.batch}, "
+                       "the same training)")
+            said.update(micro_batch=micro, accumulation=accumulation)
         self._emit(E.JOB_RESUMED, f"job {job.id} ({job.rec.name}) relaunched from its "
-                   f"checkpoint by {by}{why} (pid {job.rec.pid})", job_id=job.id,
-                   data={"by": by, "reason": reason, "relaunched": True})
+                   f"checkpoint{smaller} by {by}{why} (pid {job.rec.pid})", job_id=job.id,
+                   data=said)
 
 
 # -- the process ---------------------------------------------------------------------------------

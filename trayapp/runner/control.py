@@ -28,6 +28,8 @@ class Control:
         self.stop = False
         self.paused = False
         self.parked = False
+        # A park to be relaunched at micro-batches of batch / N: the checkpoint is saved so.
+        self.park_accumulation = None
 
     def request(self, kind):
         """Record a command; returns the state to report now (or None)."""

@@ -153,8 +153,10 @@ def install(keras, session):
         )
         run.prepare_folder()
         shrinker = shrink.Shrinker(keras, session, self, bound, keras3)
+        run.shrinker = shrinker
         shrinker.prepare(tf_backend)
         _resume_shrunk(run, shrinker)
+        _say_batch(run, shrinker)
 
         def set_callbacks(restore):
             first = [first_cls(run)]
@@ -241,6 +243,15 @@ def _resume_shrunk(run, shrinker):
     how = "resumed" if options["resume"] else "started"
     run.session.note("info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the "
                              "same training)")
+
+
+def _say_batch(run, shrinker):
+    """What the engine needs to shrink the job later: its batch, and whether it can."""
+    run.shrinkable = shrinker.refusal() is None
+    if run.batch is None and run.shrinkable:
+        batch = shrinker.effective_batch(read=False)
+        if batch:
+            run.batch = (batch, shrink.micro_batch(batch, shrinker.k))
 
 
 def _fit_shrinking(original, bound, run, shrinker, set_callbacks):

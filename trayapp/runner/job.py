@@ -145,6 +145,10 @@ class Session:
 
     def on_command(self, message):
         kind = message["type"]
+        smaller = message.get("accumulation")
+        if kind == protocol.PARK and isinstance(smaller, int) and not isinstance(smaller, bool) \
+                and 1 < smaller <= 1024:
+            self.control.park_accumulation = smaller  # relaunched at once, smaller
         reply = self.control.request(kind)
         if kind == protocol.STOP and self.active_run is None:
             # "stopping" would say that fit() ends at its next batch; with no fit() running the

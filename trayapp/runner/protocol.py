@@ -41,8 +41,9 @@ MAX_MESSAGE_BYTES = 1 << 20
 
 # job -> engine
 HELLO = "hello"  # applied options, versions, devices, whether fit() is hooked
-PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory; once shrunk:
-# batch (the effective batch), micro_batch, accumulation (micro-batches per update)
+PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memory; when known:
+# batch (the effective batch), micro_batch, accumulation (micro-batches per update), shrinkable
+# (the fit can train smaller micro-batches: Keras 3, input it can re-batch, --on-oom shrink)
 STATE = "state"  # state: running | pausing | paused | checkpointing | parking | stopping
 # ("stopping" only while a fit() runs: the runner ends it at the next batch and exits)
 CHECKPOINTED = "checkpointed"  # path, epoch
@@ -75,6 +76,8 @@ STOP = "stop"
 
 JOB_MESSAGES = frozenset({HELLO, PROGRESS, STATE, CHECKPOINTED, NOTE, BYE})
 ENGINE_COMMANDS = frozenset({PAUSE, RESUME, CHECKPOINT, PARK, STOP})
+# park: accumulation (optional) -- the job is relaunched at once at micro-batches of batch / N;
+# the checkpoint is saved with that accumulation so the relaunch restores it as it was saved.
 
 
 class ProtocolError(ValueError):

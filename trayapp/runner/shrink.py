@@ -306,12 +306,16 @@ class Shrinker:
             if make_atomic(tf, optimizer):
                 self.model.train_function = None  # traced again, with the atomic step
 
-    def effective_batch(self):
+    def effective_batch(self, read=True):
+        """The batch each optimizer update sees; a dataset without a static batch dimension
+        has one batch read to know it (``read`` False: None instead)."""
         if self.batch is None:
             if self.kind == ARRAYS:
                 self.batch = int(self.bound.arguments.get("batch_size") or 32) * self.k
             elif self.kind == DATASET:
                 dim = _batch_dim(self.x.element_spec)
+                if dim is None and not read:
+                    return None
                 self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * self.k
         return self.batch
 
@@ -349,6 +353,15 @@ class Shrinker:
         self.model.train_function = None  # compiled for the old optimizer: built again
         self.k = k
         return micro
+
+    def switch(self, k):
+        """The optimizer accumulates ``k`` micro-batches an update from now on (the input is
+        left as it is: for a checkpoint the next process restores)."""
+        optimizer = self.model.optimizer
+        if not getattr(optimizer, "built", False) and getattr(self.model, "built", False):
+            optimizer.build(self.model.trainable_variables)
+        set_accumulation(self.keras, optimizer, k)
+        self.k = k
 
     def halve(self):
         """(micro-batch, accumulation) of the next halving, or None (the floor, or a batch that

@@ -115,7 +115,9 @@ class FitRun:
         self.last_saved = None
         self.gpu_names = []
         self.accumulation = 1  # micro-batches per optimizer update (shrunk: > 1)
-        self.batch = None  # once shrunk: (effective batch, micro-batch)
+        self.batch = None  # (effective batch, micro-batch), when known
+        self.shrinkable = False  # the engine may relaunch it at a smaller micro-batch
+        self.shrinker = None  # what changes its micro-batch (runner.shrink.Shrinker)
         self.epoch_updates = None  # the optimizer's updates when this epoch began
         self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
         self._last_progress = 0.0
@@ -208,6 +210,7 @@ class FitRun:
         if self.dir is None:
             self.session.note("warn", "no checkpoint folder: parked without a checkpoint")
         else:
+            done = self._to_smaller(done)
             self.save(epoch, done, "park")
         self.stopping = True
         self.model.stop_training = True
@@ -319,6 +322,22 @@ class FitRun:
         # restores these weights and trains no more epochs of it.
         self.save(self.epochs, 0, "end", finished=True)
 
+    def _to_smaller(self, done):
+        """A park to relaunch smaller: switch to the new accumulation here, at an update
+        boundary, so the checkpoint holds the optimizer as the relaunch sets it up (the
+        accumulators included) and the batches done in the new micro-batches. Returns them."""
+        k = self.session.control.park_accumulation
+        if not k or k <= self.accumulation or self.shrinker is None:
+            return done
+        updates = done // self.accumulation
+        try:
+            self.shrinker.switch(k)
+        except Exception as e:  # Keras 2, an optimizer without accumulation
+            self.session.note("warn", f"cannot shrink at the park: {_first_line(e)}")
+            return done
+        self.accumulation = k
+        return updates * k
+
     # -- after an out-of-memory error ---------------------------------------------------------
 
     def _updates(self):
@@ -355,9 +374,9 @@ class FitRun:
             tf = sys.modules.get("tensorflow")
             memory = gpu_memory(tf, self.gpu_names) if tf is not None else None
         acc = self.accumulation
-        shrunk = {}
-        if acc > 1 and self.batch:
-            shrunk = {"batch": self.batch[0], "micro_batch": self.batch[1], "accumulation": acc}
+        shrunk = {"shrinkable": self.shrinkable}
+        if self.batch:
+            shrunk.update(batch=self.batch[0], micro_batch=self.batch[1], accumulation=acc)
         self.session.send_progress(
             protocol.make(
                 protocol.PROGRESS,

@@ -107,6 +107,17 @@ def _by_urgency(ts: List[Target]) -> List[Target]:
     return sorted(ts, key=lambda t: (-t.growth, -t.size, t.key))
 
 
+def _park(t: Target, reason: str, cause: str, a: Assessment, policy: Policy) -> Action:
+    """Park ``t``; one that can shrink is relaunched at once at half its micro-batch."""
+    job = t.job
+    if job is not None and job.shrinks_to:
+        act = _act(A.PARK, t, text.smaller_line(reason, job.batch, job.shrinks_to), cause, a,
+                   policy)
+        act.data["smaller"] = job.shrinks_to
+        return act
+    return _act(A.PARK, t, text.park_line(reason), cause, a, policy)
+
+
 def _act(kind: str, t: Target, reason: str, cause: str, a: Assessment, policy: Policy,
          deadline: Optional[float] = None) -> Action:
     data: Dict[str, Any] = {
@@ -157,6 +168,9 @@ def choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
             if t is not None and t.running and _free(st, t, A.PAUSE, now):
                 return _act(A.PAUSE, t, c.reason, c.cause, a, policy,
                             _deadline(t, a, policy, c.cause))
+            if t is not None and t.paused and t.by_guard and t.job is not None \
+                    and t.job.shrinks_to and _free(st, t, A.PARK, now):
+                return _park(t, c.reason, c.cause, a, policy)  # paused at its budget: shrink
     act = _shortage_act(a, policy, st, targets, now)
     if act is not None:
         return act
@@ -188,7 +202,7 @@ def _last_resort_act(mem: Optional[Condition], a: Assessment, policy: Policy, st
                 and _free(st, t, A.PARK, now)]
     if parkable:
         best = sorted(parkable, key=lambda t: (not t.by_guard, -t.size, t.key))[0]
-        return _act(A.PARK, best, text.park_line(mem.reason), C.MEM_PARK, a, policy)
+        return _park(best, mem.reason, C.MEM_PARK, a, policy)
     if CAUSES[mem.cause].act is A.STOP:
         stoppable = [t for t in targets if t.job is not None and (t.paused or t.running)
                      and _free(st, t, A.STOP, now)]
@@ -221,6 +235,8 @@ def _shortage_act(a: Assessment, policy: Policy, st: GuardState, targets: List[T
                     and t.job.checkpoint and _free(st, t, A.PARK, now)]
         if parkable:
             best = sorted(parkable, key=lambda t: (-t.size, t.key))[0]
+            if best.job is not None and best.job.shrinks_to:
+                return _park(best, text.falling_line(trend.reason), C.MEM_FALLING, a, policy)
             return _act(A.PARK, best, text.falling_line(trend.reason), C.MEM_FALLING, a,
                         policy)
     return None

@@ -13,6 +13,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional
 from trayapp import vocab
 from trayapp.config import GUARD_SETTINGS, Setting, Threshold
 from trayapp.engine.guard import text
+from trayapp.jobs.job import smaller_accumulation
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import GpuReading, MemoryReading
 from trayapp.vocab import GuardAct as A
@@ -154,6 +155,10 @@ class JobView:
     paused_by: Optional[str] = None  # "guard" | "user" | None
     auto_resume: Optional[bool] = None  # None: the policy's auto_resume
     parked_by: Optional[str] = None  # who parked it, while it is parked
+    # Parking relaunches it at once at this accumulation (half the micro-batch, the same
+    # training), without waiting for memory; None: it cannot shrink.
+    shrinks_to: Optional[int] = None
+    batch: Optional[int] = None  # the batch each update sees, when the runner said
 
     @property
     def label(self) -> str:
@@ -174,7 +179,8 @@ class JobView:
             ram_budget_bytes=job.ram_budget_bytes, vram_budget_bytes=job.vram_budget_bytes,
             paused_by=job.paused_by,
             auto_resume=asked if isinstance(asked, bool) else job.auto_resume,
-            parked_by=job.parked_by if job.state in PARKED_STATES else None)
+            parked_by=job.parked_by if job.state in PARKED_STATES else None,
+            shrinks_to=smaller_accumulation(job), batch=job.batch)
 
     def budget(self, watch: Watch) -> Tuple[Optional[int], Optional[int]]:
         """(what it uses, its budget) of RAM or of VRAM."""

@@ -144,6 +144,12 @@ def park_line(reason: str) -> str:
     return f"{reason}; its checkpoint keeps the progress"
 
 
+def smaller_line(reason: str, batch: Optional[int], accumulation: int) -> str:
+    micro = f"{batch // accumulation} x {accumulation}" if batch else f"1/{accumulation}"
+    return f"{reason}; relaunched from its checkpoint at micro-batches of {micro} (the same " \
+           "training)"
+
+
 def stop_line(reason: str) -> str:
     return f"{reason}; nothing else is left to free memory"
 
