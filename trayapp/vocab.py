@@ -199,6 +199,7 @@ class EventKind(Word):
     JOB_FAILED = "job_failed"
     JOB_LOST = "job_lost"
     JOB_NOTE = "job_note"
+    JOB_SHRUNK = "job_shrunk"  # trains smaller micro-batches with gradient accumulation
     JOB_BAD_MESSAGE = "job_bad_message"
     GUARD_WARN = "guard_warn"
     GUARD_OK = "guard_ok"

@@ -211,5 +211,6 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     assert job.steps == 16, "steps count the user's batches"
     shrink_events = [e for e in events if "micro-batches of 16 x 2" in e["message"]]
     assert shrink_events and shrink_events[0]["job_id"] == job.id
+    assert shrink_events[0]["kind"] == "job_shrunk"  # its own kind: the tray notifies it
     listing = run_cli("jobs", "--all")
     assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout

@@ -42,6 +42,7 @@ RUNNER_STATES = frozenset({RUNNER_RUNNING, "pausing", RUNNER_PAUSED, "checkpoint
                            RUNNER_PARKING, RUNNER_STOPPING, "stopped"})
 NOTE_INFO = "info"
 NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
+NOTE_TOPICS = frozenset({rp.TOPIC_SHRUNK})  # notes the engine records as their own event
 BYE_PARKED = "parked"
 BYE_STOPPED = "stopped"
 BYE_REASONS = frozenset({"finished", BYE_PARKED, "error", BYE_STOPPED})
@@ -272,6 +273,7 @@ class Checkpointed(Message):
 class Note(Message):
     level: str = "info"
     message: str = ""
+    topic: Optional[str] = None  # what the note is about, when the engine acts on it
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,8 @@ _SCHEMAS: Dict[str, Tuple[type, Mapping[str, Callable[[Any], Any]]]] = {
         "path": _text(MAX_PATH), "epoch": _COUNT, "step": _COUNT, "fit": _COUNT,
         "reason": _NAME,
     }),
-    rp.NOTE: (Note, {"level": _choice(NOTE_LEVELS), "message": _text(MAX_TEXT)}),
+    rp.NOTE: (Note, {"level": _choice(NOTE_LEVELS), "message": _text(MAX_TEXT),
+                     "topic": _optional(_choice(NOTE_TOPICS))}),
     rp.BYE: (Bye, {"reason": _choice(BYE_REASONS), "exit_code": _optional(_int_in(-255, 255))}),
 }
 

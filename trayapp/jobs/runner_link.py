@@ -210,8 +210,9 @@ class RunnerLink(JobTable):
             start, count = t, 0
         count += 1
         job.note_window = (start, count)
+        kind = E.JOB_SHRUNK if msg.topic == rp.TOPIC_SHRUNK else E.JOB_NOTE
         if count <= NOTE_EVENTS_PER_MINUTE:
-            events.append((E.JOB_NOTE, str(level), f"job {job.id}: {text}", job.id, None))
+            events.append((kind, str(level), f"job {job.id}: {text}", job.id, None))
         if count == NOTE_EVENTS_PER_MINUTE:
             events.append((E.JOB_NOTE, "warn", f"job {job.id} sends more than "
                            f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "

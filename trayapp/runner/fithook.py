@@ -5,7 +5,7 @@ import functools
 import inspect
 import os
 
-from . import shrink
+from . import protocol, shrink
 from .control import Parked
 from .training import WEIGHTS_FILE, FitRun, _first_line, _int
 
@@ -287,7 +287,8 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
         bound.arguments["initial_epoch"] = epoch
         session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
                              f"training micro-batches of {micro} x {k} "
-                             f"(batch {shrinker.effective_batch()}, the same training)")
+                             f"(batch {shrinker.effective_batch()}, the same training)",
+                     topic=protocol.TOPIC_SHRUNK)
 
 
 def _below_floor(run, shrinker, what):

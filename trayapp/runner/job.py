@@ -104,14 +104,16 @@ class Session:
     def send_state(self, state, **fields):
         self.channel.send(protocol.make(protocol.STATE, state=state, **fields))
 
-    def note(self, level, message, once=True):
-        """Send a one-line note to the engine (each text once unless ``once`` is False)."""
+    def note(self, level, message, once=True, topic=None):
+        """Send a one-line note to the engine (each text once unless ``once`` is False);
+        ``topic``: what it is about, when the engine records it as its own event."""
         if once:
             with self._lock:
                 if message in self._notes:
                     return
                 self._notes.add(message)
-        self.channel.send(protocol.make(protocol.NOTE, level=level, message=message))
+        fields = {"topic": topic} if topic else {}
+        self.channel.send(protocol.make(protocol.NOTE, level=level, message=message, **fields))
 
     def hello(self):
         """The hello message as things stand now (built again on every reconnection)."""

@@ -47,7 +47,8 @@ PROGRESS = "progress"  # epoch/epochs, step/steps, logs (loss, metrics), tf_memo
 STATE = "state"  # state: running | pausing | paused | checkpointing | parking | stopping
 # ("stopping" only while a fit() runs: the runner ends it at the next batch and exits)
 CHECKPOINTED = "checkpointed"  # path, epoch
-NOTE = "note"  # level, message (e.g. "no fit() call: progress not available")
+NOTE = "note"  # level, message (e.g. "no fit() call: progress not available"), topic (optional)
+TOPIC_SHRUNK = "shrunk"  # a note's topic: the fit trains smaller micro-batches from now on
 BYE = "bye"  # reason: finished | parked | stopped | error, exit_code
 
 # Fields, as the runner sends them (fields may be added, never renamed):

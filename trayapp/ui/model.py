@@ -276,6 +276,7 @@ _NOTIFY_TITLES: Dict[str, str] = {
     E.GUARD_WARN: "Memory is running low",
     E.GUARD_PAUSE: "Jobs paused: memory is running out",
     E.GUARD_PARK: "Job parked to free memory",
+    E.JOB_SHRUNK: "Training shrunk to fit",
     E.JOB_FINISHED: "Training finished",
     E.JOB_FAILED: "Training failed",
     E.CONFIG_PROBLEM: "A problem in the settings file",
