@@ -25,7 +25,7 @@ from trayapp.config import get_paths
 from trayapp.engine.client import EngineClient
 from trayapp.runner import protocol as rp
 
-FUZZ = settings(max_examples=120, deadline=None,
+FUZZ = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")

@@ -26,6 +26,7 @@ WIDE_FIT = Path(__file__).resolve().parent.parent / "scripts" / "runner" / "wide
 MiB = 1024 * 1024
 # Measured peaks of WIDE_FIT: about 1.6 GB at batch 4096, 1.1 GB at 2048.
 BUDGET_MB = 1350
+EPOCHS = 4
 ENDED = {S.FINISHED, S.FAILED, S.STOPPED, S.LOST, S.PARKED}
 
 
@@ -37,10 +38,14 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
         start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
     engine = start_engine()
     out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
-    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "6"), python=sys.executable,
-                   ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt))
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
+                   python=sys.executable, ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt))
     client = engine.client()
     job_id = client.job_start(spec.to_json())["id"]
+    # The training asked for: the same fit at batch 4096 without Headroom, meanwhile.
+    ref = tmp_path / "reference.json"
+    plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", str(EPOCHS)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
         said = events(client, job_id)
@@ -56,16 +61,16 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
         assert relaunch and relaunch[0]["data"]["accumulation"] == 2, said
         assert kinds.index(E.JOB_PARKED) < kinds.index(E.JOB_RESUMED)
         report = json.loads(out.read_text())
-        assert report["updates"] == 6 * 2  # six epochs of two updates: the whole training
+        assert report["updates"] == EPOCHS * 2  # two updates an epoch: the whole training
         assert report["accumulation"] == 2
-        # The training asked for: the weights of the same fit at batch 4096 without Headroom.
-        ref = tmp_path / "reference.json"
-        plain = subprocess.run([sys.executable, str(WIDE_FIT), str(ref), "4096", "6"],
-                               capture_output=True, text=True, timeout=240)
-        assert plain.returncode == 0, plain.stderr[-2000:]
+        _, err = plain.communicate(timeout=240)
+        assert plain.returncode == 0, err[-2000:]
         expected = json.loads(ref.read_text())["weights"]
         assert report["weights"] == pytest.approx(expected, rel=1e-4)
     finally:
+        if plain.poll() is None:
+            plain.kill()
+            plain.wait()
         try:
             client.job_action(job_id, "kill")
         except Exception:
@@ -78,8 +83,9 @@ def test_a_job_that_cannot_shrink_stays_paused_at_its_budget(
     """--on-oom stop: the runner says the fit cannot shrink; the guard pauses, as before."""
     engine = start_engine()
     out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
-    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "6"), python=sys.executable,
-                   ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt), on_oom="stop")
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
+                   python=sys.executable, ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt),
+                   on_oom="stop")
     client = engine.client()
     job_id = client.job_start(spec.to_json())["id"]
     try:

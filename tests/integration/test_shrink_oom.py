@@ -29,9 +29,9 @@ pytestmark = pytest.mark.tensorflow
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "runner"
 SHRINK_FIT = SCRIPTS / "shrink_fit.py"
 OOM_FIT = SCRIPTS / "oom_fit.py"
-# Measured on tensorflow-cpu: 16384 samples at batch 16384 always raise under this limit; after
-# each out-of-memory error the process keeps part of what it held, and the job finishes at
-# micro-batches of 2048 or 4096.
+# Measured on tensorflow-cpu: 16384 samples at batch 16384 always raise under this limit, and a
+# fresh process fits batch 1024; after each out-of-memory error the process keeps part of what
+# it held, and the job finishes at micro-batches of 512.
 AS_LIMIT = int(2.5 * 2**30)
 OOM_SAMPLES = "16384"
 # oneDNN's CPU allocator crashes (SIGSEGV) instead of reporting an allocation that fails under
@@ -170,17 +170,17 @@ def test_a_real_oom_under_an_address_space_limit_finishes_under_headroom(
         f"resource.setrlimit(resource.RLIMIT_AS, ({AS_LIMIT}, {AS_LIMIT}))\n"
         f"os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])\n")
     python.chmod(0o755)
-    out = tmp_path / "report.json"
-    failed = plain(OOM_FIT, str(out), OOM_SAMPLES, "1", OOM_SAMPLES, python=str(python),
-                   **NO_ONEDNN)
-    assert failed.returncode != 0 and "ResourceExhaustedError" in failed.stderr, \
-        failed.stderr[-2000:]
-    assert not out.exists()
-
+    out, plain_out = tmp_path / "report.json", tmp_path / "plain.json"
     spec = JobSpec(script=str(OOM_FIT), args=(str(out), OOM_SAMPLES, "1", OOM_SAMPLES),
                    python=str(python),
                    env=tuple(NO_ONEDNN.items()))
     job = start(jobs, spec, tmp_path, engine)
+    # The same script under plain python, with the same limit, meanwhile: it fails.
+    failed = plain(OOM_FIT, str(plain_out), OOM_SAMPLES, "1", OOM_SAMPLES, python=str(python),
+                   **NO_ONEDNN)
+    assert failed.returncode != 0 and "ResourceExhaustedError" in failed.stderr, \
+        failed.stderr[-2000:]
+    assert not plain_out.exists()
     assert job.wait(timeout=300) == 0, job.output[-3000:]
     got = report(out)
     assert got["updates"] == 1 and got["accumulation"] >= 2

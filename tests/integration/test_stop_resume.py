@@ -20,7 +20,7 @@ from trayapp.runner.protocol import STOP_EXIT_CODE
 
 FIT_JOB = str(REPO / "tests" / "scripts" / "runner" / "fit_job.py")
 CONFIG = '[guard]\nmode = "off"\n'
-EPOCHS, STEPS = 20, 10
+EPOCHS, STEPS = 10, 10
 
 pytestmark = [
     pytest.mark.tensorflow,

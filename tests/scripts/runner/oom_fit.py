@@ -1,6 +1,7 @@
-"""A fit whose full batch does not fit under an address-space limit on its interpreter: samples
-of 512 features, two Dense(4096) layers. With a 2.5 GiB limit on tensorflow-cpu (oneDNN off),
-batch 16384 raises ResourceExhaustedError in fit(), batch 2048 fits.
+"""A fit whose full batch does not fit under an address-space limit on its interpreter: one wide
+layer (65536 units) on 8 features, so a sample's activations take 256 KiB while its compute
+stays small. With a 2.5 GiB limit on tensorflow-cpu (oneDNN off), batch 16384 raises
+ResourceExhaustedError in fit() at once; a fresh process fits batch 1024, not 2048.
 
 Usage: oom_fit.py REPORT BATCH EPOCHS [SAMPLES (8192)]. Writes REPORT (JSON): the loss history,
 the optimizer's updates and its accumulation steps.
@@ -16,17 +17,16 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 report, batch, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+samples = int(sys.argv[4]) if len(sys.argv) > 4 else 8192
 keras.utils.set_random_seed(0)
-rng = np.random.default_rng(0)
-x = rng.random((int(sys.argv[4]) if len(sys.argv) > 4 else 8192, 512), dtype=np.float32)
+x = np.random.default_rng(0).random((samples, 8), dtype=np.float32)
 y = x[:, :1] * 2.0
 model = keras.Sequential([
-    keras.Input((512,)),
-    keras.layers.Dense(4096, activation="relu"),
-    keras.layers.Dense(4096, activation="relu"),
+    keras.Input((8,)),
+    keras.layers.Dense(65536, activation="relu"),
     keras.layers.Dense(1),
 ])
-model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+model.compile(optimizer=keras.optimizers.SGD(0.001), loss="mse")
 history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
 with open(report, "w") as f:
     json.dump({"loss": history.history.get("loss"), "epochs": history.epoch,
