@@ -154,9 +154,10 @@ def test_icon_embeds_menu_opens_and_a_second_start_opens_the_dashboard(
         # The icon turns from grey to the guard's colour once the engine it started answers.
         wait_for("engine", lambda: _ping(paths), timeout=30)
 
-        subprocess.run(["xdotool", "mousemove", str(icon.x + icon.width // 2),
-                        str(icon.y + icon.height // 2), "click", "3"],
-                       env=env, check=True, timeout=10)
+        def right_click() -> None:
+            subprocess.run(["xdotool", "mousemove", str(icon.x + icon.width // 2),
+                            str(icon.y + icon.height // 2), "click", "3"],
+                           env=env, check=True, timeout=10)
 
         def menu() -> Optional[Window]:
             for w in windows(desktop):
@@ -166,7 +167,19 @@ def test_icon_embeds_menu_opens_and_a_second_start_opens_the_dashboard(
                     return w
             return None
 
-        popup = wait_for("tray menu", menu, timeout=10)
+        # A click that lands while the tray is still taking in the engine's first replies can
+        # be lost on a loaded machine; a user clicks again, and so does the test (three times
+        # at most: a menu that never opens still fails).
+        popup = None
+        for attempt in range(3):
+            right_click()
+            try:
+                popup = wait_for("tray menu", menu, timeout=6)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
+        assert popup is not None
         # The menu opens at the icon (top right), not somewhere else on the screen.
         assert popup.x + popup.width >= 1280 - 400 and popup.y <= 200, popup
         subprocess.run(["xdotool", "key", "Escape"], env=env, check=True, timeout=10)
