@@ -59,6 +59,10 @@ def _progress_classes(base):
         def on_epoch_begin(self, epoch, logs=None):
             self._run.stop_seen = False
 
+        def on_train_batch_begin(self, batch, logs=None):
+            if not self._run.skipping:
+                self._run.begun = batch
+
         def on_epoch_end(self, epoch, logs=None):
             self._run.stop_seen = bool(getattr(self.model, "stop_training", False))
 

@@ -120,6 +120,9 @@ class FitRun:
         self.shrinker = None  # what changes its micro-batch (runner.shrink.Shrinker)
         self.epoch_updates = None  # the optimizer's updates when this epoch began
         self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
+        # The batch of this epoch whose step is under way (set before the user's callbacks):
+        # if it fails, the batches before it are done.
+        self.begun = None
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -265,6 +268,7 @@ class FitRun:
         self.position = (epoch, 0)
         skipped = self.skip if self.skip and epoch == self.skip_epoch else 0
         self.epoch_updates = self._updates() - skipped // self.accumulation
+        self.begun = skipped if skipped else None
         if self.skip and epoch == self.skip_epoch:
             self._start_skip()
         if self.session.control.pending and not self.skipping:
@@ -348,10 +352,17 @@ class FitRun:
 
     def updates_done(self):
         """(epoch, optimizer updates done in it): where training stands after a failed step,
-        whose update may or may not have been applied (the counter says)."""
+        from the batches begun before it (a step that fails may have advanced the optimizer's
+        counter when its steps are not atomic). The counter is set back to match."""
         if self.epoch_updates is None:
             return self.epoch, 0
-        return self.epoch, max(0, self._updates() - self.epoch_updates)
+        done = (self.begun or 0) // self.accumulation
+        try:
+            optimizer = self.model.optimizer
+            optimizer._iterations.assign((self.epoch_updates + done) * self.accumulation)
+        except Exception:  # no optimizer, or one without a counter
+            pass
+        return self.epoch, done
 
     def restart_in_memory(self, epoch, updates, accumulation):
         """Train on from ``epoch`` with ``updates`` of it done, at ``accumulation`` micro-batches
