@@ -356,13 +356,7 @@ class Shrinker:
         ``fit()`` attempt on (``k`` after a halving, or as a checkpoint recorded it)."""
         batch = self.effective_batch()
         micro = micro_batch(batch, k)
-        optimizer = self.model.optimizer
-        if not getattr(optimizer, "built", False) and getattr(self.model, "built", False):
-            # Built first and the accumulators added after, always: a checkpoint holds the
-            # optimizer's variables in the order they were made, and one saved after a shrink
-            # in the middle of training has them after the optimizer's own.
-            optimizer.build(self.model.trainable_variables)
-        set_accumulation(self.keras, optimizer, k)
+        self.switch(k)
         self.atomic()
         if self.kind == ARRAYS:
             self.bound.arguments["batch_size"] = micro
@@ -371,7 +365,6 @@ class Shrinker:
         if self.steps_per_epoch:
             self.bound.arguments["steps_per_epoch"] = int(self.steps_per_epoch) * k
         self.model.train_function = None  # compiled for the old optimizer: built again
-        self.k = k
         return micro
 
     def switch(self, k):
@@ -379,6 +372,9 @@ class Shrinker:
         left as it is: for a checkpoint the next process restores)."""
         optimizer = self.model.optimizer
         if not getattr(optimizer, "built", False) and getattr(self.model, "built", False):
+            # Built first and the accumulators added after, always: a checkpoint holds the
+            # optimizer's variables in the order they were made, and one saved after a shrink
+            # in the middle of training has them after the optimizer's own.
             optimizer.build(self.model.trainable_variables)
         set_accumulation(self.keras, optimizer, k)
         self.k = k
