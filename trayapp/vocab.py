@@ -200,6 +200,7 @@ class EventKind(Word):
     JOB_LOST = "job_lost"
     JOB_NOTE = "job_note"
     JOB_SHRUNK = "job_shrunk"  # trains smaller micro-batches with gradient accumulation
+    JOB_FORECAST = "job_forecast"  # the memory a fit needs, against what is free
     JOB_BAD_MESSAGE = "job_bad_message"
     GUARD_WARN = "guard_warn"
     GUARD_OK = "guard_ok"

@@ -107,6 +107,7 @@ def test_defaults_change_nothing_in_tensorflow(script):
         "on_oom": "shrink",
         "min_batch": 8,
         "accumulation": 1,
+        "fit_batch": False,
     }
     assert runner_steps(plan.runner_options) == []
 

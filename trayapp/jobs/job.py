@@ -66,6 +66,7 @@ class Job:
         self.rate_ref: Optional[Tuple[float, float]] = None  # (time, progress units)
         self.exit_seen = False
         self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
+        self.forecasts_said = 0  # forecast events of this job (at most MAX_FORECAST_EVENTS)
         self.note_window = (-60.0, 0)  # (monotonic start of the minute, note events in it)
 
     @property
@@ -125,9 +126,14 @@ def smaller_accumulation(rec: JobRecord) -> Optional[int]:
     if not rec.shrinkable or not rec.batch or not rec.checkpoint_dir or not rec.hooked:
         return None
     k = (rec.accumulation or 1) * 2
+    if rec.batch % k or rec.batch // k < smallest_micro_batch(rec):
+        return None
+    return k
+
+
+def smallest_micro_batch(rec: JobRecord) -> int:
+    """The job's ``--min-batch`` (the default when not given)."""
     floor = rec.spec.get("min_batch")
     floor = floor if isinstance(floor, int) and not isinstance(floor, bool) else \
         sv.MIN_BATCH_DEFAULT
-    if rec.batch % k or rec.batch // k < max(1, floor):
-        return None
-    return k
+    return max(1, floor)

@@ -194,6 +194,7 @@ class JobManager(JobControl):
             tuple(self._gpus())
         if snapshot is not None:
             self._memory_total = snapshot.memory.total_bytes  # cgroup-aware
+            self._snapshot = snapshot
         events: List[Event] = []
         with self._lock:
             t = time.monotonic()

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
+from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 
@@ -43,6 +44,7 @@ RUNNER_STATES = frozenset({RUNNER_RUNNING, "pausing", RUNNER_PAUSED, "checkpoint
 NOTE_INFO = "info"
 NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
 NOTE_TOPICS = frozenset({rp.TOPIC_SHRUNK})  # notes the engine records as their own event
+FORECAST_HOWS = frozenset({rf.STEPS, rf.PROBE})
 BYE_PARKED = "parked"
 BYE_STOPPED = "stopped"
 BYE_REASONS = frozenset({"finished", BYE_PARKED, "error", BYE_STOPPED})
@@ -202,7 +204,7 @@ class Message:
 
 
 def _json(value: Any) -> Any:
-    if isinstance(value, TfMemory):
+    if isinstance(value, (TfMemory, ForecastDevice)):
         return value.to_json()
     if isinstance(value, tuple):
         return [_json(v) for v in value]
@@ -277,6 +279,55 @@ class Note(Message):
 
 
 @dataclass(frozen=True)
+class ForecastDevice:
+    """One device's forecast: ``fixed + per_sample x micro-batch`` bytes."""
+
+    device: str
+    fixed_bytes: int
+    per_sample_bytes: int
+    peak_bytes: Optional[int]
+    measured_batch: Optional[int]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"device": self.device, "fixed_bytes": self.fixed_bytes,
+                "per_sample_bytes": self.per_sample_bytes, "peak_bytes": self.peak_bytes,
+                "measured_batch": self.measured_batch}
+
+
+_FORECAST_KEYS = frozenset({"device", "fixed_bytes", "per_sample_bytes", "peak_bytes",
+                            "measured_batch"})
+
+
+def _forecast_device(value: Any) -> ForecastDevice:
+    if not isinstance(value, dict) or not set(value) <= _FORECAST_KEYS:
+        raise Bad("not {device, fixed_bytes, per_sample_bytes, peak_bytes, measured_batch}")
+    size = _int_in(0, MAX_BYTES)
+    return ForecastDevice(_text(MAX_NAME)(value.get("device") or ""),
+                          size(value.get("fixed_bytes")), size(value.get("per_sample_bytes")),
+                          _optional(size)(value.get("peak_bytes")),
+                          _COUNT(value.get("measured_batch")))
+
+
+def _device_bytes(value: Any) -> Tuple[str, int]:
+    if not isinstance(value, dict) or not set(value) <= {"device", "bytes"}:
+        raise Bad("not {device, bytes}")
+    return _text(MAX_NAME)(value.get("device") or ""), _int_in(0, MAX_BYTES)(value.get("bytes"))
+
+
+@dataclass(frozen=True)
+class Forecast(Message):
+    """The memory a fit needs, measured in its first steps or by --fit-batch's probe."""
+
+    fit: Optional[int] = None
+    how: Optional[str] = None
+    batch: Optional[int] = None
+    micro_batch: Optional[int] = None
+    accumulation: Optional[int] = None
+    devices: Tuple[ForecastDevice, ...] = ()
+    accumulators: Tuple[Tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Bye(Message):
     reason: Optional[str] = None
     exit_code: Optional[int] = None
@@ -331,6 +382,11 @@ _SCHEMAS: Dict[str, Tuple[type, Mapping[str, Callable[[Any], Any]]]] = {
     }),
     rp.NOTE: (Note, {"level": _choice(NOTE_LEVELS), "message": _text(MAX_TEXT),
                      "topic": _optional(_choice(NOTE_TOPICS))}),
+    rp.FORECAST: (Forecast, {
+        "fit": _COUNT, "how": _optional(_choice(FORECAST_HOWS)), "batch": _COUNT,
+        "micro_batch": _COUNT, "accumulation": _COUNT,
+        "devices": _objects(_forecast_device, 16), "accumulators": _objects(_device_bytes, 16),
+    }),
     rp.BYE: (Bye, {"reason": _choice(BYE_REASONS), "exit_code": _optional(_int_in(-255, 255))}),
 }
 
@@ -383,6 +439,7 @@ _RECORD_FIELDS: Dict[str, Callable[[Any], Any]] = {
     "checkpoint": lambda v: _checkpoint_record(v),
     "notes": lambda v: list(_objects(_note_record, 1000)(v)),
     "runner_state": _optional(_choice(RUNNER_STATES)),
+    "forecast": lambda v: _forecast_record(v),
     "epoch": _COUNT, "epochs": _COUNT, "step": _COUNT, "steps": _COUNT,
 }
 
@@ -403,6 +460,19 @@ def _reparse(kind: str, value: Any) -> Optional[Dict[str, Any]]:
         raise Bad("not an object")
     record, _ = parse_message({**{k: v for k, v in value.items() if k != "time"}, "type": kind})
     return record.to_json()
+
+
+def _forecast_record(value: Any) -> Optional[Dict[str, Any]]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise Bad("not an object")
+    size = _optional(_int_in(0, MAX_BYTES))
+    return {"message": _text(MAX_TEXT)(value.get("message") or ""),
+            "fits": _bool(value.get("fits", False)),
+            "accumulation": _COUNT(value.get("accumulation")),
+            "need_bytes": size(value.get("need_bytes")),
+            "free_bytes": size(value.get("free_bytes"))}
 
 
 def _checkpoint_record(value: Any) -> Optional[Dict[str, Any]]:

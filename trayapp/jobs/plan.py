@@ -178,6 +178,7 @@ def _runner_options(
         "on_oom": spec.on_oom,
         "min_batch": spec.min_batch or sv.MIN_BATCH_DEFAULT,
         "accumulation": spec.accumulation or 1,
+        "fit_batch": spec.fit_batch,
     }
 
 
@@ -440,6 +441,15 @@ def oom_line(options: Mapping[str, Any]) -> str:
     return "stop: the job fails, as without Headroom"
 
 
+def fit_batch_line(options: Mapping[str, Any]) -> Optional[str]:
+    """What ``--fit-batch`` does before training, or None without it."""
+    if not options.get("fit_batch"):
+        return None
+    return ("fit batch: a few steps at two small micro-batches measure the memory a step needs "
+            "(the weights put back after); training starts at the largest micro-batch forecast "
+            "to fit what is free and the budgets (the same training, Keras 3)")
+
+
 def format_plan(plan: LaunchPlan) -> str:
     """The plan for ``headroom run --dry-run``: command, folder, variables, runner steps,
     warnings."""
@@ -460,6 +470,9 @@ def format_plan(plan: LaunchPlan) -> str:
     else:
         lines.append("  nothing (TensorFlow's defaults)")
     lines += ["", "Out of memory in fit():", "  " + oom_line(plan.runner_options)]
+    fitting = fit_batch_line(plan.runner_options)
+    if fitting:
+        lines.append("  " + fitting)
     if plan.warnings:
         lines += ["", "Warnings:"]
         lines += [f"  ! {w}" for w in plan.warnings]

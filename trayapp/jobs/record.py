@@ -44,6 +44,8 @@ class JobRecord:
     micro_batch: Optional[int] = None  # ... trained as micro-batches of this size ...
     accumulation: Optional[int] = None  # ... this many to an optimizer update
     shrinkable: bool = False  # the runner can train it at a smaller micro-batch
+    # The engine's reading of the fit's last forecast (trayapp.jobs.forecasts.Judgement).
+    forecast: Optional[Mapping[str, Any]] = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     eta_seconds: Optional[float] = None
     tf_memory: Optional[Tuple[Mapping[str, Any], ...]] = None
@@ -226,7 +228,7 @@ _READERS: Dict[str, Any] = {
     "rss_bytes": _opt(_int), "vram_bytes": _opt(_int), "memory_method": _opt(_str),
     "epoch": _opt(_int), "epochs": _opt(_int), "step": _opt(_int), "steps": _opt(_int),
     "batch": _opt(_int), "micro_batch": _opt(_int), "accumulation": _opt(_int),
-    "shrinkable": _bool,
+    "shrinkable": _bool, "forecast": _opt(_mapping),
     "metrics": _metrics, "eta_seconds": _opt(_float), "tf_memory": _opt(_mappings),
     "started": _opt(_float), "ended": _opt(_float), "end_reason": _opt(_str),
     "exit_code": _opt(_int), "hooked": _bool, "connected": _bool,

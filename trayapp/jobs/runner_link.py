@@ -12,10 +12,11 @@ import time
 from typing import Any, Dict, List, Optional
 
 from trayapp.channel import ChannelServer, Peer
-from trayapp.jobs import eta, messages
-from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now
+from trayapp.jobs import eta, forecasts, messages
+from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now, smallest_micro_batch
 from trayapp.jobs.ladder import Stage, grace
 from trayapp.jobs.table import JobTable
+from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
@@ -30,6 +31,7 @@ NOTE_EVENTS_PER_MINUTE = 20
 # Kept as the runner sends them.
 PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps", "batch", "micro_batch", "accumulation",
                    "shrinkable")
+MAX_FORECAST_EVENTS = 8  # a job's forecasts said as events (one a fit and micro-batch)
 MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
 
 
@@ -112,6 +114,8 @@ class RunnerLink(JobTable):
                 self._save(job)
         elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
+        elif isinstance(msg, messages.Forecast):
+            self._on_forecast(job, msg, events)
         elif isinstance(msg, messages.Bye):
             job.change(bye=msg.to_json())
             self._save(job)
@@ -218,6 +222,27 @@ class RunnerLink(JobTable):
                            f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "
                            "minute's are kept with the job only (headroom jobs --json)",
                            job.id, None))
+
+    def _on_forecast(self, job: Job, msg: messages.Forecast, events: List[Event]) -> None:
+        """Say what the fit needs against what is free; answer a --fit-batch probe with the
+        accumulation that fits (0: none does)."""
+        probe = msg.how == rf.PROBE
+        rec = job.rec
+        floor = smallest_micro_batch(rec)
+        verdict = forecasts.judge(msg, rec.with_(shrinkable=rec.shrinkable or probe),
+                                  self._snapshot, floor)
+        if probe:
+            self._send(job, rp.FIT, accumulation=verdict.accumulation if verdict else 0)
+        if verdict is None:
+            return
+        job.change(forecast=verdict.to_json())
+        job.dirty = True
+        if job.forecasts_said >= MAX_FORECAST_EVENTS:
+            return
+        job.forecasts_said += 1
+        level = "info" if verdict.fits else "warn"
+        events.append((E.JOB_FORECAST, level, f"job {job.id} ({rec.name}) {verdict.text}",
+                       job.id, {**verdict.to_json(), "batch": msg.batch, "how": msg.how}))
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         with self._lock:

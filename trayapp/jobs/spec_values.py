@@ -243,6 +243,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--min-batch", metavar="N",
                    help=f"the smallest micro-batch shrinking goes down to (default "
                    f"{MIN_BATCH_DEFAULT}); below it the job parks")
+    s.add_argument("--fit-batch", action="store_true",
+                   help="before training, measure a few small steps and train the largest "
+                   "micro-batch forecast to fit (the same training, Keras 3)")
     parser.add_argument("--dry-run", action="store_true", help="print the launch plan and exit")
     parser.add_argument("script", metavar="SCRIPT", help="the training script")
     parser.add_argument(

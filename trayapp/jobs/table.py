@@ -20,7 +20,7 @@ from trayapp.config import Paths
 from trayapp.jobs import messages, trees
 from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuReading
+from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
@@ -56,6 +56,7 @@ class JobTable:
         self._closed = False
         self._orphans = trees.Orphans()
         self._memory_total: Optional[int] = None  # from the engine's latest reading
+        self._snapshot: Optional[Snapshot] = None  # the engine's latest reading (forecasts)
         self._drops = messages.DropLog()  # what jobs sent that was not taken, per job
 
     # -- finding ------------------------------------------------------------------------------

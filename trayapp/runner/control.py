@@ -30,6 +30,26 @@ class Control:
         self.parked = False
         # A park to be relaunched at micro-batches of batch / N: the checkpoint is saved so.
         self.park_accumulation = None
+        self._fit_answer = None  # the engine's answer to a --fit-batch forecast
+        self._fit_waiting = False
+
+    def ask_fit(self, send, timeout):
+        """Send a --fit-batch forecast (``send()``) and wait for the engine's answer: the
+        accumulation to train at (0: nothing fits), or None when none came in ``timeout`` s."""
+        with self._cond:
+            self._fit_answer, self._fit_waiting = None, True
+        send()
+        with self._cond:
+            self._cond.wait_for(lambda: self._fit_answer is not None, timeout)
+            answer, self._fit_answer, self._fit_waiting = self._fit_answer, None, False
+            return answer
+
+    def fit_answered(self, accumulation):
+        """The engine's answer (the channel thread); one that nobody waits for is dropped."""
+        with self._cond:
+            if self._fit_waiting:
+                self._fit_answer = accumulation
+                self._cond.notify_all()
 
     def request(self, kind):
         """Record a command; returns the state to report now (or None)."""

@@ -5,7 +5,7 @@ import functools
 import inspect
 import os
 
-from . import protocol, shrink
+from . import fitbatch, protocol, shrink
 from .control import Parked
 from .training import WEIGHTS_FILE, FitRun, _first_line, _int
 
@@ -160,6 +160,8 @@ def install(keras, session):
         run.shrinker = shrinker
         shrinker.prepare(tf_backend)
         _resume_shrunk(run, shrinker)
+        if session.options["fit_batch"] and run.accumulation == 1:
+            fitbatch.fit_batch(run, shrinker)
         _say_batch(run, shrinker)
 
         def set_callbacks(restore):

@@ -145,8 +145,21 @@ class Session:
 
     # -- commands from the engine (reader thread) -------------------------------------------
 
+    def ask_fit(self, forecast, timeout):
+        """Send a --fit-batch forecast; the engine's accumulation, or None (no engine, or no
+        answer in ``timeout`` seconds)."""
+        if not getattr(self.channel, "connected", False):
+            self.send(forecast)
+            return None
+        return self.control.ask_fit(lambda: self.send(forecast), timeout)
+
     def on_command(self, message):
         kind = message["type"]
+        if kind == protocol.FIT:
+            k = message.get("accumulation")
+            if isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= 1024:
+                self.control.fit_answered(k)
+            return
         smaller = message.get("accumulation")
         if kind == protocol.PARK and isinstance(smaller, int) and not isinstance(smaller, bool) \
                 and 1 < smaller <= 1024:

@@ -50,6 +50,7 @@ CHECKPOINTED = "checkpointed"  # path, epoch
 NOTE = "note"  # level, message (e.g. "no fit() call: progress not available"), topic (optional)
 TOPIC_SHRUNK = "shrunk"  # a note's topic: the fit trains smaller micro-batches from now on
 BYE = "bye"  # reason: finished | parked | stopped | error, exit_code
+FORECAST = "forecast"  # the memory a fit needs: fixed + per sample x micro-batch, per device
 
 # Fields, as the runner sends them (fields may be added, never renamed):
 #   hello: job_id, pid, python (executable), python_version, script, options (as received),
@@ -67,6 +68,11 @@ BYE = "bye"  # reason: finished | parked | stopped | error, exit_code
 #          fit, reason ("request" | "park" | "stop" | "interval" | "epoch" | "end").
 #   note: level ("info" | "warn" | "error"), message (one line).
 #   bye: reason, exit_code (a negative number is the signal that ended the script).
+#   forecast: fit, how ("steps": measured in its first steps | "probe": --fit-batch, before
+#          training, which waits for the engine's "fit" answer), batch (effective), micro_batch,
+#          accumulation (as trained when measured), devices [{device ("ram" | "GPU:0" ...),
+#          fixed_bytes, per_sample_bytes, peak_bytes, measured_batch}], accumulators
+#          [{device, bytes}] (one copy of the trainable weights: what accumulating adds).
 
 # engine -> job
 PAUSE = "pause"
@@ -74,9 +80,11 @@ RESUME = "resume"
 CHECKPOINT = "checkpoint"
 PARK = "park"
 STOP = "stop"
+FIT = "fit"  # accumulation (0: the full batch does not fit at any micro-batch) -- the answer
+# to a "probe" forecast: train micro-batches of batch / N
 
-JOB_MESSAGES = frozenset({HELLO, PROGRESS, STATE, CHECKPOINTED, NOTE, BYE})
-ENGINE_COMMANDS = frozenset({PAUSE, RESUME, CHECKPOINT, PARK, STOP})
+JOB_MESSAGES = frozenset({HELLO, PROGRESS, STATE, CHECKPOINTED, NOTE, BYE, FORECAST})
+ENGINE_COMMANDS = frozenset({PAUSE, RESUME, CHECKPOINT, PARK, STOP, FIT})
 # park: accumulation (optional) -- the job is relaunched at once at micro-batches of batch / N;
 # the checkpoint is saved with that accumulation so the relaunch restores it as it was saved.
 

@@ -338,6 +338,11 @@ class Shrinker:
                 self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * self.k
         return self.batch
 
+    def micro(self):
+        """The micro-batch trained now, when known without reading the input (else None)."""
+        batch = self.effective_batch(read=False)
+        return micro_batch(batch, self.k) if batch else None
+
     def refusal(self):
         """Why this fit cannot shrink, or None."""
         if not self.enabled:

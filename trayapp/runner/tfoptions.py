@@ -16,6 +16,8 @@ The options arrive as JSON in ``HEADROOM_JOB_OPTIONS`` (written by ``trayapp.job
     min_batch         int   the smallest micro-batch shrinking goes down to
     accumulation      int   train micro-batches of batch / N from the start, N to an update (a
                       job relaunched smaller by the guard; a checkpoint's own, when larger, wins)
+    fit_batch         bool  before training, choose the largest micro-batch forecast to fit (the
+                      same training; ``trayapp.runner.fitbatch``)
     no_fit_note_seconds   number (how long after TensorFlow/Keras import to say "no fit()")
 
 Environment-only options (GPU choice, allocator, growth's environment variable) are set by the
@@ -39,6 +41,7 @@ _KEYS = {
     "on_oom": (str,),
     "min_batch": (int,),
     "accumulation": (int,),
+    "fit_batch": (bool,),
     "no_fit_note_seconds": (int, float),
 }
 
@@ -56,6 +59,7 @@ DEFAULTS = {
     "on_oom": "shrink",
     "min_batch": 8,
     "accumulation": 1,
+    "fit_batch": False,
     "no_fit_note_seconds": 60,
 }
 

@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from . import protocol
+from . import forecast, protocol
 from .control import Parked, Stopped
 from .tfoptions import gpu_memory
 
@@ -123,6 +123,8 @@ class FitRun:
         # The batch of this epoch whose step is under way (set before the user's callbacks):
         # if it fails, the batches before it are done.
         self.begun = None
+        self.forecast_sent = False
+        self.step_meter = None  # the forecast from the first steps (runner.forecast)
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -260,6 +262,7 @@ class FitRun:
                 self.gpu_names = [d.name for d in tf.config.list_logical_devices("GPU")]
             except Exception:
                 self.gpu_names = []
+        self._start_forecast(tf)
         if self.session.control.stop:
             self.request_stop(save=False)
 
@@ -277,6 +280,8 @@ class FitRun:
     def batch_begin(self, batch):
         if self.skipping:
             return
+        if self.step_meter is not None:
+            self._forecast_step()
         self.position = (self.epoch, batch)
         if self.every and self.since_save >= self.every and self.keras3:
             self.save(self.epoch, batch, "interval")
@@ -372,6 +377,35 @@ class FitRun:
         self.initial_epoch = epoch
         self.skip, self.skip_epoch = updates * accumulation, epoch
         self.stop_seen = False
+        self.forecast_sent = False  # measured again at the new micro-batch
+
+    # -- the forecast ---------------------------------------------------------------------------
+
+    def _start_forecast(self, tf):
+        if self.forecast_sent or not self.batch and self.shrinker is None:
+            return
+        micro = self.batch[1] if self.batch else None
+        if micro is None and self.shrinker is not None:
+            micro = self.shrinker.micro()
+        if not micro:
+            return
+        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro)
+        self._trained_at_start = self.trained
+
+    def _forecast_step(self):
+        devices = self.step_meter.step(self.trained - self._trained_at_start)
+        if devices is None:
+            return
+        meter, self.step_meter = self.step_meter, None
+        self.forecast_sent = True
+        if not devices:
+            return
+        batch = self.batch[0] if self.batch else meter.micro
+        self.session.send(protocol.make(
+            protocol.FORECAST, fit=self.index, how=forecast.STEPS, batch=batch,
+            micro_batch=meter.micro, accumulation=self.accumulation, devices=devices,
+            accumulators=[{"device": d, "bytes": b} for d, b in
+                          forecast.accumulator_bytes(self.model, self.gpu_names).items()]))
 
     # -- helpers ----------------------------------------------------------------------------
 

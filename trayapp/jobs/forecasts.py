@@ -1,0 +1,131 @@
+"""The engine's reading of a job's forecast: what the fit needs on each device at its batch,
+against what is free there and the job's budgets, in one sentence, and the micro-batch that fits
+(the answer to ``--fit-batch``).
+
+"Free" for a device is what is available now plus what the job itself holds there (the forecast
+is of the job's whole memory), capped by the job's budget and, on a GPU, by the limit TensorFlow
+was given (``--vram-limit`` / ``--vram-reserve``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from trayapp.formats import format_bytes
+from trayapp.jobs.gpu_choice import selected_gpus
+from trayapp.jobs.messages import Forecast
+from trayapp.jobs.options import JobSpec, SpecError
+from trayapp.jobs.record import JobRecord
+from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.runner import forecast as rf
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a device has for the job: ``free`` bytes, and what bounds it (for the sentence)."""
+
+    device: str  # the runner's name: "ram", "GPU:0"
+    label: str  # the user's: "RAM", "GPU 0"
+    free: int
+    bound: str  # "" (what is free), "its budget", "its limit"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    text: str
+    fits: bool  # the micro-batch it trains now fits
+    accumulation: int  # the micro-batches an update that fit (0: none does)
+    need: int  # bytes the tightest device needs at the full batch
+    free: int  # ... and has
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"message": self.text, "fits": self.fits, "accumulation": self.accumulation,
+                "need_bytes": self.need, "free_bytes": self.free}
+
+
+def _job_gpus(rec: JobRecord, gpus: Sequence[GpuReading]) -> List[GpuReading]:
+    """The job's GPUs in TensorFlow's order ("GPU:0" is the first)."""
+    try:
+        spec = JobSpec.from_json(dict(rec.spec))
+    except (SpecError, TypeError, ValueError):
+        return list(gpus)
+    return selected_gpus(spec.options, gpus)
+
+
+def _limit_mb(rec: JobRecord, i: int) -> Optional[int]:
+    options = (rec.hello or {}).get("options")
+    limit = options.get("vram_limit_mb") if isinstance(options, Mapping) else None
+    if isinstance(limit, list):
+        limit = limit[i] if i < len(limit) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def rooms(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Room]:
+    """{device: Room} for the devices whose room is known."""
+    out: Dict[str, Room] = {}
+    if snapshot is None:
+        return out
+    free = snapshot.memory.available_bytes + (rec.rss_bytes or 0)
+    out[rf.RAM] = Room(rf.RAM, "RAM", free, "")
+    if rec.ram_budget_bytes is not None and rec.ram_budget_bytes < free:
+        out[rf.RAM] = Room(rf.RAM, "RAM", rec.ram_budget_bytes, "its budget")
+    pids = set(rec.pids)
+    for i, gpu in enumerate(_job_gpus(rec, snapshot.gpus)):
+        if gpu.memory_free_bytes is None:
+            continue
+        held = sum(p.used_memory_bytes or 0 for p in gpu.processes if p.pid in pids)
+        room = Room(f"GPU:{i}", f"GPU {gpu.index}", gpu.memory_free_bytes + held, "")
+        limit = _limit_mb(rec, i)
+        if limit is not None and limit * MiB < room.free:
+            room = Room(room.device, room.label, limit * MiB, "its limit")
+        if rec.vram_budget_bytes is not None and rec.vram_budget_bytes < room.free:
+            room = Room(room.device, room.label, rec.vram_budget_bytes, "its budget")
+        out[room.device] = room
+    return out
+
+
+def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
+          floor: int) -> Optional[Judgement]:
+    """The sentence and the choice for a forecast; None when nothing of it can be compared."""
+    batch = msg.batch or msg.micro_batch
+    if not batch:
+        return None
+    devices = [d.to_json() for d in msg.devices]
+    space = rooms(rec, snapshot)
+    known = [d for d in devices if d["device"] in space]
+    if not known:
+        return None
+    accumulators = dict(msg.accumulators)
+    room = {name: r.free for name, r in space.items()}
+    chosen = rf.choose(known, batch, floor, room, accumulators)
+    k_now = max(1, msg.accumulation or 1)
+    micro_now = max(1, batch // k_now)
+    fits_now = rf.choose(known, batch, micro_now, room, accumulators, k_now) is not None
+
+    def tightness(entry: Mapping[str, Any]) -> float:
+        return rf.need(entry, batch, 1) / max(1, space[entry["device"]].free)
+
+    tight = max(known, key=tightness)
+    r = space[tight["device"]]
+    need = rf.need(tight, batch, 1)
+    bound = f" within {r.bound}" if r.bound else ""
+    text = (f"needs about {format_bytes(need)} of {r.label} at batch {batch}; "
+            f"{format_bytes(r.free)} is free{bound}")
+    return Judgement(text + _outcome(chosen, batch, k_now, rec.shrinkable, floor), fits_now,
+                     chosen[1] if chosen else 0, need, r.free)
+
+
+def _outcome(chosen: Optional[Tuple[int, int]], batch: int, k_now: int, shrinkable: bool,
+             floor: int) -> str:
+    if chosen is None:
+        return f": it does not fit even at micro-batches of {floor}"
+    micro, k = chosen
+    if k == 1:
+        return ": it fits"
+    if not shrinkable and k > k_now:
+        return f": it would fit at micro-batches of {micro} x {k}, but it cannot shrink"
+    verb = "trains" if k == k_now else "will train"
+    return f": it {verb} micro-batches of {micro} x {k} (the same training)"

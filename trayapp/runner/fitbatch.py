@@ -1,0 +1,198 @@
+"""``--fit-batch``: choose the largest micro-batch that fits before training starts, keeping the
+effective batch (the same training), from a forecast made on two small micro-batches.
+
+The probe trains a few steps at small micro-batches (``forecast.PROBE_FRACTION`` of the batch,
+and twice that), measures each one's peak, and puts the model's weights and the optimizer's state
+back as they were, so the training that follows is the one asked for. The engine, which knows what
+is free on the machine and the job's budgets, answers with the accumulation to train at; with no
+engine, the runner looks at the host's available memory itself (and cannot see a GPU's).
+"""
+
+import sys
+
+from . import forecast, protocol, shrink
+from .training import _first_line
+
+ANSWER_SECONDS = 5.0  # how long the runner waits for the engine's choice
+
+
+def _slice(shrinker, micro):
+    """(x, y, sample_weight) of one micro-batch of the fit's input."""
+    args = shrinker.bound.arguments
+    if shrinker.kind == shrink.ARRAYS:
+        tree = shrinker.keras.tree
+
+        def cut(value):
+            return None if value is None else tree.map_structure(lambda a: a[:micro], value)
+
+        return cut(args.get("x")), cut(args.get("y")), cut(args.get("sample_weight"))
+    element = next(iter(shrink.rebatch(shrinker.x, micro).take(1)))
+    if isinstance(element, tuple):
+        parts = list(element) + [None] * (3 - len(element))
+        return parts[0], parts[1], parts[2]
+    return element, None, None
+
+
+def _sizes(batch, floor):
+    """The two micro-batches probed: about batch / 8 (not below the floor) and twice it."""
+    smaller = [m for m, _ in forecast.candidates(batch, floor)[1:]]
+    if not smaller:
+        return []
+    target = max(floor, batch // forecast.PROBE_FRACTION)
+    first = min((m for m in smaller if m >= target), default=smaller[-1])
+    return [first] + ([first * 2] if first * 2 in smaller else [])
+
+
+class _Saved:
+    """The model's and the optimizer's variables as they are now, to put back after probing."""
+
+    def __init__(self, model):
+        optimizer = model.optimizer
+        if not getattr(optimizer, "built", False):
+            optimizer.build(model.trainable_variables)
+        self.model = model
+        self.values = [(v, v.numpy()) for v in
+                       list(model.trainable_variables) + list(model.non_trainable_variables)
+                       + list(optimizer.variables)]
+
+    def restore(self):
+        for variable, value in self.values:
+            variable.assign(value)
+        try:
+            self.model.reset_metrics()
+        except Exception:  # a model without metrics to reset
+            pass
+
+
+def probe(run, shrinker, meter):
+    """Train two small micro-batches, measured; returns {device: [(micro, peak)]} (possibly
+    empty), the model as it was before."""
+    model = run.model
+    sizes = _sizes(shrinker.effective_batch(), shrinker.floor)
+    points = {}
+    if not sizes:
+        return points
+    saved = _Saved(model)
+    before = meter.read()
+    if forecast.RAM in before:
+        # The host before any probe step: TensorFlow, the data, the weights.
+        points[forecast.RAM + "#held"] = [(0, before[forecast.RAM][0])]
+    try:
+        for micro in sizes:
+            x, y, weights = _slice(shrinker, micro)
+            model.train_on_batch(x, y, sample_weight=weights)  # traced at this size
+            meter.reset()
+            after_first = meter.read()
+            model.train_on_batch(x, y, sample_weight=weights)
+            for name, (_now, peak) in meter.read().items():
+                points.setdefault(name, []).append((micro, peak))
+                if name != forecast.RAM and name in after_first:
+                    # A GPU's allocator after a step: its weights and optimizer state.
+                    points[name + "#held"] = [(0, after_first[name][0])]
+    except Exception as error:
+        if not shrink.is_oom(error):
+            raise
+        run.session.note("warn", f"--fit-batch: out of memory at a probe micro-batch "
+                                 f"({shrink.oom_text(error)})")
+    finally:
+        saved.restore()
+        model.train_function = None  # traced for the probes' sizes and state
+    return points
+
+
+def _devices(points):
+    """The forecast of each device from its measured points."""
+    out = []
+    for name, measured in points.items():
+        if name.endswith("#held") or not measured:
+            continue
+        extra = points.get(name + "#held", [])
+        fit = forecast.line(measured) or forecast.line(measured + extra)
+        if fit is None:
+            continue
+        fixed, per_sample = fit
+        micro, peak = measured[-1]
+        out.append(forecast.device(name, fixed, per_sample, peak, micro))
+    return out
+
+
+def _local_room():
+    """{device: bytes} this process may grow to, as the host says (no GPU: it cannot see)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for text in f:
+                if text.startswith("MemAvailable:"):
+                    available = int(text.split()[1]) * 1024
+                    found = forecast.host_read()
+                    return {forecast.RAM: available + (found[0] if found else 0)}
+    except (OSError, ValueError, IndexError):
+        pass
+    return {}
+
+
+def fit_batch(run, shrinker):
+    """Before the fit: probe, forecast, and train at the largest micro-batch that fits (the
+    engine's choice, or the host's when no engine answers). Returns True when it changed."""
+    session = run.session
+    if shrinker.refusal() is not None:
+        session.note("warn", f"--fit-batch: {shrinker.refusal()}: trained at the full batch")
+        return False
+    if not getattr(run.model, "built", False):
+        session.note("warn", "--fit-batch: the model is not built before fit() (give it an Input "
+                             "layer): trained at the full batch")
+        return False
+    batch = shrinker.effective_batch()
+    tf = sys.modules.get("tensorflow")
+    gpu_names = _gpu_names(tf)
+    try:
+        points = probe(run, shrinker, forecast.Meter(tf, gpu_names))
+    except Exception as error:
+        session.note("warn", f"--fit-batch: the probe failed ({_first_line(error)}): trained "
+                             "at the full batch")
+        return False
+    devices = _devices(points)
+    if not devices:
+        session.note("warn", "--fit-batch: no memory could be measured: trained at the full "
+                             "batch")
+        return False
+    accumulators = forecast.accumulator_bytes(run.model, gpu_names)
+    k = session.ask_fit(protocol.make(
+        protocol.FORECAST, fit=run.index, how=forecast.PROBE, batch=batch,
+        micro_batch=shrink.micro_batch(batch, shrinker.k), accumulation=shrinker.k,
+        devices=devices, accumulators=[{"device": d, "bytes": b}
+                                       for d, b in accumulators.items()]), ANSWER_SECONDS)
+    how = "the engine's choice"
+    if k is None:
+        chosen = forecast.choose(devices, batch, shrinker.floor, _local_room(), accumulators,
+                                 shrinker.k)
+        k = chosen[1] if chosen else None
+        how = "by the host's available memory"
+    return _train_at(run, shrinker, batch, k, how)
+
+
+def _train_at(run, shrinker, batch, k, how):
+    session = run.session
+    if not k:
+        session.note("warn", f"--fit-batch: batch {batch} is forecast not to fit even at "
+                             f"micro-batches of {shrinker.floor} ({how}): trained as asked, "
+                             "shrinking on an out-of-memory error")
+        return False
+    if k <= shrinker.k:
+        session.note("info", f"--fit-batch: batch {batch} is forecast to fit ({how})")
+        return False
+    micro = shrinker.apply(k)
+    run.accumulation = k
+    run.batch = (batch, micro)
+    session.note("warn", f"--fit-batch: training micro-batches of {micro} x {k} (batch {batch}, "
+                         f"the same training): the full batch is forecast not to fit ({how})",
+                 topic=protocol.TOPIC_SHRUNK)
+    return True
+
+
+def _gpu_names(tf):
+    if tf is None:
+        return []
+    try:
+        return [d.name for d in tf.config.list_logical_devices("GPU")]
+    except Exception:  # TensorFlow without its config module, or one that fails to say
+        return []
