@@ -104,13 +104,24 @@ JOB_FIELDS: Dict[str, List[str]] = {
     rp.HELLO: ["job_id", "pid", "python", "python_version", "script", "runner_version",
                "options", "applied", "tf_version", "keras_version", "tf_imported",
                "build_info", "tf_devices", "fit_hook", "hooked", "state", "error"],
-    rp.PROGRESS: ["fit", "epoch", "epochs", "step", "steps", "logs", "tf_memory"],
+    rp.PROGRESS: ["fit", "epoch", "epochs", "step", "steps", "logs", "tf_memory", "batch",
+                  "micro_batch", "accumulation", "shrinkable"],
     rp.STATE: ["state", "epoch", "step"],
     rp.CHECKPOINTED: ["path", "epoch", "step", "fit", "reason"],
-    rp.NOTE: ["level", "message"],
+    rp.NOTE: ["level", "message", "topic"],
+    rp.FORECAST: ["fit", "how", "batch", "micro_batch", "accumulation", "devices",
+                  "accumulators"],
     rp.BYE: ["reason", "exit_code"],
 }
 assert set(JOB_FIELDS) == rp.JOB_MESSAGES
+# Forecasts of the right shape with hostile numbers: the engine computes with them.
+sizes = st.integers(0, 2**62) | huge | st.integers(max_value=-1)
+forecast_devices = st.lists(st.fixed_dictionaries({
+    "device": st.sampled_from(["ram", "GPU:0", "GPU:9"]) | nasty_text, "fixed_bytes": sizes,
+    "per_sample_bytes": sizes, "peak_bytes": sizes, "measured_batch": sizes}), max_size=20)
+SHAPED = {"devices": forecast_devices,
+          "batch": st.integers(0, 2**53) | huge, "accumulation": st.integers(0, 2**12) | huge,
+          "how": st.sampled_from(["steps", "probe"]) | nasty_text}
 
 
 @st.composite
@@ -118,7 +129,8 @@ def job_messages(draw: Any) -> Dict[str, Any]:
     kind = draw(st.sampled_from(sorted(rp.JOB_MESSAGES)))
     names = draw(st.lists(st.sampled_from(JOB_FIELDS[kind]) | nasty_text, max_size=6,
                           unique=True))
-    msg: Dict[str, Any] = {name: draw(nasty) for name in names}
+    msg: Dict[str, Any] = {name: draw(SHAPED.get(name, nasty) | nasty) if kind == rp.FORECAST
+                           else draw(nasty) for name in names}
     msg["type"] = kind
     return msg
 

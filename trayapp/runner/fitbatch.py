@@ -162,6 +162,11 @@ def fit_batch(run, shrinker):
         devices=devices, accumulators=[{"device": d, "bytes": b}
                                        for d, b in accumulators.items()]), ANSWER_SECONDS)
     how = "the engine's choice"
+    allowed = {acc for _, acc in forecast.candidates(batch, shrinker.floor)}
+    if k is not None and k and k not in allowed:
+        session.note("warn", f"--fit-batch: the engine's answer ({k} micro-batches an update) "
+                             f"does not split batch {batch}: trained at the full batch")
+        return False
     if k is None:
         chosen = forecast.choose(devices, batch, shrinker.floor, _local_room(), accumulators,
                                  shrinker.k)

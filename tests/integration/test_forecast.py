@@ -1,0 +1,139 @@
+"""The forecast of a fit's memory, with real jobs on tensorflow-cpu: measured in the first steps
+and said by the engine against what is free; ``--fit-batch`` probing two small micro-batches
+before training and starting at the largest that fits the job's budget, with the training the
+one asked for; and what the runner does when the engine's answer is late or wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+
+from tests.conftest import EngineProcess
+from tests.integration.test_guard_e2e import wait_state
+from tests.integration.test_runner import Job, TestEngine, of, start
+from trayapp.jobs.options import JobSpec
+from trayapp.jobs.record import JobRecord
+from trayapp.runner import protocol
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+pytestmark = pytest.mark.tensorflow
+
+WIDE_FIT = Path(__file__).resolve().parent.parent / "scripts" / "runner" / "wide_fit.py"
+# Measured peaks of WIDE_FIT: about 1.6 GB at batch 4096, 1.1 GB at 2048, 0.8 GB at 1024.
+BUDGET_MB = 1350
+ENDED = {S.FINISHED, S.FAILED, S.STOPPED, S.LOST, S.PARKED}
+
+
+@pytest.fixture
+def engine() -> Iterator[TestEngine]:
+    e = TestEngine()
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
+def jobs() -> Iterator[List[Job]]:
+    started: List[Job] = []
+    yield started
+    for job in started:
+        job.kill()
+
+
+def events(client: Any, job_id: str) -> List[Dict[str, Any]]:
+    return [e for e in client.events(limit=500) if e["job_id"] == job_id]
+
+
+def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the_same(
+        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+    engine = start_engine()
+    out, ref = tmp_path / "report.json", tmp_path / "reference.json"
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "2"), python=sys.executable,
+                   ram_budget_mb=BUDGET_MB, fit_batch=True)
+    client = engine.client()
+    job_id = client.job_start(spec.to_json())["id"]
+    plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", "2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        said = events(client, job_id)
+        messages = [e["message"] for e in said]
+        assert job.state == S.FINISHED, (job, messages)
+        assert job.batch == 4096 and job.accumulation and job.accumulation >= 2, job
+        assert job.micro_batch == 4096 // job.accumulation
+        kinds = [e["kind"] for e in said]
+        # Started small enough: the guard never had to pause, park or relaunch it.
+        assert E.GUARD_PAUSE not in kinds and E.GUARD_PARK not in kinds, messages
+        forecasts = [e for e in said if e["kind"] == E.JOB_FORECAST]
+        probe = next(e for e in forecasts if e["data"]["how"] == "probe")
+        assert "of RAM at batch 4096" in probe["message"], probe
+        assert "within its budget" in probe["message"], probe
+        assert f"will train micro-batches of {job.micro_batch} x {job.accumulation}" \
+            in probe["message"], probe
+        assert probe["level"] == "warn" and probe["data"]["need_bytes"] > BUDGET_MB * 2**20
+        # Measured again in the first steps at the micro-batch it trains: it fits.
+        steps = [e for e in forecasts if e["data"]["how"] == "steps"]
+        assert steps and steps[-1]["data"]["fits"], forecasts
+        assert job.forecast and job.forecast["fits"], job.forecast
+        shrunk = [e for e in said if e["kind"] == E.JOB_SHRUNK]
+        assert shrunk and f"{job.micro_batch} x {job.accumulation}" in shrunk[0]["message"]
+        report = json.loads(out.read_text())
+        assert report["updates"] == 2 * 2  # two updates an epoch, two epochs
+        _, err = plain.communicate(timeout=240)
+        assert plain.returncode == 0, err[-2000:]
+        # The probe's steps were put back: the training is the one asked for.
+        expected = json.loads(ref.read_text())["weights"]
+        assert report["weights"] == pytest.approx(expected, rel=1e-4)
+    finally:
+        if plain.poll() is None:
+            plain.kill()
+            plain.wait()
+        try:
+            client.job_action(job_id, "kill")
+        except Exception:
+            pass
+        client.close()
+
+
+def test_without_an_answer_the_runner_fits_by_the_hosts_memory(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "1024", "1"), python=sys.executable,
+                   fit_batch=True)
+    job = start(jobs, spec, tmp_path, engine)
+    probe = engine.wait_for(of(protocol.FORECAST, how="probe"), timeout=120)
+    assert probe["batch"] == 1024 and [d["device"] for d in probe["devices"]] == ["ram"]
+    ram = probe["devices"][0]
+    assert ram["per_sample_bytes"] > 0 and ram["fixed_bytes"] > 0
+    # No answer from this engine: after a few seconds the host's available memory decides.
+    note = engine.wait_for(lambda m: m["type"] == protocol.NOTE
+                           and "--fit-batch" in m["message"], timeout=60)
+    assert "forecast to fit (by the host's available memory)" in note["message"], note
+    steps = engine.wait_for(of(protocol.FORECAST, how="steps"), timeout=120)
+    assert steps["micro_batch"] == 1024 and steps["accumulation"] == 1
+    assert job.wait() == 0, job.output()
+    assert json.loads(out.read_text())["updates"] == 8
+
+
+def test_an_answer_that_does_not_split_the_batch_is_refused(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "1024", "1"), python=sys.executable,
+                   fit_batch=True)
+    job = start(jobs, spec, tmp_path, engine)
+    engine.wait_for(of(protocol.FORECAST, how="probe"), timeout=120)
+    engine.conn.send_bytes(protocol.encode(protocol.make(protocol.FIT, accumulation=3)))
+    note = engine.wait_for(lambda m: m["type"] == protocol.NOTE
+                           and "--fit-batch" in m["message"], timeout=60)
+    assert "does not split batch 1024" in note["message"], note
+    assert job.wait() == 0, job.output()
+    report = json.loads(out.read_text())
+    assert report["updates"] == 8 and report["accumulation"] is None

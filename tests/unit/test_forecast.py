@@ -1,0 +1,206 @@
+"""The forecast: the line through measured peaks, the micro-batch that fits, the first steps'
+measurement, the process's own peak memory (read from the real kernel), and the engine's
+sentence against what is free and the job's budgets."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from trayapp.jobs import forecasts, messages
+from trayapp.jobs.record import JobRecord
+from trayapp.probes.snapshot import GpuProcess, GpuReading, GpuStatus, MemoryReading, Snapshot
+from trayapp.runner import forecast as rf
+from trayapp.runner import protocol as rp
+
+MiB = 2**20
+GiB = 2**30
+
+
+def test_the_line_goes_through_two_points_and_fits_more_by_least_squares() -> None:
+    assert rf.line([(64, 100 + 64 * 3), (128, 100 + 128 * 3)]) == (100, 3.0)
+    fixed, slope = rf.line([(1, 10), (2, 21), (3, 29)])
+    assert slope == pytest.approx(9.5) and fixed == 1
+    assert rf.line([(8, 500), (16, 400)]) == (450, 0.0)  # never less memory per sample
+    assert rf.line([(8, 500), (8, 600)]) is None and rf.line([]) is None
+
+
+def test_candidates_halve_while_the_batch_splits_and_stays_above_the_floor() -> None:
+    assert rf.candidates(256, 32) == [(256, 1), (128, 2), (64, 4), (32, 8)]
+    assert rf.candidates(96, 8) == [(96, 1), (48, 2), (24, 4), (12, 8)]  # 6 x 16 < 8
+    assert rf.candidates(100, 1) == [(100, 1), (50, 2), (25, 4)]  # 25 does not halve evenly
+    assert rf.candidates(256, 300) == []
+    assert rf.candidates(256, 8, k=4) == [(64, 4), (32, 8), (16, 16), (8, 32)]
+
+
+def device(name: str = rf.RAM, fixed: int = GiB, per_sample: int = 4 * MiB) -> Dict[str, Any]:
+    return rf.device(name, fixed, per_sample, fixed + per_sample * 64, 64)
+
+
+def test_the_largest_micro_batch_that_fits_every_device_is_chosen() -> None:
+    ram, gpu = device(), device("GPU:0", fixed=2 * GiB, per_sample=32 * MiB)
+    # RAM: 1 GiB + 4 MiB x 256 = 2 GiB; the GPU: 2 GiB + 32 MiB x micro.
+    assert rf.choose([ram, gpu], 256, 8, {rf.RAM: 8 * GiB, "GPU:0": 16 * GiB}) == (256, 1)
+    room = {rf.RAM: 8 * GiB, "GPU:0": 8 * GiB}  # 90%: 7.2 GiB -> 2 + 32/1024 x m <= 7.2
+    assert rf.choose([ram, gpu], 256, 8, room) == (128, 2)
+    assert rf.choose([ram, gpu], 256, 8, {rf.RAM: 1 * GiB}) is None
+    # A device whose room is unknown does not decide.
+    assert rf.choose([ram, gpu], 256, 8, {rf.RAM: 8 * GiB}) == (256, 1)
+
+
+def test_accumulating_costs_a_copy_of_the_weights_where_they_live() -> None:
+    ram = device(fixed=GiB, per_sample=MiB)
+    room = {rf.RAM: int((GiB + 128 * MiB + 10 * MiB) / rf.MARGIN)}
+    assert rf.choose([ram], 256, 8, room) == (128, 2)
+    # With accumulators of 64 MiB, 128 x 2 no longer fits; 64 x 4 does.
+    assert rf.choose([ram], 256, 8, room, {rf.RAM: 64 * MiB}) == (64, 4)
+    assert rf.need(ram, 256, 1, 64 * MiB) == GiB + 256 * MiB  # no accumulators at k = 1
+
+
+class FakeMeter:
+    """Stands in for the kernel and the allocator: each read gives the next reading."""
+
+    def __init__(self, readings: List[Dict[str, Tuple[int, int]]]):
+        self.readings = list(readings)
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def read(self) -> Dict[str, Tuple[int, int]]:
+        return self.readings.pop(0)
+
+
+def test_the_first_steps_give_the_forecast_once_after_the_traced_step() -> None:
+    meter = FakeMeter([
+        {rf.RAM: (500 * MiB, 500 * MiB)},  # as training begins
+        {rf.RAM: (900 * MiB, 900 * MiB), "GPU:0": (3 * GiB, 3 * GiB)},  # after the first step
+        {rf.RAM: (700 * MiB, 820 * MiB), "GPU:0": (3 * GiB, 5 * GiB)},  # peaks of 2 steps
+    ])
+    steps = rf.StepMeter(meter, 64)  # type: ignore[arg-type]
+    assert steps.step(0) is None and meter.resets == 0
+    assert steps.step(1) is None and meter.resets == 1
+    assert steps.step(2) is None
+    out = {d["device"]: d for d in steps.step(3) or []}
+    assert out[rf.RAM]["fixed_bytes"] == 500 * MiB
+    assert out[rf.RAM]["per_sample_bytes"] == 320 * MiB // 64
+    assert out["GPU:0"]["fixed_bytes"] == 3 * GiB  # what the allocator held after a step
+    assert out["GPU:0"]["per_sample_bytes"] == 2 * GiB // 64
+    assert out[rf.RAM]["measured_batch"] == 64 and out[rf.RAM]["peak_bytes"] == 820 * MiB
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's VmHWM")
+def test_the_process_peak_is_the_kernels_and_a_reset_brings_it_down() -> None:
+    assert rf.host_reset()
+    before = rf.host_read()
+    assert before is not None and before[1] >= before[0]
+    block = bytearray(300 * MiB)
+    for i in range(0, len(block), 4096):
+        block[i] = 1  # touched: resident
+    _, peak = rf.host_read() or (0, 0)
+    assert peak - before[1] >= 250 * MiB
+    del block
+    time.sleep(0.05)
+    assert rf.host_reset()
+    now, peak = rf.host_read() or (0, 0)
+    assert peak < before[1] + 250 * MiB and peak >= now
+
+
+# -- the engine's reading --------------------------------------------------------------------
+
+
+def snapshot(available: int, gpus: Tuple[GpuReading, ...] = ()) -> Snapshot:
+    memory = MemoryReading(time=0.0, total_bytes=24 * GiB, available_bytes=available,
+                           used_bytes=24 * GiB - available, swap_total_bytes=0,
+                           swap_used_bytes=0, psi_some_avg10=None, psi_full_avg10=None)
+    return Snapshot(0.0, memory, gpus, GpuStatus("nvml"))
+
+
+def gpu(index: int, free: int, processes: Tuple[GpuProcess, ...] = ()) -> GpuReading:
+    return GpuReading(index=index, name="NVIDIA GeForce RTX 3060", uuid=None,
+                      memory_total_bytes=12 * GiB, memory_used_bytes=12 * GiB - free,
+                      memory_free_bytes=free, processes=processes)
+
+
+def forecast_of(devices: List[Dict[str, Any]], batch: int = 256, k: int = 1,
+                how: str = rf.STEPS) -> messages.Forecast:
+    msg, dropped = messages.parse_message({
+        "type": rp.FORECAST, "fit": 1, "how": how, "batch": batch, "micro_batch": batch // k,
+        "accumulation": k, "devices": devices})
+    assert dropped == []
+    assert isinstance(msg, messages.Forecast)
+    return msg
+
+
+def record(**fields: Any) -> JobRecord:
+    values: Dict[str, Any] = {"shrinkable": True, "pids": (4242,), **fields}
+    return JobRecord(id="j1", name="train", **values)
+
+
+def test_the_engine_says_what_the_fit_needs_against_what_is_free() -> None:
+    msg = forecast_of([device()])  # 1 GiB + 4 MiB x 256 = 2 GiB at batch 256
+    said = forecasts.judge(msg, record(rss_bytes=GiB), snapshot(8 * GiB), 8)
+    assert said is not None
+    assert said.text == "needs about 2.0 GiB of RAM at batch 256; 9.0 GiB is free: it fits"
+    assert said.fits and said.accumulation == 1
+    tight = forecasts.judge(msg, record(ram_budget_bytes=int(1.7 * GiB)), snapshot(8 * GiB), 8)
+    assert tight is not None and not tight.fits and tight.accumulation == 2
+    assert tight.text.endswith("1.7 GiB is free within its budget: it will train "
+                               "micro-batches of 128 x 2 (the same training)")
+    none = forecasts.judge(msg, record(), snapshot(GiB), 8)
+    assert none is not None and none.accumulation == 0
+    assert none.text.endswith("it does not fit even at micro-batches of 8")
+    cannot = forecasts.judge(msg, record(ram_budget_bytes=int(1.7 * GiB), shrinkable=False),
+                             snapshot(8 * GiB), 8)
+    assert cannot is not None and cannot.text.endswith(
+        "it would fit at micro-batches of 128 x 2, but it cannot shrink")
+    shrunk = forecasts.judge(forecast_of([device()], k=2),
+                             record(ram_budget_bytes=int(1.7 * GiB)), snapshot(8 * GiB), 8)
+    assert shrunk is not None and shrunk.fits
+    assert shrunk.text.endswith("it trains micro-batches of 128 x 2 (the same training)")
+
+
+def test_a_gpu_has_its_free_memory_what_the_job_holds_and_its_limit() -> None:
+    job_on_gpu = (GpuProcess(4242, "python", 2 * GiB), GpuProcess(7, "Xorg", GiB))
+    snap = snapshot(16 * GiB, (gpu(0, 3 * GiB, job_on_gpu), gpu(1, 10 * GiB)))
+    rooms = forecasts.rooms(record(), snap)
+    assert rooms["GPU:0"].free == 5 * GiB and rooms["GPU:0"].label == "GPU 0"
+    assert rooms["GPU:1"].free == 10 * GiB
+    # Only GPU 1 for the job: TensorFlow calls it GPU:0; its limit of 6000 MB bounds it.
+    one = record(spec={"script": "t.py", "options": {"gpus": [1]}},
+                 hello={"options": {"vram_limit_mb": [6000]}})
+    rooms = forecasts.rooms(one, snap)
+    assert rooms["GPU:0"].label == "GPU 1" and rooms["GPU:0"].free == 6000 * MiB
+    assert rooms["GPU:0"].bound == "its limit" and "GPU:1" not in rooms
+    msg = forecast_of([device("GPU:0", fixed=2 * GiB, per_sample=32 * MiB)])
+    said = forecasts.judge(msg, one, snap, 8)
+    assert said is not None and said.text.startswith(
+        "needs about 10.0 GiB of GPU 1 at batch 256; 5.9 GiB is free within its limit")
+    assert said.accumulation == 4  # 2 GiB + 32 MiB x 64 = 4 GiB <= 90% of 5.9 GiB
+
+
+def test_nothing_is_said_without_a_reading_or_a_known_device() -> None:
+    msg = forecast_of([device("TPU:0")])
+    assert forecasts.judge(msg, record(), snapshot(8 * GiB), 8) is None
+    assert forecasts.judge(forecast_of([device()]), record(), None, 8) is None
+
+
+@pytest.mark.parametrize("field,value", [
+    ("devices", [{"device": "ram", "fixed_bytes": -1, "per_sample_bytes": 1}]),
+    ("devices", [{"device": "ram", "fixed_bytes": 1, "per_sample_bytes": 1, "evil": 1}]),
+    ("devices", [device()] * 17), ("how", "guess"), ("batch", -4), ("accumulators", [{}]),
+    ("devices", [{"device": "ram", "fixed_bytes": 2**61, "per_sample_bytes": 1}]),
+])
+def test_a_bad_forecast_field_is_dropped_and_counted(field: str, value: Any) -> None:
+    msg, dropped = messages.parse_message({"type": rp.FORECAST, "batch": 64, field: value})
+    assert dropped and field in dropped[0]
+    assert field not in msg.given
+
+
+def test_a_forecast_with_huge_but_valid_numbers_reads_as_a_sentence() -> None:
+    msg = forecast_of([rf.device(rf.RAM, 2**59, 2**59, 2**59, 2**53)], batch=2**53)
+    said: Optional[forecasts.Judgement] = forecasts.judge(msg, record(), snapshot(8 * GiB), 8)
+    assert said is not None and said.accumulation == 0 and "TiB of RAM" in said.text
