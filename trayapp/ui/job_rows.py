@@ -245,6 +245,12 @@ def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
         sections.append(("Process", rows))
     if job.checkpoint:
         sections.append(("Checkpoint", [("last", checkpoint_text(job.checkpoint))]))
+    said = (job.forecast or {}).get("message")
+    if said:
+        batch = formats.batch(job.batch, job.micro_batch, job.accumulation) if job.accumulation \
+            else ""
+        rows = [("forecast", f"this job {said}")] + ([("batch", batch)] if batch else [])
+        sections.append(("Memory forecast", rows))
     notes = [f"{n.get('level')}: {n.get('message')}" for n in job.notes]
     if job.warnings or notes:
         sections.append(("Warnings and notes", [("", w) for w in list(job.warnings) + notes]))
@@ -255,7 +261,8 @@ def options_key(job: JobRecord) -> str:
     """What the Options tab is made of, as one string: the tab is filled again when it
     changes."""
     return job.id + ":" + json.dumps([job.hello, job.warnings, job.notes, job.checkpoint,
-                                      job.process], default=_jsonable, sort_keys=True)
+                                      job.process, job.forecast, job.accumulation],
+                                     default=_jsonable, sort_keys=True)
 
 
 def _jsonable(value: Any) -> Any:

@@ -56,6 +56,9 @@ EXPLAIN = {
     "ram_budget": "The guard pauses the job above this much RAM.",
     "vram_budget": "The guard pauses the job above this much GPU memory.",
     "on_oom": "Out of memory in fit(): train half-size batches, the same training (Keras 3).",
+    "fit_batch": "A few small steps measure the memory a step needs (the weights are put back); "
+                 "the batch is then split into micro-batches that fit what is free and the "
+                 "budgets, the same training (Keras 3).",
     "checkpoint": "Progress is saved here, so a parked job continues.",
     "env": "KEY=VALUE a line; variables TensorFlow ignores are flagged.",
 }
@@ -288,6 +291,9 @@ class LaunchForm(QDialog):
         self.min_batch_spin.setAccessibleName("Smallest micro-batch")
         self._row(form, "Out of memory", "on_oom", self.on_oom_combo, EXPLAIN["on_oom"],
                   extra=self.min_batch_spin)
+        self.fit_batch_box = QCheckBox("Before training, start at the largest micro-batch that "
+                                       "fits")
+        self._row(form, "Fit the batch", "fit_batch", self.fit_batch_box, EXPLAIN["fit_batch"])
         return box
 
     def _checkpoint_box(self) -> QGroupBox:
@@ -361,7 +367,7 @@ class LaunchForm(QDialog):
             self.vram_mode, self.vram_spin, self.allocator_combo, self.precision_combo,
             self.xla_combo, self.intra_spin, self.inter_spin, self.ram_budget_edit,
             self.vram_budget_edit, self.manual_resume_box, self.on_oom_combo,
-            self.min_batch_spin, self.plan_button, self.launch_button,
+            self.min_batch_spin, self.fit_batch_box, self.plan_button, self.launch_button,
             self.cancel_button])
         self.script_combo.setFocus()
         self.resize(1040, 720)
@@ -420,4 +426,5 @@ class LaunchForm(QDialog):
             auto_resume=False if self.manual_resume_box.isChecked() else None,
             on_oom=str(self.on_oom_combo.currentData()),
             min_batch=None if self.min_batch_spin.value() == sv.MIN_BATCH_DEFAULT
-            else self.min_batch_spin.value())
+            else self.min_batch_spin.value(),
+            fit_batch=self.fit_batch_box.isChecked())
