@@ -103,7 +103,9 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
     chosen = rf.choose(known, batch, floor, room, accumulators)
     k_now = max(1, msg.accumulation or 1)
     micro_now = max(1, batch // k_now)
-    fits_now = rf.choose(known, batch, micro_now, room, accumulators, k_now) is not None
+    # What it trains now, measured, against the room itself (the margin is for choosing).
+    fits_now = all(rf.need(d, micro_now, k_now, accumulators.get(d["device"], 0))
+                   <= space[d["device"]].free for d in known)
 
     def tightness(entry: Mapping[str, Any]) -> float:
         return rf.need(entry, batch, 1) / max(1, space[entry["device"]].free)
@@ -114,18 +116,20 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
     bound = f" within {r.bound}" if r.bound else ""
     text = (f"needs about {format_bytes(need)} of {r.label} at batch {batch}; "
             f"{format_bytes(r.free)} is free{bound}")
-    return Judgement(text + _outcome(chosen, batch, k_now, rec.shrinkable, floor), fits_now,
-                     chosen[1] if chosen else 0, need, r.free)
+    outcome = _outcome(chosen, batch, k_now, rec.shrinkable, floor) if not fits_now else \
+        ": it fits" if k_now == 1 else \
+        f": it trains micro-batches of {micro_now} x {k_now} (the same training)"
+    return Judgement(text + outcome, fits_now, chosen[1] if chosen else 0, need, r.free)
 
 
 def _outcome(chosen: Optional[Tuple[int, int]], batch: int, k_now: int, shrinkable: bool,
              floor: int) -> str:
+    """What happens to a fit whose micro-batch does not fit now."""
     if chosen is None:
         return f": it does not fit even at micro-batches of {floor}"
     micro, k = chosen
     if k == 1:
-        return ": it fits"
-    if not shrinkable and k > k_now:
+        return ": it fits at the full batch"
+    if not shrinkable or k <= k_now:
         return f": it would fit at micro-batches of {micro} x {k}, but it cannot shrink"
-    verb = "trains" if k == k_now else "will train"
-    return f": it {verb} micro-batches of {micro} x {k} (the same training)"
+    return f": it will train micro-batches of {micro} x {k} (the same training)"

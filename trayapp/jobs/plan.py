@@ -445,7 +445,7 @@ def fit_batch_line(options: Mapping[str, Any]) -> Optional[str]:
     """What ``--fit-batch`` does before training, or None without it."""
     if not options.get("fit_batch"):
         return None
-    return ("fit batch: a few steps at two small micro-batches measure the memory a step needs "
+    return ("fit batch: two steps at a sixteenth of the batch measure the memory a step needs "
             "(the weights put back after); training starts at the largest micro-batch forecast "
             "to fit what is free and the budgets (the same training, Keras 3)")
 

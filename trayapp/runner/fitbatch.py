@@ -1,11 +1,12 @@
 """``--fit-batch``: choose the largest micro-batch that fits before training starts, keeping the
-effective batch (the same training), from a forecast made on two small micro-batches.
+effective batch (the same training), from a forecast made on a smaller micro-batch.
 
-The probe trains a few steps at small micro-batches (``forecast.PROBE_FRACTION`` of the batch,
-and twice that), measures each one's peak, and puts the model's weights and the optimizer's state
-back as they were, so the training that follows is the one asked for. The engine, which knows what
-is free on the machine and the job's budgets, answers with the accumulation to train at; with no
-engine, the runner looks at the host's available memory itself (and cannot see a GPU's).
+The probe trains two steps at a sixteenth of the batch (``forecast.PROBE_FRACTION``; the first
+traces the step), measures the second one's peak, and puts the model's weights and the
+optimizer's state back as they were, so the training that follows is the one asked for. The
+engine, which knows what is free on the machine and the job's budgets, answers with the
+accumulation to train at; with no engine, the runner looks at the host's available memory itself
+(and cannot see a GPU's).
 """
 
 import sys
@@ -34,13 +35,18 @@ def _slice(shrinker, micro):
 
 
 def _sizes(batch, floor):
-    """The two micro-batches probed: about batch / 8 (not below the floor) and twice it."""
+    """The micro-batch probed: a sixteenth of the batch (not below the floor). Small, because
+    on the host TensorFlow's oneDNN kernels keep the buffers of every step size they ran for the
+    rest of the process: a probe at a quarter of the batch forecast within 4% but left the job
+    some 250 MB above what training alone needs (over its budget, in the test of this); at a
+    sixteenth the forecast is 8-26% high (bench_forecast), which errs toward a smaller
+    micro-batch. One size: a second, smaller one would add its own kept buffers to the peak of
+    the first as memory per sample."""
     smaller = [m for m, _ in forecast.candidates(batch, floor)[1:]]
     if not smaller:
         return []
     target = max(floor, batch // forecast.PROBE_FRACTION)
-    first = min((m for m in smaller if m >= target), default=smaller[-1])
-    return [first] + ([first * 2] if first * 2 in smaller else [])
+    return [min((m for m in smaller if m >= target), default=smaller[-1])]
 
 
 class _Saved:
@@ -65,8 +71,8 @@ class _Saved:
 
 
 def probe(run, shrinker, meter):
-    """Train two small micro-batches, measured; returns {device: [(micro, peak)]} (possibly
-    empty), the model as it was before."""
+    """Train the probe's micro-batch, measured; returns {device: [(micro, peak)]} with each
+    device's base as ``device#held`` (possibly empty), the model as it was before."""
     model = run.model
     sizes = _sizes(shrinker.effective_batch(), shrinker.floor)
     points = {}
@@ -101,13 +107,14 @@ def probe(run, shrinker, meter):
 
 
 def _devices(points):
-    """The forecast of each device from its measured points."""
+    """The forecast of each device: the line from what it held before the probe's steps (the
+    host: before any; a GPU: after a step, its weights and optimizer state) to its peak."""
     out = []
     for name, measured in points.items():
         if name.endswith("#held") or not measured:
             continue
-        extra = points.get(name + "#held", [])
-        fit = forecast.line(measured) or forecast.line(measured + extra)
+        base = points.get(name + "#held", [])
+        fit = forecast.line(base + measured[-1:]) if base else forecast.line(measured)
         if fit is None:
             continue
         fixed, per_sample = fit

@@ -11,10 +11,10 @@ measures it two ways:
   trains. One batch size: the per-sample part is the peak over the baseline, per sample. The
   host's baseline leaves out what the first step's tracing keeps, so this over-estimates the
   per-sample part a little, which errs toward a smaller micro-batch.
-- Before training, on request (``--fit-batch``, ``probe``): a few steps at two small
-  micro-batches, a straight line through their peaks, and the model's weights and optimizer state
-  put back as they were. No step runs at a size that was not shown to fit, so a forecast never
-  risks the machine's memory to find its answer.
+- Before training, on request (``--fit-batch``, ``trayapp.runner.fitbatch``): two steps at a
+  sixteenth of the batch, the line from what each device held before them to their peak, and the
+  model's weights and optimizer state put back as they were. The full batch never runs to find
+  the answer, so the forecast does not risk the machine's memory on it.
 
 Peaks come from TensorFlow's allocator for GPUs (``get_memory_info(...)["peak"]``, after
 ``reset_memory_stats``) and from the kernel for the host (``VmHWM``, reset by writing 5 to
@@ -35,7 +35,7 @@ STEPS = "steps"
 # A forecast is a line through measured points: the micro-batch chosen keeps this share of the
 # room free for the forecast's own error.
 MARGIN = 0.9
-PROBE_FRACTION = 8  # the first probe trains batch / 8 (or the floor, when larger)
+PROBE_FRACTION = 16  # --fit-batch's probe trains batch / 16 (or the floor, when larger)
 
 
 # -- reading memory ---------------------------------------------------------------------------

@@ -56,9 +56,7 @@ EXPLAIN = {
     "ram_budget": "The guard pauses the job above this much RAM.",
     "vram_budget": "The guard pauses the job above this much GPU memory.",
     "on_oom": "Out of memory in fit(): train half-size batches, the same training (Keras 3).",
-    "fit_batch": "A few small steps measure the memory a step needs (the weights are put back); "
-                 "the batch is then split into micro-batches that fit what is free and the "
-                 "budgets, the same training (Keras 3).",
+    "fit_batch": "Measures a few small steps first (undone); the same training (Keras 3).",
     "checkpoint": "Progress is saved here, so a parked job continues.",
     "env": "KEY=VALUE a line; variables TensorFlow ignores are flagged.",
 }
@@ -291,8 +289,7 @@ class LaunchForm(QDialog):
         self.min_batch_spin.setAccessibleName("Smallest micro-batch")
         self._row(form, "Out of memory", "on_oom", self.on_oom_combo, EXPLAIN["on_oom"],
                   extra=self.min_batch_spin)
-        self.fit_batch_box = QCheckBox("Before training, start at the largest micro-batch that "
-                                       "fits")
+        self.fit_batch_box = QCheckBox("Start at the largest micro-batch that fits")
         self._row(form, "Fit the batch", "fit_batch", self.fit_batch_box, EXPLAIN["fit_batch"])
         return box
 
