@@ -34,6 +34,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_guard": ([], ["--quick"]),
     "bench_runner": ([], ["--quick"]),
     "bench_shrink": (["--rounds", "9"], ["--quick"]),
+    "bench_forecast": ([], ["--quick"]),
     "bench_joblog": ([], ["--size-mb", "256"]),
     "bench_tray": (["--seconds", "60"], ["--seconds", "10"]),
     "bench_dashboard": ([], []),
