@@ -52,6 +52,14 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 if [[ $what == test ]]; then
   .venv/bin/python -m pip install -q -e '.[test,build]'
+  # Keras 2 (tf_keras), for the tests of what a Keras 2 job gets: the release that matches the
+  # installed TensorFlow, without its dependency on the "tensorflow" package (tensorflow-cpu is
+  # that TensorFlow). Without it those tests are skipped.
+  tf=$(.venv/bin/python -c 'import importlib.metadata as m; print(".".join(m.version("tensorflow-cpu").split(".")[:2]))' 2>/dev/null || true)
+  if [[ -n $tf ]]; then
+    .venv/bin/python -m pip install -q --no-deps "tf-keras==$tf.*" \
+      || echo "setup: no tf-keras $tf: the Keras 2 tests are skipped"
+  fi
 else
   .venv/bin/python -m pip install -q -e .
 fi

@@ -8,6 +8,7 @@ so the weights can be compared with a fit that had none.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -160,6 +161,37 @@ def test_on_oom_stop_fails_as_without_headroom(tmp_path: Path, engine: TestEngin
     assert job.wait() == 1
     assert "ResourceExhaustedError" in job.output
     assert not out.exists()
+
+
+keras2 = pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
+                            reason="Keras 2 (tf_keras) is not installed")
+
+
+@keras2
+def test_keras2_is_not_shrunk_unless_asked_for_a_smaller_batch(tmp_path: Path, engine: TestEngine,
+                                                               jobs: List[Job]) -> None:
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "2:3", "--keras2"),
+                   python=sys.executable)
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 1
+    assert "ResourceExhaustedError" in job.output
+    assert any("not shrunk: Keras 2 has no gradient accumulation: a smaller batch would change "
+               "the training (--on-oom smaller-batch allows it)" in n for n in notes(engine)), \
+        engine.seen[-5:]
+    # Asked for: half the batch, no accumulation; from where training stood, to the end.
+    out2 = tmp_path / "smaller.json"
+    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out2), "--oom", "2:3", "--keras2"),
+                   python=sys.executable, on_oom="smaller-batch")
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 0, job.output
+    said = [n for n in notes(engine) if "training batches of 16 instead of 32" in n]
+    assert said and "this changes the training" in said[0], engine.seen[-5:]
+    got = json.loads(out2.read_text())
+    # 16 updates in epoch 1; in epoch 2, 2 at batch 32 and the other 448 samples at 16 (28);
+    # epoch 3 at 16 (32).
+    assert got["updates"] == 16 + 2 + 28 + 32
+    assert got["epochs"] == [0, 1, 2] and got["accumulation"] is None
 
 
 def test_a_real_oom_under_an_address_space_limit_finishes_under_headroom(

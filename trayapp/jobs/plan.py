@@ -435,9 +435,11 @@ def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
 
 def oom_line(options: Mapping[str, Any]) -> str:
     """What the runner does on an out-of-memory error in fit()."""
-    if options.get("on_oom") == "shrink":
+    if options.get("on_oom") in ("shrink", "smaller-batch"):
+        keras2 = "; with Keras 2, batches of half the size (this changes the training)" \
+            if options.get("on_oom") == "smaller-batch" else ""
         return (f"shrink: micro-batches of half the batch, twice the gradient accumulation "
-                f"(the same training, Keras 3), down to {options.get('min_batch')}")
+                f"(the same training, Keras 3){keras2}, down to {options.get('min_batch')}")
     return "stop: the job fails, as without Headroom"
 
 

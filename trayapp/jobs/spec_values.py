@@ -59,7 +59,7 @@ PRESET = "preset"
 AUTO_RESUME = "auto_resume"
 ON_OOM = "on_oom"
 MIN_BATCH = "min_batch"
-ON_OOM_CHOICES = ("shrink", "stop")
+ON_OOM_CHOICES = ("shrink", "smaller-batch", "stop")
 MIN_BATCH_DEFAULT = 8
 
 
@@ -239,7 +239,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--on-oom", choices=ON_OOM_CHOICES,
         help="an out-of-memory error in fit(): train micro-batches with gradient accumulation, "
-        "the same training (shrink, the default with Keras 3), or fail (stop)")
+        "the same training (shrink, the default; Keras 3); the same, or with Keras 2 a smaller "
+        "batch, which changes the training (smaller-batch); or fail (stop)")
     s.add_argument("--min-batch", metavar="N",
                    help=f"the smallest micro-batch shrinking goes down to (default "
                    f"{MIN_BATCH_DEFAULT}); below it the job parks")

@@ -273,18 +273,22 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
             if not shrink.is_oom(error) or run.stopping:
                 raise
             refusal = shrinker.refusal()
-            if refusal is not None:
+            plain = refusal is not None and shrinker.plain_ok()
+            if refusal is not None and not plain:
                 session.note("error", f"out of memory in fit(); not shrunk: {refusal}")
                 raise
-            halved = shrinker.halve()
+            halved = shrinker.halve_plain() if plain else shrinker.halve()
             what = shrink.oom_text(error)
             earlier = _merged(earlier, getattr(run.model, "history", None))
             if halved is None:
-                _below_floor(run, shrinker, what)
+                _below_floor(run, shrinker, what, plain)
                 raise
         # Out of the except block, the failed step's frames (and their tensors) are gone.
         shrink.release_memory()
         epoch, done = run.updates_done()
+        if plain:
+            _smaller_batch(run, shrinker, bound, set_callbacks, halved, epoch, done, what)
+            continue
         micro, k = halved
         shrinker.apply(k)
         run.restart_in_memory(epoch, done, k)
@@ -297,12 +301,29 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
                      topic=protocol.TOPIC_SHRUNK)
 
 
-def _below_floor(run, shrinker, what):
+def _smaller_batch(run, shrinker, bound, set_callbacks, batch, epoch, done, what):
+    """Keras 2 with --on-oom smaller-batch: train on at half the batch, no accumulation."""
+    old = shrinker.plain_batch or shrinker.effective_batch()
+    ratio = shrinker.apply_plain(batch)
+    run.restart_in_memory(epoch, done * ratio, 1)
+    run.batch = None
+    set_callbacks(False)  # the weights in memory are newer than any checkpoint
+    bound.arguments["initial_epoch"] = epoch
+    run.session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+                             f"training batches of {batch} instead of {old}; Keras 2 has no "
+                             "gradient accumulation, so this changes the training "
+                             "(--on-oom smaller-batch)", topic=protocol.TOPIC_SHRUNK)
+
+
+def _below_floor(run, shrinker, what, plain=False):
     """No smaller micro-batch: with a checkpoint folder, save where training is and park."""
     floor = f"micro-batch {shrink.micro_batch(shrinker.effective_batch(), shrinker.k)}, " \
             f"--min-batch {shrinker.floor}"
     session = run.session
-    if not run.dir:
+    if plain:
+        floor = f"batch {shrinker.plain_batch or shrinker.effective_batch()}, --min-batch " \
+                f"{shrinker.floor}"
+    if not run.dir or plain:
         session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
         return
     epoch, done = run.updates_done()

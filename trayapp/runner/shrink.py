@@ -291,7 +291,9 @@ class Shrinker:
         self.model = model
         self.bound = bound
         options = session.options
-        self.enabled = options["on_oom"] == "shrink"
+        self.enabled = options["on_oom"] in ("shrink", "smaller-batch")
+        # Asked for a smaller batch where there is no accumulation, changing the training.
+        self.changing = options["on_oom"] == "smaller-batch"
         self.floor = options["min_batch"]
         self.keras3 = keras3
         self.x = bound.arguments.get("x")
@@ -300,6 +302,7 @@ class Shrinker:
         self.batch = None  # the effective batch, known once needed
         self.steps_per_epoch = bound.arguments.get("steps_per_epoch")
         self.tf_backend = False  # set by prepare()
+        self.plain_batch = None  # the batch trained without accumulation, once halved so
 
     def prepare(self, tf_backend):
         """At the start of the fit: say when it cannot shrink; else, on a GPU (where training
@@ -349,7 +352,7 @@ class Shrinker:
             return "--on-oom stop"
         if not self.keras3 or not can_accumulate(getattr(self.model, "optimizer", None)):
             return ("Keras 2 has no gradient accumulation: a smaller batch would change the "
-                    "training")
+                    "training (--on-oom smaller-batch allows it)")
         if self.kind is None:
             return self.why
         if int(getattr(self.model, "steps_per_execution", 1) or 1) > 1:
@@ -383,6 +386,37 @@ class Shrinker:
             optimizer.build(self.model.trainable_variables)
         set_accumulation(self.keras, optimizer, k)
         self.k = k
+
+    def plain_ok(self):
+        """A smaller batch without accumulation may be trained: asked for (``--on-oom
+        smaller-batch``) where the optimizer cannot accumulate (Keras 2), on input that can be
+        re-batched, one step a call."""
+        return (self.enabled and self.changing and self.kind is not None
+                and not (self.keras3 and can_accumulate(getattr(self.model, "optimizer", None)))
+                and int(getattr(self.model, "steps_per_execution", 1) or 1) <= 1)
+
+    def halve_plain(self):
+        """The next batch without accumulation (half the one trained), or None below the
+        floor."""
+        batch = self.plain_batch or self.effective_batch()
+        half = int(batch) // 2
+        return half if half >= max(1, self.floor) else None
+
+    def apply_plain(self, batch):
+        """Train batches of ``batch`` from the next ``fit()`` attempt on (no accumulation: the
+        training changes). Returns how many of them make one batch trained before."""
+        old = int(self.plain_batch or self.effective_batch())
+        if self.kind == ARRAYS:
+            self.bound.arguments["batch_size"] = batch
+        else:
+            self.bound.arguments["x"] = rebatch(self.x, batch)
+        ratio = max(1, old // batch)
+        if self.steps_per_epoch:
+            self.bound.arguments["steps_per_epoch"] = int(self.steps_per_epoch) * (
+                int(self.effective_batch()) // batch)
+        self.plain_batch = batch
+        self.model.train_function = None  # traced again for the new batch
+        return ratio
 
     def halve(self):
         """(micro-batch, accumulation) of the next halving, or None (the floor, or a batch that

@@ -11,8 +11,10 @@ The options arrive as JSON in ``HEADROOM_JOB_OPTIONS`` (written by ``trayapp.job
     intra_threads, inter_threads   int | null   tf.config.threading.set_*_parallelism_threads
     checkpoint_dir    str | null;  checkpoint_every_steps  int | null (null: every epoch)
     resume            bool
-    on_oom            "shrink" | "stop"   an out-of-memory error in fit(): train micro-batches
-                      with gradient accumulation (the same training), or fail as without Headroom
+    on_oom            "shrink" | "smaller-batch" | "stop"   an out-of-memory error in fit():
+                      train micro-batches with gradient accumulation (the same training); the
+                      same, or where there is no accumulation (Keras 2) a smaller batch, which
+                      changes the training; or fail as without Headroom
     min_batch         int   the smallest micro-batch shrinking goes down to
     accumulation      int   train micro-batches of batch / N from the start, N to an update (a
                       job relaunched smaller by the guard; a checkpoint's own, when larger, wins)
@@ -64,7 +66,7 @@ DEFAULTS = {
 }
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-ON_OOM = ("shrink", "stop")
+ON_OOM = ("shrink", "smaller-batch", "stop")
 
 
 class OptionError(Exception):

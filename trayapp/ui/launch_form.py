@@ -280,7 +280,9 @@ class LaunchForm(QDialog):
                   EXPLAIN["vram_budget"])
         self.manual_resume_box = QCheckBox("After a park, wait for me to resume it")
         self._row(form, "", "auto_resume", self.manual_resume_box)
-        self.on_oom_combo = combo([("Shrink the batch", "shrink"), ("Stop the job", "stop")],
+        self.on_oom_combo = combo([("Shrink the batch", "shrink"),
+                                   ("Shrink, even with Keras 2 (changes the training)",
+                                    "smaller-batch"), ("Stop the job", "stop")],
                                   "On out of memory")
         self.min_batch_spin = QSpinBox()
         self.min_batch_spin.setRange(1, 1 << 20)

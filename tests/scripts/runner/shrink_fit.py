@@ -1,21 +1,26 @@
 """A small deterministic fit whose weights are written out, to compare a fit trained through
 out-of-memory errors (raised by a callback, at chosen batches) with one trained without.
 
-Usage: shrink_fit.py REPORT [--oom EPOCH:BATCH ...] [--above N] [--once FILE]
+Usage: shrink_fit.py REPORT [--oom EPOCH:BATCH ...] [--above N] [--once FILE] [--keras2]
   --oom E:B   raise ResourceExhaustedError as batch B (1-based) of epoch E begins (once: a
               fit trained on after it sees that batch again, as a skipped one)
   --above N   ... only while the batch trained is larger than N samples
   --once FILE ... only when FILE does not exist yet (it is created when raising)
+  --keras2    train with Keras 2 (tf_keras)
 Writes REPORT (JSON): the weights, the optimizer's updates, the loss history and epochs.
 """
 
 import argparse
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
+if "--keras2" in sys.argv:
+    import tf_keras as keras
+else:
+    import keras
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -26,6 +31,7 @@ parser.add_argument("report")
 parser.add_argument("--oom", action="append", default=[])
 parser.add_argument("--above", type=int, default=0)
 parser.add_argument("--once")
+parser.add_argument("--keras2", action="store_true")
 args = parser.parse_args()
 at = {tuple(int(p) for p in spot.split(":")) for spot in args.oom}
 
@@ -63,5 +69,5 @@ history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbos
 with open(args.report, "w") as f:
     json.dump({"weights": [w.ravel().tolist() for w in model.get_weights()],
                "updates": int(model.optimizer.iterations),
-               "accumulation": model.optimizer.gradient_accumulation_steps,
+               "accumulation": getattr(model.optimizer, "gradient_accumulation_steps", None),
                "loss": history.history.get("loss"), "epochs": history.epoch}, f)
