@@ -116,7 +116,8 @@ def test_without_an_answer_the_runner_fits_by_the_hosts_memory(
     # No answer from this engine: after a few seconds the host's available memory decides.
     note = engine.wait_for(lambda m: m["type"] == protocol.NOTE
                            and "--fit-batch" in m["message"], timeout=60)
-    assert "forecast to fit (by the host's available memory)" in note["message"], note
+    assert "forecast to fit (by the host's available memory: no engine answered)" \
+        in note["message"], note
     steps = engine.wait_for(of(protocol.FORECAST, how="steps"), timeout=120)
     assert steps["micro_batch"] == 1024 and steps["accumulation"] == 1
     assert job.wait() == 0, job.output()

@@ -168,7 +168,7 @@ def fit_batch(run, shrinker):
         micro_batch=shrink.micro_batch(batch, shrinker.k), accumulation=shrinker.k,
         devices=devices, accumulators=[{"device": d, "bytes": b}
                                        for d, b in accumulators.items()]), ANSWER_SECONDS)
-    how = "the engine's choice"
+    how = ""
     allowed = {acc for _, acc in forecast.candidates(batch, shrinker.floor)}
     if k is not None and k and k not in allowed:
         session.note("warn", f"--fit-batch: the engine's answer ({k} micro-batches an update) "
@@ -178,7 +178,7 @@ def fit_batch(run, shrinker):
         chosen = forecast.choose(devices, batch, shrinker.floor, _local_room(), accumulators,
                                  shrinker.k)
         k = chosen[1] if chosen else None
-        how = "by the host's available memory"
+        how = " (by the host's available memory: no engine answered)"
     return _train_at(run, shrinker, batch, k, how)
 
 
@@ -186,17 +186,17 @@ def _train_at(run, shrinker, batch, k, how):
     session = run.session
     if not k:
         session.note("warn", f"--fit-batch: batch {batch} is forecast not to fit even at "
-                             f"micro-batches of {shrinker.floor} ({how}): trained as asked, "
+                             f"micro-batches of {shrinker.floor}{how}: trained as asked, "
                              "shrinking on an out-of-memory error")
         return False
     if k <= shrinker.k:
-        session.note("info", f"--fit-batch: batch {batch} is forecast to fit ({how})")
+        session.note("info", f"--fit-batch: batch {batch} is forecast to fit{how}")
         return False
     micro = shrinker.apply(k)
     run.accumulation = k
     run.batch = (batch, micro)
     session.note("warn", f"--fit-batch: training micro-batches of {micro} x {k} (batch {batch}, "
-                         f"the same training): the full batch is forecast not to fit ({how})",
+                         f"the same training): the full batch is forecast not to fit{how}",
                  topic=protocol.TOPIC_SHRUNK)
     return True
 
