@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any, Dict, List
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 from tests.conftest import REPO, EngineProcess, wait_for
 from trayapp.engine.client import EngineClient
 from trayapp.engine.protocol import REQUESTS
+from trayapp.jobs.runner_link import MAX_FIT_ANSWERS
 from trayapp.runner import protocol as rp
 
 SCRIPTS = REPO / "tests" / "scripts"
@@ -355,3 +357,46 @@ def test_deep_json_and_huge_numbers_are_bad_requests(guarded: Dict[str, Any]) ->
         assert isinstance(c.events(after_id=2**53, limit=1), list)
     engine_fine(guarded)
     no_tracebacks(guarded)
+
+
+def test_a_job_that_asks_for_answers_and_never_reads_them_cannot_block_the_engine(
+        guarded: Dict[str, Any], tmp_path: Path) -> None:
+    """A --fit-batch forecast gets an answer: a job that sends them without end and never reads
+    must not fill its channel until the engine's writes (made under the jobs' lock) block."""
+    # The job's own runner, stopped, cannot say hello again and take its channel back.
+    runner = psutil.Process(guarded["job"]["pid"])
+    runner.suspend()
+    conn = job_channel(guarded)
+    hello = rp.encode(rp.make(rp.HELLO, job_id=guarded["job"]["id"], fit_hook="installed"))
+    probe = rp.encode(rp.make(rp.FORECAST, fit=1, how="probe", batch=4096, micro_batch=4096,
+                              accumulation=1, devices=[{
+                                  "device": "ram", "fixed_bytes": 2**30,
+                                  "per_sample_bytes": 2**20, "peak_bytes": 2**31,
+                                  "measured_batch": 256}]))
+    done = threading.Event()
+
+    def flood() -> None:
+        try:
+            conn.send_bytes(hello)
+            for _ in range(20_000):
+                conn.send_bytes(probe)
+        except OSError:
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        assert done.wait(60), "the engine stopped reading the job's channel"
+        engine_fine(guarded)
+        answers = 0
+        while conn.poll(1):
+            conn.recv_bytes()
+            answers += 1
+        assert 1 <= answers <= MAX_FIT_ANSWERS, answers
+        hog_is_paused_by_the_guard(guarded, tmp_path)
+        engine_fine(guarded)
+        no_tracebacks(guarded)
+    finally:
+        conn.close()
+        runner.resume()

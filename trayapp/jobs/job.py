@@ -67,6 +67,7 @@ class Job:
         self.exit_seen = False
         self.meter: Any = None  # the tree's TreeMeter (pages counted once), made on first use
         self.forecasts_said = 0  # forecast events of this job (at most MAX_FORECAST_EVENTS)
+        self.fit_answers = 0  # --fit-batch answers sent (at most MAX_FIT_ANSWERS)
         self.note_window = (-60.0, 0)  # (monotonic start of the minute, note events in it)
 
     @property

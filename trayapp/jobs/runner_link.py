@@ -31,6 +31,8 @@ NOTE_EVENTS_PER_MINUTE = 20
 # Kept as the runner sends them.
 PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps", "batch", "micro_batch", "accumulation",
                    "shrinkable")
+MAX_FIT_ANSWERS = 8  # --fit-batch answers a job gets (one a fit; a job that asks on and on
+# and never reads would fill its channel until the engine's writes block)
 MAX_FORECAST_EVENTS = 8  # a job's forecasts said as events (one a fit and micro-batch)
 MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
 
@@ -231,7 +233,8 @@ class RunnerLink(JobTable):
         floor = smallest_micro_batch(rec)
         verdict = forecasts.judge(msg, rec.with_(shrinkable=rec.shrinkable or probe),
                                   self._snapshot, floor)
-        if probe:
+        if probe and job.fit_answers < MAX_FIT_ANSWERS:
+            job.fit_answers += 1
             self._send(job, rp.FIT, accumulation=verdict.accumulation if verdict else 0)
         if verdict is None:
             return

@@ -197,6 +197,7 @@ class Launching(RunnerLink):
         job.known = {popen.pid: job.process} if job.process is not None else {}
         job.exit_seen = False
         job.meter = None  # a new tree
+        job.fit_answers = 0  # a new runner, asking again
         job.stop_stage = Stage.NONE
         job.pause_deadline = None
         job.rate_ref = None
