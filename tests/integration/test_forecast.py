@@ -138,3 +138,24 @@ def test_an_answer_that_does_not_split_the_batch_is_refused(
     assert job.wait() == 0, job.output()
     report = json.loads(out.read_text())
     assert report["updates"] == 8 and report["accumulation"] is None
+
+
+def test_a_resumed_job_keeps_the_micro_batch_of_its_checkpoint(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+    """--fit-batch on a resume would add accumulators the checkpoint's optimizer state has not
+    (Keras would then restore none of it): the job trains as it was saved."""
+    shrink_fit = WIDE_FIT.parent / "shrink_fit.py"
+    ckpt = str(tmp_path / "ckpt")
+    first = JobSpec(script=str(shrink_fit), args=(str(tmp_path / "a.json"),),
+                    python=sys.executable, checkpoint_dir=ckpt)
+    assert start(jobs, first, tmp_path, engine).wait() == 0
+    again = JobSpec(script=str(shrink_fit), args=(str(tmp_path / "b.json"),),
+                    python=sys.executable, checkpoint_dir=ckpt, resume=True, fit_batch=True)
+    job = start(jobs, again, tmp_path, engine)
+    note = engine.wait_for(lambda m: m["type"] == protocol.NOTE
+                           and "--fit-batch" in m["message"], timeout=60)
+    assert "resumed from a checkpoint: trained at the micro-batch it was saved with" \
+        in note["message"], note
+    assert job.wait() == 0, job.output()
+    assert not any(m["type"] == protocol.FORECAST and m.get("how") == "probe"
+                   for m in engine.drain())

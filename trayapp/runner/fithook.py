@@ -161,7 +161,13 @@ def install(keras, session):
         shrinker.prepare(tf_backend)
         _resume_shrunk(run, shrinker)
         if session.options["fit_batch"] and run.accumulation == 1:
-            fitbatch.fit_batch(run, shrinker)
+            if _resuming(run):
+                # Accumulators added now would not be in the checkpoint's optimizer state,
+                # and Keras would restore none of it.
+                session.note("info", "--fit-batch: resumed from a checkpoint: trained at the "
+                                     "micro-batch it was saved with")
+            else:
+                fitbatch.fit_batch(run, shrinker)
         _say_batch(run, shrinker)
 
         def set_callbacks(restore):
@@ -249,6 +255,11 @@ def _resume_shrunk(run, shrinker):
     how = "resumed" if options["resume"] else "started"
     run.session.note("info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the "
                              "same training)")
+
+
+def _resuming(run):
+    return bool(run.dir and run.session.options["resume"]
+                and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)))
 
 
 def _say_batch(run, shrinker):
