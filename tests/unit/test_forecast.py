@@ -204,3 +204,39 @@ def test_a_forecast_with_huge_but_valid_numbers_reads_as_a_sentence() -> None:
     msg = forecast_of([rf.device(rf.RAM, 2**59, 2**59, 2**59, 2**53)], batch=2**53)
     said: Optional[forecasts.Judgement] = forecasts.judge(msg, record(), snapshot(8 * GiB), 8)
     assert said is not None and said.accumulation == 0 and "TiB of RAM" in said.text
+
+
+class Shaped:
+    """A variable's shape and dtype without its values (a model too large to build here)."""
+
+    def __init__(self, *shape: int, dtype: str = "float32"):
+        self.shape, self.dtype = shape, dtype
+
+
+def test_the_probe_does_not_set_aside_a_state_larger_than_a_quarter_of_what_is_free() -> None:
+    from trayapp.runner import fitbatch
+
+    said: List[str] = []
+
+    class Session:
+        def note(self, level: str, message: str) -> None:
+            said.append(message)
+
+    class Run:
+        session = Session()
+
+        class model:  # noqa: N801 - stands for a Keras model's attributes
+            class optimizer:  # noqa: N801
+                built = False
+                variables: List[Shaped] = []
+            # 64 Gi parameters: 256 GiB of weights, more than any test machine has free.
+            variables = trainable_variables = [Shaped(65536, 1024 * 1024)]
+
+    assert fitbatch._too_large_to_set_aside(Run())  # type: ignore[arg-type]
+    assert said and "too large to set aside for the probe" in said[0]
+    assert "trained at the full batch" in said[0]
+    Run.model.variables = Run.model.trainable_variables = [Shaped(1024, 1024)]  # 4 MiB
+    said.clear()
+    assert not fitbatch._too_large_to_set_aside(Run())  # type: ignore[arg-type]
+    assert said == []
+    assert rf.variables_bytes([Shaped(10, 10, dtype="float16"), Shaped(3)]) == 200 + 12

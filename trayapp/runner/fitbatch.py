@@ -149,6 +149,8 @@ def fit_batch(run, shrinker):
                              "layer): trained at the full batch")
         return False
     batch = shrinker.effective_batch()
+    if _too_large_to_set_aside(run):
+        return False
     tf = sys.modules.get("tensorflow")
     gpu_names = _gpu_names(tf)
     try:
@@ -180,6 +182,25 @@ def fit_batch(run, shrinker):
         k = chosen[1] if chosen else None
         how = " (by the host's available memory: no engine answered)"
     return _train_at(run, shrinker, batch, k, how)
+
+
+def _too_large_to_set_aside(run):
+    """The probe keeps a copy of the model's and the optimizer's state on the host while it
+    trains: not when that copy would take more than a quarter of the host's available
+    memory (it would be the one to run the machine short)."""
+    model = run.model
+    optimizer = model.optimizer
+    size = forecast.variables_bytes(list(model.variables) + list(
+        getattr(optimizer, "variables", None) or ()))
+    if not getattr(optimizer, "built", False):
+        size += 2 * forecast.variables_bytes(model.trainable_variables)  # slots to come
+    room = _local_room().get(forecast.RAM)
+    if room is None or size <= room // 4:
+        return False
+    run.session.note("warn", f"--fit-batch: the model's state ({size >> 20} MiB) is too large "
+                             f"to set aside for the probe ({room >> 20} MiB available): "
+                             "trained at the full batch")
+    return True
 
 
 def _train_at(run, shrinker, batch, k, how):

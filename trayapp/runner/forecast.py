@@ -211,8 +211,14 @@ class StepMeter:
 def accumulator_bytes(model, gpu_names):
     """{device: bytes of one copy of the trainable weights}: what accumulating adds (on the
     first GPU when there is one, else on the host)."""
+    name = gpu_names[0].split("device:")[-1] if gpu_names else RAM
+    return {name: variables_bytes(getattr(model, "trainable_variables", None) or ())}
+
+
+def variables_bytes(variables):
+    """The bytes of the values of ``variables``."""
     total = 0
-    for v in getattr(model, "trainable_variables", None) or ():
+    for v in variables:
         try:
             size = 1
             for dim in v.shape:
@@ -220,8 +226,7 @@ def accumulator_bytes(model, gpu_names):
             total += size * int(getattr(getattr(v, "dtype", None), "size", 0) or _itemsize(v))
         except (TypeError, ValueError):
             continue
-    name = gpu_names[0].split("device:")[-1] if gpu_names else RAM
-    return {name: total}
+    return total
 
 
 def _itemsize(variable):
