@@ -8,20 +8,26 @@ to a listener like the engine's) and under ``headroom run`` (a real engine, star
 the three in interleaved rounds whose order turns from round to round; each ratio is taken
 within its round, and the report gives the median and the range over the rounds.
 
-- The fit: from the end of its first batch (traced) to its return, wall clock and the process's
-  CPU time. Goal: at most 1.02 times plain.
+- The fit: from the end of its first batch (traced) to its return: wall clock, the process's
+  CPU time, and the CPU time of the training thread (where the callbacks run). Goal: at most
+  1.02 times plain.
 - Before the first batch: from the moment the command is started to the first batch's begin,
   against the same for plain ``python``, split by time stamps into the client (``headroom run``
   until it has sent ``job_start``), the engine (from there to the job's process start, read from
-  ``/proc``: the plan and the spawn), the interpreter and the runner's bootstrap (process start
-  to the script's first line), ``import keras`` with the runner's hooks on it, and ``fit()``'s
-  start (its call to its first batch: the runner's fit wrapper and its first callbacks). Goal:
-  at most 0.3 s added.
-- In one process, the same fit with and without the runner's fit() hook (the hook's own cost,
-  with less noise than separate processes give), in alternating pairs.
+  ``/proc``: the plan and the spawn; no interpreter probe runs on this path), the interpreter and
+  the runner's bootstrap (process start to the script's first line), ``import keras`` with the
+  runner's hooks on it, and ``fit()``'s start (its call to its first batch). Goal: at most
+  0.3 s added. And after the script's last line, the time until the command returns.
+- In one process, without the noise of separate processes: the same fit with and without the
+  runner's fit() hook in alternating pairs (CPU time); what the runner's callbacks add to each
+  batch in Keras's CallbackList; the import hooks' own time at ``import keras``; the hooked
+  fit()'s start to its first batch against Keras's own.
 - A pause: the time from the pause request to the runner's "paused" state, against one batch +
   100 ms (a pause takes hold at the next batch: one asked for while Keras sets up the next
   epoch's shuffled input waits for that too, which shows in the maximum).
+
+Children run with compiled modules cached (PYTHONDONTWRITEBYTECODE removed), as an installed
+Headroom and the user's packages do.
 
     python benchmarks/bench_runner.py [--rounds 9] [--pauses 15] [--quick] [--json]
 """
@@ -92,7 +98,7 @@ class Losses(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.losses.append(float(logs["loss"]))
         if self.traced is None:
-            self.traced = (time.perf_counter(), time.process_time())
+            self.traced = (time.perf_counter(), time.process_time(), time.thread_time())
 
 
 keras.utils.set_random_seed(0)
@@ -105,10 +111,12 @@ losses = Losses()
 T_FIT = time.time()
 model.fit(x, y, epochs=epochs, batch_size=batch, verbose=0, callbacks=[losses])
 wall, cpu = time.perf_counter() - losses.traced[0], time.process_time() - losses.traced[1]
+thread = time.thread_time() - losses.traced[2]
 with open(out, "w") as f:
     json.dump({"spawn": process_start(), "script": T_SCRIPT, "imported": T_IMPORTED,
                "fit": T_FIT, "first_batch": losses.first, "fit_s": wall, "fit_cpu_s": cpu,
-               "steps": len(losses.losses) - 1}, f)
+               "fit_thread_s": thread,
+               "steps": len(losses.losses) - 1, "end": time.time()}, f)
 """
 
 # ``headroom run`` with time stamps: the client's first line, when it has connected to the engine,
@@ -141,28 +149,48 @@ from trayapp.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
-# The hook's own cost, without the noise of separate processes: in one process, the same fit
-# with keras.Model.fit as Keras has it and as the runner patches it, in alternating pairs, each
-# with the user's per-batch callback; CPU time of the process.
+# The runner's own costs, without the noise of separate processes, in one process: the import
+# hooks' time at ``import keras``; the same fit with keras.Model.fit as Keras has it and as the
+# runner patches it, in alternating pairs, each with the user's per-batch callback (CPU time of
+# the process); and what the runner's callbacks add to each batch in Keras's CallbackList.
 HOOK_AB = """
-import json, statistics, sys, time
-import numpy as np
-import keras
+import json, sys, time, timeit
 sys.path.insert(0, sys.argv[1])
-from trayapp.runner import fithook, job, tfoptions
+from trayapp.runner import fithook, hooks, job, tfoptions, training
 
 rounds, epochs, samples, batch, units = map(int, sys.argv[2:7])
+session = job.Session(tfoptions.read_options(""), "bench", "bench")
+spent = {}
+
+
+def timed(name, callback):
+    def run(module):
+        start = time.perf_counter()
+        callback(module)
+        spent[name] = time.perf_counter() - start
+    return run
+
+
+hooks.ImportWatcher({"tensorflow": timed("tensorflow", session.on_tensorflow),
+                     "keras": timed("keras", session.on_keras)}).install()
+import numpy as np
+import keras
+
+hooked_fit = keras.Model.fit
+plain_fit = hooked_fit.__wrapped__
 
 
 class Losses(keras.callbacks.Callback):
+    first = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.first is None:
+            self.first = time.perf_counter()
+
     def on_train_batch_end(self, batch, logs=None):
         self.last = float(logs["loss"])
 
 
-plain_fit = keras.Model.fit
-session = job.Session(tfoptions.read_options(""), "bench", "bench")
-fithook.install(keras, session)
-hooked_fit = keras.Model.fit
 x = np.random.default_rng(0).random((samples, 16), dtype=np.float32)
 y = np.random.default_rng(1).random((samples, 4), dtype=np.float32)
 model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(units, activation="relu"),
@@ -170,15 +198,45 @@ model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(units, activati
 model.compile(optimizer="adam", loss="mse")
 for fit in (plain_fit, hooked_fit):
     fit(model, x, y, epochs=1, batch_size=batch, verbose=0, callbacks=[Losses()])
-ratios = []
+ratios, starts = [], []
 for i in range(rounds):
-    pair = {}
+    pair, start = {}, {}
     for name, fit in (("plain", plain_fit), ("hooked", hooked_fit))[:: 1 if i % 2 else -1]:
-        cpu = time.process_time()
-        fit(model, x, y, epochs=epochs, batch_size=batch, verbose=0, callbacks=[Losses()])
+        losses = Losses()
+        cpu, called = time.process_time(), time.perf_counter()
+        fit(model, x, y, epochs=epochs, batch_size=batch, verbose=0, callbacks=[losses])
         pair[name] = time.process_time() - cpu
+        start[name] = losses.first - called
     ratios.append(pair["hooked"] / pair["plain"])
-print(json.dumps(ratios))
+    starts.append(start["hooked"] - start["plain"])
+
+progress_cls, first_cls, _ = fithook._callback_classes(keras.callbacks, True)
+run = training.FitRun(session, model, 1, 1, True, True)
+run.steps = samples // batch
+logs = model.get_metrics_result()
+
+
+def steps(ours):
+    callbacks = [first_cls(run), Losses(), progress_cls(run)] if ours else [Losses()]
+    callback_list = keras.callbacks.CallbackList(callbacks, add_history=True, model=model)
+    counter = [0]
+
+    def step():
+        n = counter[0] % run.steps
+        counter[0] += 1
+        callback_list.on_train_batch_begin(n)
+        callback_list.on_train_batch_end(n, logs)
+    return step
+
+
+best = {False: float("inf"), True: float("inf")}
+stepper = {ours: steps(ours) for ours in best}
+for _ in range(20):
+    for ours in best:
+        best[ours] = min(best[ours], timeit.timeit(stepper[ours], number=2000) / 2000)
+print(json.dumps({"ratios": ratios, "hooks_s": sum(spent.values()),
+                  "fit_start_s": sorted(starts)[len(starts) // 2],
+                  "callbacks_s": best[True] - best[False]}))
 """
 
 
@@ -236,6 +294,9 @@ class EngineSide:
 
 def _env(**extra: str) -> Dict[str, str]:
     env = dict(os.environ)
+    # Compiled modules are cached, as for an installed Headroom and the user's packages: else
+    # each start compiles the runner's and the client's modules again.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(CUDA_VISIBLE_DEVICES="-1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
     env.update(extra)
     return env
@@ -392,7 +453,7 @@ def summarize(rows: List[Dict[str, Dict[str, float]]]) -> Dict[str, Any]:
     """Ratios and start-up differences against plain, each taken within its round."""
     s: Dict[str, Any] = {"rounds": len(rows), "steps": rows[0]["plain"]["steps"]}
     for name in ("runner", "headroom"):
-        for key in ("fit_s", "fit_cpu_s", "process_s"):
+        for key in ("fit_s", "fit_cpu_s", "fit_thread_s", "process_s"):
             s[f"{name}_{key}"] = _spread([r[name][key] / r["plain"][key] for r in rows])
         added = [(r[name]["first_batch"] - r[name]["started"])
                  - (r["plain"]["first_batch"] - r["plain"]["started"]) for r in rows]
@@ -400,6 +461,9 @@ def summarize(rows: List[Dict[str, Dict[str, float]]]) -> Dict[str, Any]:
         parts = [(_parts(r[name]), _parts(r["plain"])) for r in rows]
         s[f"{name}_parts"] = {part: statistics.median(a[part] - p[part] for a, p in parts)
                               for part, _, _ in PARTS}
+        s[f"{name}_end"] = statistics.median(
+            (r[name]["started"] + r[name]["process_s"] - r[name]["end"])
+            - (r["plain"]["started"] + r["plain"]["process_s"] - r["plain"]["end"]) for r in rows)
     for key in ("fit_s", "fit_cpu_s", "process_s"):
         s[f"plain_{key}"] = statistics.median(r["plain"][key] for r in rows)
     s["plain_start"] = statistics.median(r["plain"]["first_batch"] - r["plain"]["started"]
@@ -425,7 +489,8 @@ def run(rounds: int, pauses: int, quick: bool) -> Dict[str, Any]:
             "runner": lambda out: _run_runner(folder, script, out, fit_args),
             "headroom": lambda out: engine.run(script, out, fit_args),  # type: ignore[union-attr]
         }
-        runs["plain"](os.path.join(folder, "warm.json"))  # the page cache, before any round
+        for name, run_one in runs.items():  # the page cache and compiled modules, once
+            run_one(os.path.join(folder, f"warm-{name}.json"))
         s = summarize(_rounds(rounds, runs, folder))
         engine.close()
         engine = None
@@ -438,7 +503,10 @@ def run(rounds: int, pauses: int, quick: bool) -> Dict[str, Any]:
             [sys.executable, "-c", HOOK_AB, str(REPO), str(rounds * 2), *fit_args],
             env=_env(), capture_output=True, text=True, check=True, timeout=900,
         )
-        s["hook"] = _spread(json.loads(ab.stdout.strip().splitlines()[-1]))
+        own = json.loads(ab.stdout.strip().splitlines()[-1])
+        s["hook"] = _spread(own["ratios"])
+        s["hooks_s"], s["callbacks_s"] = own["hooks_s"], own["callbacks_s"]
+        s["fit_start_s"] = own["fit_start_s"]
     finally:
         if engine is not None:
             engine.close()
@@ -468,12 +536,25 @@ def results(s: Dict[str, Any]) -> List[Dict[str, Any]]:
         ratio(name, f"the fit ({s['steps']} batches of "
                     f"{s['plain_fit_s'] / s['steps'] * 1000:.1f} ms), wall", s[f"{name}_fit_s"],
               FIT_GOAL)
-        ratio(name, "the fit, CPU time", s[f"{name}_fit_cpu_s"], FIT_GOAL)
+        ratio(name, "the fit, CPU time of the process", s[f"{name}_fit_cpu_s"], FIT_GOAL)
+        ratio(name, "the fit, CPU time of the training thread (where the callbacks run)",
+              s[f"{name}_fit_thread_s"], FIT_GOAL)
     med, low, high = s["hook"]
     out.append({"name": f"the fit hook alone, in one process, CPU time (median of "
                         f"{2 * n} pairs, range {low:.3f}-{high:.3f})",
                 "value": round(med, 3), "unit": "x", "goal": FIT_GOAL,
                 "ratio": round(med / FIT_GOAL, 3)})
+    batch_s = s["plain_fit_s"] / s["steps"]
+    added = 1 + s["callbacks_s"] / batch_s
+    out.append({"name": f"the runner's callbacks on each batch in Keras's CallbackList: "
+                        f"{s['callbacks_s'] * 1e6:.2f} us (best of 20) on a batch of "
+                        f"{batch_s * 1000:.1f} ms", "value": round(added, 5), "unit": "x",
+                "goal": FIT_GOAL, "ratio": round(added / FIT_GOAL, 4)})
+    out.append({"name": "the runner's import hooks (TensorFlow options, the fit() patch), at "
+                        "import keras", "value": round(s["hooks_s"] * 1000, 1), "unit": "ms"})
+    out.append({"name": "the runner's fit() wrapper and first callbacks, fit() to its first "
+                        "batch, in one process (median of the pairs)",
+                "value": round(s["fit_start_s"] * 1000, 1), "unit": "ms"})
     for name in ("headroom", "runner"):
         med, low, high = s[f"{name}_start"]
         out.append({"name": f"added before the first batch, {WHERE[name]} (median of {n} "
@@ -484,6 +565,10 @@ def results(s: Dict[str, Any]) -> List[Dict[str, Any]]:
             out.append({"name": f"  of it, {part} ({WHERE[name]})",
                         "value": round(value * 1000, 1), "unit": "ms"})
     ratio("headroom", "the whole process", s["headroom_process_s"], FIT_GOAL)
+    for name in ("headroom", "runner"):
+        out.append({"name": f"added after the script's end until the command returns, "
+                            f"{WHERE[name]} (median)",
+                    "value": round(s[f"{name}_end"] * 1000, 1), "unit": "ms"})
     pause_bound = s["batch_s"] + PAUSE_SLACK_S
     for key, what in (("median", "median"), ("p90", "p90"), ("max", "max")):
         value = s[f"pause_{key}_s"]
