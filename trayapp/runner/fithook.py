@@ -25,18 +25,15 @@ def _progress_classes(base):
         def __init__(self, run):
             super().__init__()
             self._run = run
+            # Called on every batch: the run's own methods, one call each.
+            self.on_train_batch_begin = run.batch_begin
+            self.on_train_batch_end = run.batch_end
 
         def on_train_begin(self, logs=None):
             self._run.train_begin(self.params or {})
 
         def on_epoch_begin(self, epoch, logs=None):
             self._run.epoch_begin(epoch)
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self._run.batch_begin(batch)
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._run.batch_end(batch, logs)
 
         def on_test_batch_begin(self, batch, logs=None):
             self._run.test_batch_begin()
@@ -60,8 +57,12 @@ def _progress_classes(base):
             self._run.stop_seen = False
 
         def on_train_batch_begin(self, batch, logs=None):
-            if not self._run.skipping:
-                self._run.begun = batch
+            run = self._run
+            if not run.skipping:
+                run.begun = batch
+
+        def on_train_batch_end(self, batch, logs=None):
+            pass  # Keras's own would call the on_batch_end alias on every batch
 
         def on_epoch_end(self, epoch, logs=None):
             self._run.stop_seen = bool(getattr(self.model, "stop_training", False))
@@ -102,6 +103,9 @@ def _restore_class(callbacks_module, keras3):
 
             def on_epoch_end(self, epoch, logs=None):
                 pass
+
+            def on_train_batch_begin(self, batch, logs=None):
+                pass  # restores only: nothing to do on a batch
 
             def on_train_batch_end(self, batch, logs=None):
                 pass

@@ -277,28 +277,31 @@ class FitRun:
         if self.session.control.pending and not self.skipping:
             self.session.control.serve(self)
 
-    def batch_begin(self, batch):
+    def batch_begin(self, batch, logs=None):
+        # Called on every batch (the progress callback's own method): the quiet case, nothing
+        # to save or serve, reads a few attributes and sets the position.
         if self.skipping:
             return
         if self.step_meter is not None:
             self._forecast_step()
-        self.position = (self.epoch, batch)
+        epoch, k = self.epoch, self.k
         if self.every and self.since_save >= self.every and self.keras3:
-            self.save(self.epoch, batch, "interval")
-        if self.session.control.pending:
-            self.session.control.serve(self)
-        done = batch + self.k
-        if self.steps is not None and done >= self.steps:
-            self.position = (self.epoch + 1, 0)
-        else:
-            self.position = (self.epoch, done)
-        self.since_save += self.k
-        self.trained += self.k
+            self.position = (epoch, batch)
+            self.save(epoch, batch, "interval")
+        control = self.session.control
+        if control.pending:
+            self.position = (epoch, batch)
+            control.serve(self)
+        done = batch + k
+        steps = self.steps
+        self.position = (epoch + 1, 0) if steps is not None and done >= steps else (epoch, done)
+        self.since_save += k
+        self.trained += k
 
-    def batch_end(self, batch, logs):
+    def batch_end(self, batch, logs=None):
         # May run on Keras's callback thread: only read state and queue a message here.
         now = time.monotonic()
-        if self.skipping or now - self._last_progress < _PROGRESS_SECONDS:
+        if now - self._last_progress < _PROGRESS_SECONDS or self.skipping:
             return
         self._last_progress = now
         self._progress(self.epoch, batch + 1, logs)
