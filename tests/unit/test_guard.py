@@ -630,7 +630,7 @@ def test_foreign_processes_are_named_but_never_touched_without_a_rule() -> None:
     ps = [proc(10, "firefox", 6 * GiB, 300 * MiB), proc(11, "code", 2 * GiB)]
     d = g.tick(0.0, pct(1), processes=ps)
     assert d.state == "park" and acts(d) == []
-    assert "firefox 6.0 GiB (+300.0 MiB/s), code 2.0 GiB" in notes(d)[0].message
+    assert "filling: firefox 6.0 GiB (+300.0 MiB/s); largest: code 2.0 GiB" in notes(d)[0].message
     assert d.wants_processes
 
 

@@ -207,11 +207,16 @@ def test_the_sampler_gives_the_growth_of_a_process_it_saw_before() -> None:
         grown = second.rss_bytes - first.rss_bytes
         assert grown >= 60 * MiB
         assert second.rate_bytes_per_s == pytest.approx(grown / 2.0)
-        # Not asked for this time: it is forgotten, and comes back without a growth.
+        # Not asked for this time, but remembered: it comes back with its growth over the
+        # rate window (3 s: from the first sample on).
         assert [r for r in sampler.sample(0) if r.pid == proc.pid] == []
         now[0] += 1.0
         (third,) = [r for r in sampler.sample(0, also) if r.pid == proc.pid]
-        assert third.rate_bytes_per_s is None
+        assert third.rate_bytes_per_s == pytest.approx((third.rss_bytes - first.rss_bytes) / 3.0)
+        # Past the look-back (4 windows) nothing is left to measure from.
+        now[0] += 13.0
+        (fourth,) = [r for r in sampler.sample(0, also) if r.pid == proc.pid]
+        assert fourth.rate_bytes_per_s is None
     finally:
         stop(proc)
 

@@ -424,11 +424,12 @@ class GuardService:
     # -- other processes ----------------------------------------------------------------------
 
     def _sample_processes(self, policy: Policy) -> None:
-        """Read the process list once: the largest by RSS, and any a rule names."""
+        """Read the process list once: the largest by RSS, those growing fastest, and any a
+        rule names."""
         self._top_at = time.monotonic()
         rules = policy.rules
         named = (lambda name: _rule_for(name, rules) is not None) if rules else None
-        self._top = self._sampler.sample(TOP_LIMIT, named)
+        self._top = self._sampler.sample(TOP_LIMIT, named, window=policy.rate_window_seconds)
         self._created = {r.pid: r.create_time for r in self._top}
 
     def _processes(self, jobs: Sequence[JobView], policy: Policy) -> Tuple[ProcessView, ...]:
@@ -439,7 +440,7 @@ class GuardService:
                 job_id = owner.get(pid)
                 rule = None if job_id or pid == self._self_pid else _rule_for(name, policy.rules)
                 out[pid] = ProcessView(pid, name, rss, rate, job_id, rule,
-                                       pid in self._foreign_paused)
+                                       pid in self._foreign_paused, pid == self._self_pid)
         for pid, (_, name, rss) in self._foreign_paused.items():
             if pid not in out:
                 out[pid] = ProcessView(pid, name, rss, None, None,

@@ -143,45 +143,87 @@ class ProcessRow(NamedTuple):
     name: str
     rss_bytes: int
     create_time: float
-    rate_bytes_per_s: Optional[float]  # RSS growth since the previous sample (None: new)
+    rate_bytes_per_s: Optional[float]  # RSS growth over the rate window (None: nothing before)
+
+
+# A process's growth is measured from its oldest sample in the window; without one there, from
+# the newest before it when that is no older than this many windows (samples are taken only
+# while memory is short, at most once a second).
+RATE_LOOKBACK_WINDOWS = 4.0
+DEFAULT_RATE_WINDOW_SECONDS = 3.0
 
 
 class ProcessSampler:
-    """Reads the process list: the ``limit`` largest by RSS, and any other ``also`` names,
-    each with its RSS growth since the previous ``sample`` of the same process. One pass over
-    the process list a call (milliseconds with hundreds of processes: not for every tick)."""
+    """Reads the process list: the ``limit`` largest by RSS, the ``limit`` growing fastest,
+    and any other ``also`` names, each with its RSS growth over the rate window. Every process
+    of a pass is remembered (its RSS and start), so one that was small until now still has
+    its growth when it first counts among the largest. One pass over the process list a call
+    (milliseconds with hundreds of processes: not for every tick)."""
 
     def __init__(self, clock: Callable[[], float] = time.time):
         self._clock = clock
-        self._prev: Dict[int, Tuple[float, int, float]] = {}  # pid -> (time, rss, created)
+        # pid -> (created, [(time, rss), ...] oldest first, within the look-back)
+        self._seen: Dict[int, Tuple[float, List[Tuple[float, int]]]] = {}
 
-    def sample(self, limit: int,
-               also: Optional[Callable[[str], bool]] = None) -> List[ProcessRow]:
-        """The largest ``limit`` processes first (largest first), then those ``also`` picks
-        by name. Processes that vanish or refuse access while being listed are left out."""
+    def sample(self, limit: int, also: Optional[Callable[[str], bool]] = None,
+               window: float = DEFAULT_RATE_WINDOW_SECONDS) -> List[ProcessRow]:
+        """The largest ``limit`` processes first (largest first), then those growing fastest
+        and those ``also`` picks by name. Processes that vanish or refuse access while being
+        listed are left out."""
         now = self._clock()
-        rows: List[Tuple[int, str, int, float]] = []
+        rows: List[ProcessRow] = []
         for proc in psutil.process_iter(["name", "memory_info", "create_time"]):
             info = proc.info
             mem = info.get("memory_info")
             if mem is None:
                 continue
-            rows.append((proc.pid, info.get("name") or "", int(mem.rss),
-                         float(info.get("create_time") or 0.0)))
-        keep = {r[0]: r for r in heapq.nlargest(max(0, limit), rows, key=lambda r: r[2])}
+            created = float(info.get("create_time") or 0.0)
+            rss = int(mem.rss)
+            rows.append(ProcessRow(proc.pid, info.get("name") or "", rss, created,
+                                   self._growth(proc.pid, created, now, rss, window)))
+        self._remember(rows, now, window)
+        n = max(0, limit)
+        keep = {r.pid: r for r in heapq.nlargest(n, rows, key=lambda r: r.rss_bytes)}
+        growing = [r for r in rows if r.rate_bytes_per_s is not None and r.rate_bytes_per_s > 0]
+        for r in heapq.nlargest(n, growing, key=lambda r: r.rate_bytes_per_s or 0.0):
+            keep.setdefault(r.pid, r)
         if also is not None:
             for r in rows:
-                if r[0] not in keep and also(r[1]):
-                    keep[r[0]] = r
-        out: List[ProcessRow] = []
-        for pid, name, rss, created in keep.values():
-            rate = None
-            before = self._prev.get(pid)
-            if before is not None and same_start(before[2], created) and now > before[0]:
-                rate = (rss - before[1]) / (now - before[0])
-            out.append(ProcessRow(pid, name, rss, created, rate))
-        self._prev = {r.pid: (now, r.rss_bytes, r.create_time) for r in out}
-        return out
+                if r.pid not in keep and also(r.name):
+                    keep[r.pid] = r
+        return list(keep.values())
+
+    def _growth(self, pid: int, created: float, now: float, rss: int,
+                window: float) -> Optional[float]:
+        """Bytes a second since the oldest sample of the process in the window (see above)."""
+        seen = self._seen.get(pid)
+        if seen is None or not same_start(seen[0], created):
+            return None
+        start = now - window
+        before = [(t, v) for t, v in seen[1] if t < now]
+        inside = [(t, v) for t, v in before if t >= start]
+        if inside:
+            t0, v0 = inside[0]
+        elif before and before[-1][0] >= now - RATE_LOOKBACK_WINDOWS * window:
+            t0, v0 = before[-1]
+        else:
+            return None
+        return (rss - v0) / (now - t0)
+
+    def _remember(self, rows: Sequence[ProcessRow], now: float, window: float) -> None:
+        oldest = now - RATE_LOOKBACK_WINDOWS * window
+        seen: Dict[int, Tuple[float, List[Tuple[float, int]]]] = {}
+        for r in rows:
+            before = self._seen.get(r.pid)
+            kept: List[Tuple[float, int]] = []
+            if before is not None and same_start(before[0], r.create_time):
+                kept = [(t, v) for t, v in before[1] if oldest <= t < now]
+            # Of the samples before the window only the newest can count (see _growth).
+            older = [s for s in kept if s[0] < now - window]
+            kept = older[-1:] + [s for s in kept if s[0] >= now - window]
+            kept.append((now, r.rss_bytes))
+            seen[r.pid] = (r.create_time, kept)
+        self._seen = seen
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """The tray icon: two bars, RAM and the VRAM of the fullest GPU, in the guard's colour.
 
 Each bar is a dark outline around a light track, so it reads on light and on dark panels; the
-fill rises from the bottom. Drawn without antialiasing on whole pixels, so 16, 22, 24 and 32 px
+fill rises from the bottom. A known level never draws an empty bar: the track is a pale tint of
+the guard's colour and the fill is at least ``MIN_FILL_SHARE`` of the bar, so 2% in use still
+reads as a green (or amber, orange, red) bar and not as an empty box. A level not known (no GPU)
+is the plain light track. Drawn without antialiasing on whole pixels, so 16, 22, 24 and 32 px
 stay crisp and tests can count pixels.
 """
 
@@ -26,7 +29,18 @@ COLOURS: Dict[str, QColor] = {
     UNREACHABLE: QColor("#8c8c8c"),
 }
 OUTLINE = QColor("#1c1c1c")
-TRACK = QColor("#f4f4f4")
+TRACK = QColor("#f4f4f4")  # the track of a level not known
+TINT = 0.2  # a known level's track: this much of the guard's colour over TRACK
+MIN_FILL_SHARE = 1 / 6  # a known level fills at least this much of the bar (2 px at 16 px)
+
+
+def track_colour(colour: QColor) -> QColor:
+    """The pale tint of ``colour`` a known level's track is drawn in."""
+    def mix(a: int, b: int) -> int:
+        return int(round(TINT * a + (1 - TINT) * b))
+
+    return QColor(mix(colour.red(), TRACK.red()), mix(colour.green(), TRACK.green()),
+                  mix(colour.blue(), TRACK.blue()))
 
 
 @dataclass(frozen=True)
@@ -49,8 +63,14 @@ class BarGeometry:
         x = self.left_x + which * (self.bar_width + self.gap)
         return QRect(x, self.top, self.bar_width, self.bar_height)
 
+    @property
+    def min_fill(self) -> int:
+        return max(2, int(round(self.inner_height * MIN_FILL_SHARE)))
+
     def fill_height(self, level: int) -> int:
-        return int(round(self.inner_height * max(0, min(LEVELS, level)) / LEVELS))
+        """Pixels filled for ``level`` (0..LEVELS): at least ``min_fill``."""
+        share = int(round(self.inner_height * max(0, min(LEVELS, level)) / LEVELS))
+        return max(self.min_fill, share)
 
 
 def geometry(size: int) -> BarGeometry:
@@ -75,12 +95,12 @@ def render_image(state: IconState, size: int) -> QImage:
             outer = g.bar_rect(which)
             p.fillRect(outer, OUTLINE)
             inner = outer.adjusted(g.border, g.border, -g.border, -g.border)
-            p.fillRect(inner, TRACK)
             if level is None:
+                p.fillRect(inner, TRACK)
                 continue
+            p.fillRect(inner, track_colour(colour))
             h = g.fill_height(level)
-            if h > 0:
-                p.fillRect(QRect(inner.left(), inner.bottom() + 1 - h, inner.width(), h), colour)
+            p.fillRect(QRect(inner.left(), inner.bottom() + 1 - h, inner.width(), h), colour)
     finally:
         p.end()
     return img

@@ -17,6 +17,7 @@ from trayapp.ui.model import (
     notice_for,
     tooltip_text,
 )
+from trayapp.vocab import GuardCause as C
 
 _MESSAGE_ICONS = {
     "info": QSystemTrayIcon.MessageIcon.Information,
@@ -24,6 +25,13 @@ _MESSAGE_ICONS = {
     "error": QSystemTrayIcon.MessageIcon.Critical,
 }
 NOTICE_MS = 10_000
+_GPU_CAUSES = frozenset({C.GPU_VRAM, C.BUDGET_VRAM, C.BUDGET_VRAM_WARN})
+
+
+def _about_gpus(event: Dict[str, Any]) -> bool:
+    """Whether a notice concerns the GPUs (in demo mode only those are simulated: a RAM
+    warning there is as real as anywhere)."""
+    return (event.get("data") or {}).get("cause") in _GPU_CAUSES
 
 
 class TrayController(QObject):
@@ -135,7 +143,7 @@ class TrayController(QObject):
         if notice is None:
             return False
         self._notice_event = event
-        title = notice.title + (" (simulated GPUs)" if self.demo else "")
+        title = notice.title + (" (simulated GPUs)" if self.demo and _about_gpus(event) else "")
         self.icon.showMessage(title, notice.message,
                               _MESSAGE_ICONS.get(notice.level,
                                                  QSystemTrayIcon.MessageIcon.Information),

@@ -48,7 +48,6 @@ from trayapp.engine.guard.model import (
     GuardState,
     JobView,
     Policy,
-    ProcessView,
     Thresholds,
     Watch,
 )
@@ -225,16 +224,28 @@ def _gpu_condition(g: GpuReading, inp: GuardInput, policy: Policy) -> Optional[C
                 text.gpu_line(g, used, total, holder), job_id)
 
 
-def _top_text(processes: Tuple[ProcessView, ...], jobs: Tuple[JobView, ...]) -> str:
-    """The largest processes, by name (a job's by its label), with a growth worth naming."""
-    names = {j.id: j.label for j in jobs}
-    rows = []
-    for p in sorted(processes, key=lambda p: p.rss_bytes, reverse=True)[:TOP_NAMED]:
-        who = names.get(p.job_id, p.name) if p.job_id else p.name
-        rate = p.rate_bytes_per_s
-        named = rate if rate is not None and abs(rate) >= NOISE_RATE_BYTES_PER_S else None
-        rows.append((who, p.rss_bytes, named))
-    return text.top_text(rows)
+def _top_text(inp: GuardInput, history: FillHistory, policy: Policy) -> str:
+    """Who holds and who fills the memory: each job as one whole (its tree's memory, and its
+    growth over the rate window from the guard's own history of it), then the other processes
+    by name. The engine's own process is named by size only: what a job allocates never shows
+    as its growth."""
+    rows: List[Tuple[str, int, Optional[float]]] = []
+    held: Dict[str, int] = {}  # a job's processes in the sample, when its tree is not read yet
+    for p in inp.processes:
+        if p.job_id:
+            held[p.job_id] = held.get(p.job_id, 0) + p.rss_bytes
+            continue
+        rate = None if p.own else p.rate_bytes_per_s
+        rows.append(("headroom engine" if p.own else p.name, p.rss_bytes,
+                     rate if rate is not None and rate >= NOISE_RATE_BYTES_PER_S else None))
+    for job in inp.jobs:
+        size = job.rss_bytes if job.rss_bytes is not None else held.get(job.id)
+        if job.state in ENDED_STATES or not size:
+            continue
+        fit = history.fit(f"rss:{job.id}", inp.time, policy.rate_window_seconds)
+        rate = fit.rate if fit is not None and fit.significant and fit.rate > 0 else None
+        rows.append((job.label, size, rate))
+    return text.top_text(rows, TOP_NAMED)
 
 
 def decide(inp: GuardInput, history: FillHistory, policy: Policy,
@@ -259,7 +270,7 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
             level = level if RANK[level] >= RANK[held] else held
             reasons.append(held_line(t, a, policy, st))
     memory_short = any(c.key.watch in MEMORY_WATCHES for c in conds)
-    top = _top_text(inp.processes, inp.jobs) if memory_short else ""
+    top = _top_text(inp, history, policy) if memory_short else ""
     if top:
         reasons.append(top)
 

@@ -200,6 +200,7 @@ class ProcessView:
     job_id: Optional[str] = None  # set when the process belongs to one of the guard's jobs
     rule: Optional[Rule] = None  # the first user rule naming it
     paused_by_guard: bool = False
+    own: bool = False  # the engine's own process
 
     @property
     def label(self) -> str:

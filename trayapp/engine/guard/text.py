@@ -43,14 +43,23 @@ def _th_text(value: int, setting: Threshold) -> str:
     return format_bytes(value)
 
 
-def top_text(rows: Iterable[Tuple[str, int, Optional[float]]]) -> str:
-    """"largest: firefox 3.1 GiB (+300.0 MiB/s), job a1 (train.py) 2.0 GiB", or "", from
-    (who, RSS, growth worth naming or None) rows."""
+def top_text(rows: Iterable[Tuple[str, int, Optional[float]]], limit: int = 3) -> str:
+    """"filling: job a1 (train.py) 2.0 GiB (+300.0 MiB/s); largest: firefox 3.1 GiB", or "",
+    from (who, bytes, growth worth naming or None) rows: at most ``limit`` named, those growing
+    first (fastest first, then the larger), then the largest of the rest."""
+    all_rows = list(rows)
+    growing = sorted((r for r in all_rows if r[2] is not None and r[2] > 0),
+                     key=lambda r: (-(r[2] or 0.0), -r[1]))[:limit]
+    rest = sorted((r for r in all_rows if r not in growing),
+                  key=lambda r: -r[1])[:max(0, limit - len(growing))]
     parts = []
-    for who, rss, rate in rows:
-        grows = f" ({format_rate(rate)})" if rate is not None else ""
-        parts.append(f"{who} {format_bytes(rss)}{grows}")
-    return "largest: " + ", ".join(parts) if parts else ""
+    if growing:
+        parts.append("filling: " + ", ".join(f"{who} {format_bytes(size)} ({format_rate(rate)})"
+                                              for who, size, rate in growing))
+    if rest:
+        parts.append("largest: " + ", ".join(f"{who} {format_bytes(size)}"
+                                              for who, size, _ in rest))
+    return "; ".join(parts)
 
 
 # -- conditions -------------------------------------------------------------------------------
