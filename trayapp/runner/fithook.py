@@ -135,7 +135,7 @@ def install(keras, session):
     keras3, tf_backend = _keras_facts(keras)
     epochs_default = signature.parameters.get("epochs")
     epochs_default = epochs_default.default if epochs_default is not None else 1
-    headroom_cls, first_cls, restore_cls = _callback_classes(callbacks_module, keras3)
+    classes = _callback_classes(callbacks_module, keras3)
 
     @functools.wraps(original)
     def fit(self, *args, **kwargs):
@@ -150,36 +150,8 @@ def install(keras, session):
             session.note("warn", "fit(callbacks=...) is not a list: progress is not available")
             return original(self, *args, **kwargs)
         epochs = bound.arguments.get("epochs", epochs_default)
-        run = FitRun(
-            session,
-            self,
-            session.next_fit_index(),
-            epochs,
-            keras3,
-            tf_backend,
-            bound.arguments.get("initial_epoch", 0),
-        )
-        run.prepare_folder()
-        shrinker = shrink.Shrinker(keras, session, self, bound, keras3)
-        run.shrinker = shrinker
-        shrinker.prepare(tf_backend)
-        _resume_shrunk(run, shrinker)
-        if session.options["fit_batch"] and run.accumulation == 1:
-            if _resuming(run):
-                # Accumulators added now would not be in the checkpoint's optimizer state,
-                # and Keras would restore none of it.
-                session.note("info", "--fit-batch: resumed from a checkpoint: trained at the "
-                                     "micro-batch it was saved with")
-            else:
-                fitbatch.fit_batch(run, shrinker)
-        _say_batch(run, shrinker)
-
-        def set_callbacks(restore):
-            first = [first_cls(run)]
-            if restore and run.dir and restore_cls is not None:
-                first.insert(0, _restorer(restore_cls, run, keras3))
-            bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
-
+        run, shrinker = _prepare(keras, session, self, bound, epochs, keras3, tf_backend)
+        set_callbacks = _callback_setter(bound, run, user, classes, keras3)
         set_callbacks(True)
         if hasattr(self, "_initial_epoch"):
             # Set by a BackupAndRestore of an earlier fit() of this model; only this fit's own
@@ -198,6 +170,43 @@ def install(keras, session):
     fit.__headroom_fit__ = True  # type: ignore[attr-defined]
     model_class.fit = fit
     return True
+
+
+def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
+    """The run of one hooked fit() and what shrinks it, set up as training is about to start:
+    its checkpoint folder, a micro-batch it resumes at, --fit-batch's choice."""
+    run = FitRun(session, model, session.next_fit_index(), epochs, keras3, tf_backend,
+                 bound.arguments.get("initial_epoch", 0))
+    run.prepare_folder()
+    shrinker = shrink.Shrinker(keras, session, model, bound, keras3)
+    run.shrinker = shrinker
+    shrinker.prepare(tf_backend)
+    _resume_shrunk(run, shrinker)
+    if session.options["fit_batch"] and run.accumulation == 1:
+        if _resuming(run):
+            # Accumulators added now would not be in the checkpoint's optimizer state, and
+            # Keras would restore none of it.
+            session.note("info", "--fit-batch: resumed from a checkpoint: trained at the "
+                                 "micro-batch it was saved with")
+        else:
+            fitbatch.fit_batch(run, shrinker)
+    _say_batch(run, shrinker)
+    return run, shrinker
+
+
+def _callback_setter(bound, run, user, classes, keras3):
+    """``set_callbacks(restore)``: the fit's callbacks, ours around the user's (the restoring
+    one first, only when ``restore``: not after an out-of-memory error, whose weights in
+    memory are newer than any checkpoint)."""
+    headroom_cls, first_cls, restore_cls = classes
+
+    def set_callbacks(restore):
+        first = [first_cls(run)]
+        if restore and run.dir and restore_cls is not None:
+            first.insert(0, _restorer(restore_cls, run, keras3))
+        bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+
+    return set_callbacks
 
 
 def _keras_facts(keras):
