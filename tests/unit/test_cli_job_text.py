@@ -42,6 +42,7 @@ def test_the_progress_line(fields: Dict[str, Any], text: str) -> None:
     ({"epoch": 2, "epochs": 4}, "epoch 2/4"),
     ({"state": "failed", "exit_code": 7, "steps": 9, "step": 9}, "step 9/9, exit 7"),
     ({"state": "running", "exit_code": 7}, "-"),  # a live job has no exit status yet
+    ({"epoch": 2, "epochs": 3, "batch": 8, "micro_batch": 8, "accumulation": 1}, "epoch 2/3"),
 ])
 def test_the_progress_cell(fields: Dict[str, Any], cell: str) -> None:
     assert progress_cell(job(**fields)) == cell

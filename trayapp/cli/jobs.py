@@ -65,8 +65,9 @@ def progress_text(job: JobRecord) -> str:
     """One line: state, epoch, step, loss, ETA, RAM, VRAM."""
     parts = [f"[{job.id}] {state_text(job)}"]
     parts += formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
-    if job.accumulation:
-        parts.append(formats.batch(job.batch, job.micro_batch, job.accumulation))
+    shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
+    if shrunk:  # "" for a batch as the user gave it (accumulation 1)
+        parts.append(shrunk)
     loss = job.metrics.get("loss")
     if loss is not None:
         parts.append(f"loss {formats.loss(loss)}")
@@ -80,8 +81,9 @@ def progress_text(job: JobRecord) -> str:
 def progress_cell(job: JobRecord) -> str:
     """The table's progress: ``"epoch 3/10, step 50/100"``, an ended job's exit status."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
-    if job.accumulation:
-        parts.append(formats.batch(job.batch, job.micro_batch, job.accumulation))
+    shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
+    if shrunk:  # "" for a batch as the user gave it (accumulation 1)
+        parts.append(shrunk)
     status = exit_text(job)
     if status:
         parts.append(status)
