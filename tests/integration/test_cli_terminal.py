@@ -4,7 +4,6 @@ included; and ``headroom logs`` / ``attach`` / ``resume --follow`` on real jobs.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
