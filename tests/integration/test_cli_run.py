@@ -167,7 +167,7 @@ def test_pause_resume_stop_commands(eng: EngineProcess) -> None:
     jid = job["id"]
     r = run_cli("pause", "counting", timeout=30)
     assert r.returncode == 0, r.stderr
-    assert r.stdout == f"job {jid} (counting): paused (suspended)\n"
+    assert r.stdout == f"job {jid} (counting): paused (its processes suspended) by you\n"
     r = run_cli("resume", jid, timeout=30)
     assert r.stdout == f"job {jid} (counting): running\n"
     r = run_cli("park", jid, timeout=30)

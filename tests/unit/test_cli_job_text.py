@@ -10,7 +10,8 @@ from typing import Any, Dict, Optional
 import pytest
 
 from trayapp.cli.follow import exit_status
-from trayapp.cli.jobs import describe, format_jobs, progress_cell, progress_text
+from trayapp.cli.jobs import describe, format_jobs, progress_cell, progress_text, state_text
+from trayapp.cli.status import format_job_line
 from trayapp.jobs.record import JobRecord
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 
@@ -41,6 +42,7 @@ def test_the_progress_line(fields: Dict[str, Any], text: str) -> None:
     ({"epoch": 2, "epochs": 4}, "epoch 2/4"),
     ({"state": "failed", "exit_code": 7, "steps": 9, "step": 9}, "step 9/9, exit 7"),
     ({"state": "running", "exit_code": 7}, "-"),  # a live job has no exit status yet
+    ({"epoch": 2, "epochs": 3, "batch": 8, "micro_batch": 8, "accumulation": 1}, "epoch 2/3"),
 ])
 def test_the_progress_cell(fields: Dict[str, Any], cell: str) -> None:
     assert progress_cell(job(**fields)) == cell
@@ -51,12 +53,50 @@ def test_the_progress_cell(fields: Dict[str, Any], cell: str) -> None:
     ({"state": "paused", "pause_mode": "signal"}, "job ab12 (mnist): paused (signal)"),
     ({"state": "failed", "end_reason": "exit status 1"},
      "job ab12 (mnist): failed (exit status 1)"),
-    ({"state": "parked", "end_reason": "parked by guard"},
-     "job ab12 (mnist): parked (parked by guard)"),
+    ({"state": "parked", "end_reason": "parked by guard"}, "job ab12 (mnist): parked by guard"),
+    ({"state": "parked", "parked_by": "guard", "park_reason": "memory low",
+      "end_reason": "parked by guard: memory low"},
+     "job ab12 (mnist): parked by the guard: memory low"),
+    ({"state": "parked", "parked_by": "user", "park_reason": "Ctrl-C in headroom run"},
+     "job ab12 (mnist): parked by you: Ctrl-C in headroom run"),
+    ({"state": "paused", "pause_mode": "cooperative", "paused_by": "guard",
+      "pause_reason": "available RAM 7% < 8%"},
+     "job ab12 (mnist): paused at a batch end by the guard: available RAM 7% < 8%"),
+    ({"state": "stopped", "stopped_by": "engine", "end_reason": "stopped by engine"},
+     "job ab12 (mnist): stopped by the engine"),
     ({"state": "finished", "end_reason": "finished"}, "job ab12 (mnist): finished"),
 ])
 def test_an_actions_answer(fields: Dict[str, Any], line: str) -> None:
     assert describe(job(**fields)) == line
+
+
+@pytest.mark.parametrize("fields, state", [
+    ({"state": "paused", "pause_mode": "cooperative"}, "paused at a batch end"),
+    ({"state": "paused", "pause_mode": "cooperative", "paused_by": "user"},
+     "paused at a batch end by you"),
+    ({"state": "paused", "pause_mode": "suspended", "paused_by": "guard"},
+     "paused (its processes suspended) by the guard"),
+    ({"state": "parked", "parked_by": "user", "park_reason": "x"}, "parked by you"),
+    ({"state": "parked", "parked_by": "guard"}, "parked by the guard"),
+    ({"state": "parking", "parked_by": "guard"}, "parking by the guard"),
+    ({"state": "stopped", "stopped_by": "user"}, "stopped by you"),
+    ({"state": "running", "paused_by": "user"}, "running"),  # an old pause is not told
+])
+def test_the_state_words(fields: Dict[str, Any], state: str) -> None:
+    assert state_text(job(**fields)) == state
+    assert "(cooperative)" not in describe(job(**fields))
+
+
+def test_a_parked_or_stopped_job_says_so_not_its_exit_status() -> None:
+    text = format_jobs([job(state="parked", parked_by="user", exit_code=PARK_EXIT_CODE),
+                        job(id="cd34", state="stopped", stopped_by="user",
+                            exit_code=STOP_EXIT_CODE),
+                        job(id="ef56", state="failed", exit_code=3)])
+    _, parked, stopped, failed = text.splitlines()
+    assert "parked by you" in parked and "exit" not in parked
+    assert "stopped by you" in stopped and "exit" not in stopped
+    assert "exit 3" in failed
+    assert "exit" not in format_job_line(job(state="parked", exit_code=PARK_EXIT_CODE))
 
 
 def test_the_table() -> None:

@@ -1,11 +1,12 @@
-"""The command line: ``headroom [tray] | engine | status | run | jobs | pause | resume | park |
-stop | doctor``. Every command is a client of the engine; bad usage exits 2 with one line, no
-engine exits 3, and no traceback reaches the screen (it goes to ``crash.log``).
+"""The command line: ``headroom [tray] | engine | status | run | jobs | logs | attach | pause |
+resume | park | stop | doctor``. Every command is a client of the engine; bad usage exits 2 with
+one line, no engine exits 3, and no traceback reaches the screen (it goes to ``crash.log``).
 
 The package: ``base`` (exit statuses, UsageError), ``parser`` (the arguments), one module per
-command (``status``, ``run`` with its follower in ``follow``, ``jobs`` with the job actions,
-``doctor``), and here ``main``, which dispatches. The tray (Qt) and the engine's parts are
-imported by their own commands only, so that ``headroom status`` starts fast.
+command (``status``, ``run`` with its follower in ``follow`` and the terminal in ``screen``,
+``jobs`` with the job actions, ``logs`` with ``attach`` and ``resume --follow``, ``doctor``), and
+here ``main``, which dispatches. The tray (Qt) and the engine's parts are imported by their own
+commands only, so that ``headroom status`` starts fast.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trayapp.cli.base import (
 )
 from trayapp.cli.doctor import cmd_doctor
 from trayapp.cli.jobs import cmd_action, cmd_jobs
+from trayapp.cli.logs import cmd_attach, cmd_logs, cmd_resume
 from trayapp.cli.parser import ACTIONS, build_parser
 from trayapp.cli.run import cmd_run
 from trayapp.cli.status import cmd_status, format_status
@@ -68,8 +70,12 @@ def cmd_tray(args: argparse.Namespace, paths: Paths) -> int:
 
 COMMANDS: Dict[Optional[str], Command] = {
     None: cmd_tray, "engine": cmd_engine, "status": cmd_status, "run": cmd_run,
-    "jobs": cmd_jobs, "doctor": cmd_doctor, **{name: cmd_action for name in ACTIONS},
+    "jobs": cmd_jobs, "logs": cmd_logs, "attach": cmd_attach, "doctor": cmd_doctor,
+    **{name: cmd_action for name in ACTIONS}, "resume": cmd_resume,
 }
+# The commands that may be given a --config file that is not there yet: the tray's settings
+# window writes it, and the engine (the tray starts one with it) reads it once it is there.
+CREATE_CONFIG = frozenset({None, "engine"})
 
 
 def dispatch(args: argparse.Namespace, paths: Paths) -> int:
@@ -77,6 +83,10 @@ def dispatch(args: argparse.Namespace, paths: Paths) -> int:
     command = COMMANDS.get(args.command)
     if command is None:
         raise UsageError(f"unknown command {args.command}")
+    if args.config and args.command not in CREATE_CONFIG and not paths.config_file.is_file():
+        missing = "not a file" if paths.config_file.exists() else "no such file"
+        raise UsageError(f"--config: {missing}: {paths.config_file} (to create it, start the "
+                         f"tray with it: headroom --config {paths.config_file})")
     return command(args, paths)
 
 

@@ -6,13 +6,13 @@ failed (128 + N when signal N ended it), 130 when it was stopped with Ctrl-C, 75
 ``PARK_EXIT_CODE``) when it was parked and waits for ``headroom resume``, 76 (``STOP_EXIT_CODE``)
 when it was stopped (``headroom stop``, the jobs window, the guard; with a checkpoint folder it
 waits for ``headroom resume`` too), 1 when its end is unknown. A job that the guard parks and
-will resume by itself is followed on.
+will resume by itself is followed on, and so is one relaunched under its id (the guard's
+"relaunch smaller"). ``headroom attach`` follows a job the same way, and Ctrl-C leaves it running.
 """
 
 from __future__ import annotations
 
 import queue
-import shutil
 import signal
 import sys
 import threading
@@ -20,8 +20,9 @@ import time
 from typing import Any, Dict, Optional, TextIO
 
 from trayapp import vocab
-from trayapp.cli.base import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_ENGINE, EXIT_OK, say
+from trayapp.cli.base import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NO_ENGINE, EXIT_OK
 from trayapp.cli.jobs import progress_text
+from trayapp.cli.screen import Screen
 from trayapp.config import Paths
 from trayapp.engine.client import (
     EngineBusy,
@@ -37,8 +38,8 @@ from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
-PROGRESS_TTY_SECONDS = 0.5  # the progress line is redrawn at most twice a second
-PROGRESS_PLAIN_SECONDS = 2.0  # and printed as a plain line at most every 2 s
+PROGRESS_TTY_SECONDS = 0.5  # the status line is redrawn at most twice a second
+PROGRESS_PLAIN_SECONDS = 2.0  # and the plain progress line printed at most every 2 s
 POLL_SECONDS = 0.2
 JOB_GET_SECONDS = 0.5  # the job is read again at most this often while it runs
 ACTION_TIMEOUT_SECONDS = 10.0
@@ -69,34 +70,44 @@ def exit_status(job: JobRecord, interrupted: bool) -> int:
 
 class Follower:
     """Shows a job's output, progress and the guard's events until it ends; Ctrl-C parks or
-    stops it (twice: stops it at once)."""
+    stops it (twice: stops it at once), or with ``detach`` leaves it running. ``offset``: the
+    byte of the log to show the output from."""
 
     def __init__(self, client: Any, paths: Paths, job: JobRecord,
-                 out: Optional[TextIO] = None):
+                 out: Optional[TextIO] = None, err: Optional[TextIO] = None,
+                 detach: bool = False, offset: int = 0):
         self.client = client
         self.paths = paths
         self.job = job
         self.job_id = job.id
-        self.out = out or sys.stdout
-        self.tty = self.out.isatty()
-        self.offset = 0
-        self.pending = ""  # a partial last line, held back on a terminal
-        self.pending_since = 0.0
+        self.screen = Screen(out or sys.stdout, err or sys.stderr)
+        self.tty = self.screen.tty
+        self.detach = detach
+        self.offset = offset
         self.interrupts = 0
         self.handled = 0
-        self.line_shown = False
         self.last_progress = 0.0
         self.last_plain = ""
         self.events: queue.Queue[Dict[str, Any]] = queue.Queue()
         self.output_seen = False
         self._stop_events = threading.Event()
+        self._said = threading.Lock()  # the action thread says things too
         self.engine_options: Dict[str, Any] = {}  # how to start an engine if it goes away
 
     # -- set-up -------------------------------------------------------------------------------
 
+    def say(self, message: object) -> None:
+        """``headroom: MESSAGE`` on a line of its own, out of the script's way."""
+        with self._said:
+            self.screen.note(f"headroom: {one_line(str(message))}")
+
     def run(self) -> int:
-        say(f"job {self.job_id} ({self.job.name}) started; output follows "
-            "(Ctrl-C: " + ("park" if self.job.checkpoint_dir else "stop") + " it)")
+        if self.detach:
+            self.say(f"following job {self.job_id} ({self.job.name}), {self.job.state}; "
+                     "Ctrl-C leaves it running")
+        else:
+            self.say(f"job {self.job_id} ({self.job.name}) started; output follows "
+                     "(Ctrl-C: " + ("park" if self.job.checkpoint_dir else "stop") + " it)")
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGINT, self._on_sigint)
@@ -131,9 +142,14 @@ class Follower:
         busy_said = False
         while True:
             if self.interrupts > self.handled:
+                if self.detach:
+                    self.screen.end_line()
+                    self.say(f"left job {self.job_id}, which goes on running ('headroom attach "
+                             f"{self.job_id}' follows it again)")
+                    return EXIT_INTERRUPTED
                 if self._interrupt():
-                    self._clear_line()
-                    say(f"left job {self.job_id}; the engine goes on ending it")
+                    self.screen.end_line()
+                    self.say(f"left job {self.job_id}; the engine goes on ending it")
                     return EXIT_INTERRUPTED
             try:
                 drained = self._read_log()
@@ -145,8 +161,7 @@ class Follower:
             except EngineBusy:
                 # It runs, and watches the job: follow on once it answers again (Ctrl-C leaves).
                 if not busy_said:
-                    self._clear_line()
-                    say(f"the engine is busy and does not answer now; still following job "
+                    self.say(f"the engine is busy and does not answer now; still following job "
                         f"{self.job_id}")
                     busy_said = True
                 self.client.close()
@@ -154,8 +169,8 @@ class Follower:
                 continue
             except EngineUnavailable:
                 if not self._reconnect():
-                    self._clear_line()
-                    say(f"the engine went away; job {self.job_id} goes on running "
+                    self.screen.end_line()
+                    self.say(f"the engine went away; job {self.job_id} goes on running "
                         "(see 'headroom jobs')")
                     return EXIT_NO_ENGINE
                 continue
@@ -188,20 +203,19 @@ class Follower:
     def _interrupt(self) -> bool:
         """Act on Ctrl-C; True when the command should leave now."""
         self.handled += 1
-        self._clear_line()
         if self.handled == 1:
             if self.job.is_parked:
                 return True
             park = bool(self.job.checkpoint_dir) and self.job.hooked
             if park:
-                say(f"parking job {self.job_id} (checkpoint, then end); Ctrl-C again to stop "
-                    "it at once")
+                self.say(f"parking job {self.job_id} (checkpoint, then end); Ctrl-C again to "
+                         "stop it at once")
             else:
-                say(f"stopping job {self.job_id}; Ctrl-C again to stop it at once")
+                self.say(f"stopping job {self.job_id}; Ctrl-C again to stop it at once")
             self._act_in_background("park" if park else "stop", fallback="stop")
             return False
         if self.handled == 2:
-            say(f"stopping job {self.job_id} at once")
+            self.say(f"stopping job {self.job_id} at once")
             self._act_in_background("kill", fallback=None)
             return False
         return True
@@ -213,15 +227,15 @@ class Follower:
                     c.job_action(self.job_id, action, reason=CTRL_C_REASON)
                 except EngineError as e:
                     if fallback is None:
-                        say(e)
+                        self.say(e)
                         return
-                    say(f"{one_line(e)}; stopping it instead")
+                    self.say(f"{one_line(e)}; stopping it instead")
                     try:
                         c.job_action(self.job_id, fallback, reason=CTRL_C_REASON)
                     except (EngineError, EngineUnavailable) as e2:
-                        say(e2)
+                        self.say(e2)
                 except EngineUnavailable as e:
-                    say(e)
+                    self.say(e)
 
         threading.Thread(target=act, daemon=True).start()
 
@@ -229,68 +243,43 @@ class Follower:
 
     def _read_log(self) -> bool:
         """Copy new output to the terminal; True when all of the log has been read."""
+        size = 0
         for _ in range(64):
             chunk = self.client.job_log(self.job_id, offset=self.offset)
             data = chunk.get("data") or ""
             self.offset = int(chunk.get("offset") or self.offset)
+            size = int(chunk.get("size") or 0)
             if data:
-                self._write_output(data)
-            if self.offset >= int(chunk.get("size") or 0) or not data:
+                with self._said:
+                    self.screen.output(data)
+                self.output_seen = True
+            if self.offset >= size or not data:
                 break
-        ended = not self.job.is_live
-        if self.pending and (ended or time.monotonic() - self.pending_since > 1.0):
-            self._write_output("", flush_partial=True)
-        size_left = self.offset < int(chunk.get("size") or 0)
-        return not size_left
-
-    def _write_output(self, data: str, flush_partial: bool = False) -> None:
-        text = self.pending + data
-        if self.tty and not flush_partial:
-            # On a terminal a partial line would be overwritten by the progress line.
-            cut = text.rfind("\n") + 1
-            if cut < len(text):
-                if not self.pending:
-                    self.pending_since = time.monotonic()
-                self.pending = text[cut:]
-                text = text[:cut]
-            else:
-                self.pending = ""
-        else:
-            self.pending = ""
-        if not text:
-            return
-        self._clear_line()
-        self.out.write(text)
-        self.out.flush()
-        self.output_seen = True
-
-    def _clear_line(self) -> None:
-        if self.tty and self.line_shown:
-            self.out.write("\r\x1b[K")
-            self.out.flush()
-            self.line_shown = False
+        return self.offset >= size
 
     def _show_progress(self) -> None:
         now = time.monotonic()
         text = progress_text(self.job)
         if self.tty:
-            if now - self.last_progress < PROGRESS_TTY_SECONDS and self.line_shown:
+            # A status line under the output, drawn only where the script's line is not open.
+            if now - self.last_progress < PROGRESS_TTY_SECONDS and self.screen.status_shown:
                 return
-            self.last_progress = now
-            width = _terminal_width()
-            self.out.write("\r\x1b[K" + text[: max(10, width - 1)])
-            self.out.flush()
-            self.line_shown = True
+            with self._said:
+                if self.screen.status(text):
+                    self.last_progress = now
             return
-        # Plain output: a line when the training position or the state moved, every 2 s at most.
-        key = f"{self.job.state} {self.job.epoch} {self.job.step}"
+        # Plain output: a line when the state or the epoch changed (not at every step: a
+        # progress bar of the script's is on its way), at a line start of the script's output.
+        key = f"{self.job.state} {self.job.epoch}"
         if key == self.last_plain or now - self.last_progress < PROGRESS_PLAIN_SECONDS:
             return
         if self.job.state in vocab.RUNNING and not self.job.epochs:
             return  # no training progress to tell (a script without fit)
+        if self.screen.shared and not self.screen.at_line_start:
+            return
         self.last_plain = key
         self.last_progress = now
-        print(f"headroom: {text}", file=sys.stderr, flush=True)
+        self.say(text)
 
     def _show_events(self) -> None:
         while True:
@@ -300,9 +289,8 @@ class Follower:
                 return
             if not self._worth_showing(ev):
                 continue
-            self._clear_line()
             mark = "! " if ev.get("level") in LOUD_LEVELS else ""
-            say(f"{mark}{ev.get('message')}")
+            self.say(f"{mark}{ev.get('message')}")
 
     def _worth_showing(self, ev: Dict[str, Any]) -> bool:
         """The guard's events about this job, its runner's warnings, and pauses or resumes
@@ -321,25 +309,25 @@ class Follower:
         return kind not in _TOLD_AT_THE_END
 
     def _finish(self) -> int:
-        self._clear_line()
+        self.screen.end_line()
         self._show_events()
         job = self.job
         status = exit_status(job, interrupted=self.handled > 0)
         if job.state == S.FINISHED:
-            say(f"job {self.job_id} finished")
+            self.say(f"job {self.job_id} finished")
         elif job.state == S.PARKED:
-            say(f"job {self.job_id} parked (checkpoint in {job.checkpoint_dir}); continue it "
+            self.say(f"job {self.job_id} parked (checkpoint in {job.checkpoint_dir}); continue it "
                 f"with 'headroom resume {self.job_id}'")
         elif job.state == S.STOPPED:
             text = f"job {self.job_id} {job.end_reason or 'stopped'}"
             if job.resumable:
                 text += (f" (checkpoint in {job.checkpoint_dir}); continue it with "
                          f"'headroom resume {self.job_id}'")
-            say(text)
+            self.say(text)
         elif job.state == S.LOST:
-            say(f"job {self.job_id}: {job.end_reason or 'its end is unknown'}")
+            self.say(f"job {self.job_id}: {job.end_reason or 'its end is unknown'}")
         else:
-            say(f"job {self.job_id} failed ({job.end_reason or 'exit status unknown'})")
+            self.say(f"job {self.job_id} failed ({job.end_reason or 'exit status unknown'})")
             if not self.tty or not self.output_seen:
                 self._print_last_lines()
         return status
@@ -358,6 +346,3 @@ class Follower:
             sys.stderr.flush()
 
 
-def _terminal_width() -> int:
-    columns = shutil.get_terminal_size((100, 24)).columns
-    return columns if columns >= 20 else 100  # a pseudo-terminal may say 0

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Iterable
+from typing import Iterable, Optional, Tuple
 
 from trayapp import formats, vocab
 from trayapp.cli.base import EXIT_OK, config_file, demo
 from trayapp.config import Paths
 from trayapp.engine.client import connect
+from trayapp.jobs.job import BY_ENGINE, BY_GUARD, BY_USER, COOPERATIVE, SUSPENDED
 from trayapp.jobs.record import JobRecord, records
+from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.vocab import JobState as S
 
 NAME_WIDTH = 24  # a longer name is cut in the table
@@ -20,19 +22,52 @@ NAME_WIDTH = 24  # a longer name is cut in the table
 _WITH_REASON = vocab.ENDED - {S.FINISHED.value} | vocab.PARKED
 
 
-def state_text(job: JobRecord) -> str:
-    """The state, and how a paused job is paused: ``"paused (runner)"``."""
+# Who acted on a job (the record's paused_by, parked_by, stopped_by), as a user reads it.
+_WHO = {BY_USER: "you", BY_GUARD: "the guard", BY_ENGINE: "the engine"}
+_PAUSE_MODES = {COOPERATIVE: "at a batch end", SUSPENDED: "(its processes suspended)"}
+
+
+def who(by: Optional[str]) -> str:
+    """``"user"`` -> ``"you"``, ``"guard"`` -> ``"the guard"``; another word as it is."""
+    return _WHO.get(by or "", by or "")
+
+
+def _by(job: JobRecord) -> Tuple[Optional[str], Optional[str]]:
+    """Who put the job in its state, and why (None, None when no one is told)."""
+    if job.state in (S.PAUSED, S.PAUSING):
+        return job.paused_by, job.pause_reason
+    if job.state in (S.PARKED, S.PARKING):
+        return job.parked_by, job.park_reason
+    if job.state in (S.STOPPED, S.STOPPING):
+        return job.stopped_by, job.stop_reason
+    return None, None
+
+
+def state_text(job: JobRecord, reason: bool = False) -> str:
+    """The state in words: ``"paused at a batch end by you"``, ``"parked by the guard"``;
+    with ``reason``, why too: ``"parked by the guard: memory low"``."""
+    text = str(job.state)
     if job.state == S.PAUSED and job.pause_mode:
-        return f"{job.state} ({job.pause_mode})"
-    return job.state
+        text += " " + _PAUSE_MODES.get(job.pause_mode, f"({job.pause_mode})")
+    by, why = _by(job)
+    if by:
+        text += f" by {who(by)}"
+        if reason and why:
+            text += f": {why}"
+    elif reason and job.state in _WITH_REASON and job.end_reason and job.end_reason != job.state:
+        # "parked by guard" of a record without parked_by is not said twice.
+        end = job.end_reason
+        text = end if end.startswith(f"{job.state} ") else f"{text} ({end})"
+    return text
 
 
 def progress_text(job: JobRecord) -> str:
     """One line: state, epoch, step, loss, ETA, RAM, VRAM."""
     parts = [f"[{job.id}] {state_text(job)}"]
     parts += formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
-    if job.accumulation:
-        parts.append(formats.batch(job.batch, job.micro_batch, job.accumulation))
+    shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
+    if shrunk:  # "" for a batch as the user gave it (accumulation 1)
+        parts.append(shrunk)
     loss = job.metrics.get("loss")
     if loss is not None:
         parts.append(f"loss {formats.loss(loss)}")
@@ -46,11 +81,23 @@ def progress_text(job: JobRecord) -> str:
 def progress_cell(job: JobRecord) -> str:
     """The table's progress: ``"epoch 3/10, step 50/100"``, an ended job's exit status."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
-    if job.accumulation:
-        parts.append(formats.batch(job.batch, job.micro_batch, job.accumulation))
-    if not job.is_live and job.exit_code is not None:
-        parts.append(f"exit {job.exit_code}")
+    shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
+    if shrunk:  # "" for a batch as the user gave it (accumulation 1)
+        parts.append(shrunk)
+    status = exit_text(job)
+    if status:
+        parts.append(status)
     return ", ".join(parts) or "-"
+
+
+def exit_text(job: JobRecord) -> str:
+    """An ended job's exit status when it says more than its state: ``"exit 1"``; nothing for
+    a job parked (75) or stopped (76) on purpose, or one that finished."""
+    if job.is_live or job.exit_code is None or job.exit_code == 0:
+        return ""
+    if job.state in (S.PARKED, S.STOPPED) and job.exit_code in (PARK_EXIT_CODE, STOP_EXIT_CODE):
+        return ""
+    return f"exit {job.exit_code}"
 
 
 def format_jobs(jobs: Iterable[JobRecord]) -> str:
@@ -68,13 +115,8 @@ def format_jobs(jobs: Iterable[JobRecord]) -> str:
 
 
 def describe(job: JobRecord) -> str:
-    """One line: the job and its state now."""
-    extra = ""
-    if job.state == S.PAUSED and job.pause_mode:
-        extra = f" ({job.pause_mode})"
-    elif job.state in _WITH_REASON and job.end_reason:
-        extra = f" ({job.end_reason})"
-    return f"job {job.id} ({job.name}): {job.state}{extra}"
+    """One line: the job and its state now, with why."""
+    return f"job {job.id} ({job.name}): {state_text(job, reason=True)}"
 
 
 def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:

@@ -1,5 +1,5 @@
-"""The command line's arguments: ``headroom [tray] | engine | status | run | jobs | pause |
-resume | park | stop | doctor``. Bad usage exits 2 with one line, naming the command."""
+"""The command line's arguments: ``headroom [tray] | engine | status | run | jobs | logs | attach
+| pause | resume | park | stop | doctor``. Bad usage exits 2 with one line, naming the command."""
 
 from __future__ import annotations
 
@@ -98,6 +98,23 @@ def build_parser() -> argparse.ArgumentParser:
         a = sub.add_parser(name, help=_ACTION_HELP[name])
         _common(a, top=False)
         a.add_argument("job", metavar="JOB", help="job id or unique name")
+        if name == "resume":
+            a.add_argument("--follow", "-f", action="store_true",
+                           help="then follow its output as 'headroom run' does (Ctrl-C leaves "
+                                "it running)")
+
+    lg = sub.add_parser("logs", help="a job's output (its log), ended jobs' too")
+    _common(lg, top=False)
+    lg.add_argument("job", metavar="JOB", help="job id or unique name")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="go on printing its output until the job ends (Ctrl-C leaves it "
+                         "running)")
+    lg.add_argument("--tail", type=_count, metavar="N", help="only its last N lines")
+
+    at = sub.add_parser("attach", help="follow a job's output, progress and the guard's events "
+                                       "again, as 'headroom run' does (Ctrl-C leaves it running)")
+    _common(at, top=False)
+    at.add_argument("job", metavar="JOB", help="job id or unique name")
 
     d = sub.add_parser("doctor", help="check the driver, CUDA and TensorFlow build")
     _common(d, top=False)
@@ -105,6 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.commands = dict(sub.choices)
     return p
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
 
 
 def _positive_float(text: str) -> float:

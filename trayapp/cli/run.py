@@ -12,10 +12,11 @@ from trayapp.cli.base import EXIT_OK, UsageError, config_file, demo, say
 from trayapp.cli.follow import Follower
 from trayapp.config import Paths
 from trayapp.engine.client import connect
-from trayapp.jobs.options import JobSpec, SpecError, spec_from_cli, validate
-from trayapp.jobs.plan import JobProcess, build_launch, format_plan
+from trayapp.jobs.options import JobSpec, SpecError, apply_preset, spec_from_cli, validate
+from trayapp.jobs.plan import JobProcess, build_launch, format_plan, guard_lines
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import make_backend
+from trayapp.probes.memory import make_memory_probe
 from trayapp.probes.snapshot import GpuReading
 from trayapp.text import one_line
 
@@ -56,8 +57,16 @@ def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
-    # The engine reads the same file: the priority and the log cap it would give the job.
-    process = JobProcess.from_config(configmod.load(paths.config_file))
+    # The engine reads the same file: the priority, the log cap and the guard it would give
+    # the job, and applies the preset against the machine's RAM (a budget) as here.
+    config = configmod.load(paths.config_file)
+    process = JobProcess.from_config(config)
+    if spec.preset:
+        try:
+            spec = apply_preset(spec, spec.preset, gpus,
+                                ram_total_bytes=make_memory_probe().read().total_bytes)
+        except SpecError as e:
+            raise UsageError(one_line(e)) from None
     folder = paths.jobs_dir / DRY_RUN_ID
     try:
         plan = build_launch(spec, job_id=DRY_RUN_ID, address=paths.job_address(DRY_RUN_ID),
@@ -66,5 +75,5 @@ def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
                             log_path=str(folder / "log"))
     except ValueError as e:
         raise UsageError(one_line(e)) from None
-    print(format_plan(plan))
+    print(format_plan(plan, guard_lines(spec, config.values)))
     return EXIT_OK

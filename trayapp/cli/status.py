@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from trayapp import __version__, formats
 from trayapp.cli.base import EXIT_OK, demo, say
-from trayapp.cli.jobs import progress_text
+from trayapp.cli.jobs import exit_text, progress_text
 from trayapp.config import Paths
 from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable, UnsafeState
 from trayapp.jobs.record import JobRecord, records
@@ -99,9 +99,8 @@ def _gpu_lines(st: Dict[str, Any]) -> List[str]:
 def format_job_line(jb: JobRecord) -> str:
     """A job in one line: its name, then what ``headroom run`` shows of its progress."""
     text = f"{jb.name} {progress_text(jb)}"
-    if jb.exit_code is not None:
-        text += f" · exit {jb.exit_code}"
-    return text
+    status = exit_text(jb)
+    return text + f" · {status}" if status else text
 
 
 def local_status(demo: bool) -> Dict[str, Any]:

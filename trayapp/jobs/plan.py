@@ -34,7 +34,7 @@ from trayapp.probes.snapshot import GpuReading
 from trayapp.runner import joblog, protocol
 
 __all__ = ["JobProcess", "LaunchPlan", "REMOVED", "build_launch", "default_runner_dir",
-           "format_plan"]
+           "format_plan", "guard_lines"]
 
 MiB = 1024 * 1024
 WINDOWS = sys.platform == "win32"
@@ -452,9 +452,56 @@ def fit_batch_line(options: Mapping[str, Any]) -> Optional[str]:
             "to fit what is free and the budgets (the same training, Keras 3)")
 
 
-def format_plan(plan: LaunchPlan) -> str:
-    """The plan for ``headroom run --dry-run``: command, folder, variables, runner steps,
-    warnings."""
+_MODES = {"act": "acts (warns, pauses, parks, stops)",
+          "dry-run": "records what it would do and does nothing (mode dry-run)",
+          "off": "only watches (mode off)"}
+
+
+def guard_lines(spec: JobSpec, settings: Mapping[str, Any]) -> List[str]:
+    """What the guard will do with the job of ``spec`` (its preset applied), under the settings
+    ``settings`` (``config.values``: ``settings["guard.mode"]``...): the budgets, the machine's
+    thresholds, the pause, park and stop, and whether it resumes by itself."""
+    mode = str(settings["guard.mode"])
+    lines = [f"mode: {_MODES.get(mode, mode)}"]
+    warn = float(settings["guard.budget_warn_percent"])
+    for flag, name, budget in (("--ram-budget", "RAM", spec.ram_budget_mb),
+                               ("--vram-budget", "VRAM", spec.vram_budget_mb)):
+        if budget is None:
+            lines.append(f"{name} budget: none ({flag}); the job is paused only when the "
+                         "machine runs short")
+        else:
+            lines.append(f"{name} budget: {budget} MB ({flag}): a warning at {warn:g}% "
+                         f"({budget * warn / 100:.0f} MB), a pause at {budget} MB")
+    lines.append(
+        f"the machine's memory: a warning below {settings['guard.warn_available']} available, "
+        f"a pause below {settings['guard.pause_available']}, a park below "
+        f"{settings['guard.park_available']}, a stop below {settings['guard.stop_available']}")
+    lines.append(f"pause: at the next batch end; its processes are suspended if it has not "
+                 f"paused {float(settings['guard.pause_deadline_seconds']):g} s later")
+    if spec.checkpoint_dir:
+        lines.append(f"park: a checkpoint in {spec.checkpoint_dir}, then the job ends (exit "
+                     f"status {protocol.PARK_EXIT_CODE}) and waits to be resumed")
+        lines.append("stop: a checkpoint, then the job ends without the rest of its script "
+                     f"(exit status {protocol.STOP_EXIT_CODE}); 'headroom resume' continues it")
+    else:
+        lines.append("park: not for this job (no --checkpoint-dir: parking would lose its "
+                     "progress); it stays paused instead")
+        lines.append("stop: the job ends without the rest of its script (exit status "
+                     f"{protocol.STOP_EXIT_CODE}), then by force if it goes on")
+    auto = spec.auto_resume if spec.auto_resume is not None else bool(settings["guard.auto_resume"])
+    if auto:
+        lines.append(f"resume: by itself, once more than {settings['guard.resume_available']} "
+                     f"is available for {float(settings['guard.resume_after_seconds']):g} s "
+                     "(a parked job from its checkpoint)")
+    else:
+        why = "--manual-resume" if spec.auto_resume is False else "setting guard.auto_resume"
+        lines.append(f"resume: only by you ('headroom resume'; {why})")
+    return lines
+
+
+def format_plan(plan: LaunchPlan, guard: Sequence[str] = ()) -> str:
+    """The plan for ``headroom run --dry-run``: command, folder, variables, runner steps, what
+    the guard does (``guard``: from ``guard_lines``), warnings."""
     lines = ["Command:", "  " + " ".join(shlex.quote(a) for a in plan.argv), "", "Folder:"]
     lines.append("  " + plan.cwd)
     lines += ["", "Environment set by Headroom:"]
@@ -475,6 +522,9 @@ def format_plan(plan: LaunchPlan) -> str:
     fitting = fit_batch_line(plan.runner_options)
     if fitting:
         lines.append("  " + fitting)
+    if guard:
+        lines += ["", "The guard:"]
+        lines += [f"  {line}" for line in guard]
     if plan.warnings:
         lines += ["", "Warnings:"]
         lines += [f"  ! {w}" for w in plan.warnings]
