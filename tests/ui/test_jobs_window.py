@@ -191,8 +191,8 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
                     timeout=20000)
     qtbot.waitUntil(lambda: window.log_text().count("tick") > before + 5, timeout=20000)
     # A script without Keras's fit() cannot pause at a batch end: its processes are suspended.
-    qtbot.waitUntil(lambda: any(e.endswith("suspended by user") for e in window.event_lines())
-                    and any(e.endswith("resumed by user") for e in window.event_lines()),
+    qtbot.waitUntil(lambda: any(e.endswith("suspended by you") for e in window.event_lines())
+                    and any(e.endswith("resumed by you") for e in window.event_lines()),
                     timeout=20000)
     assert any(e.endswith("started in " + str(Path(TICKER).parent) + f" (pid {ticker['pid']})")
                for e in window.event_lines())

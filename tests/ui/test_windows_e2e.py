@@ -80,8 +80,8 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
     qtbot.waitUntil(lambda: any(e.endswith("finished") for e in window.event_lines()),
                     timeout=15000)
     lines = window.event_lines()
-    assert any("paused at a batch end by user" in e for e in lines)
-    assert any(e.endswith("resumed by user") for e in lines)
+    assert any("paused at a batch end by you" in e for e in lines)
+    assert any(e.endswith("resumed by you") for e in lines)
     with engine.client() as c:
         assert c.job_get(job_id)["exit_code"] == 0
     # The dialog remembered the settings for this script.

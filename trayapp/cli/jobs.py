@@ -12,7 +12,7 @@ from trayapp import formats, vocab
 from trayapp.cli.base import EXIT_OK, config_file, demo
 from trayapp.config import Paths
 from trayapp.engine.client import connect
-from trayapp.jobs.job import BY_ENGINE, BY_GUARD, BY_USER, COOPERATIVE, SUSPENDED
+from trayapp.jobs.job import COOPERATIVE, SUSPENDED, who
 from trayapp.jobs.record import JobRecord, records
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.vocab import JobState as S
@@ -22,14 +22,7 @@ NAME_WIDTH = 24  # a longer name is cut in the table
 _WITH_REASON = vocab.ENDED - {S.FINISHED.value} | vocab.PARKED
 
 
-# Who acted on a job (the record's paused_by, parked_by, stopped_by), as a user reads it.
-_WHO = {BY_USER: "you", BY_GUARD: "the guard", BY_ENGINE: "the engine"}
 _PAUSE_MODES = {COOPERATIVE: "at a batch end", SUSPENDED: "(its processes suspended)"}
-
-
-def who(by: Optional[str]) -> str:
-    """``"user"`` -> ``"you"``, ``"guard"`` -> ``"the guard"``; another word as it is."""
-    return _WHO.get(by or "", by or "")
 
 
 def _by(job: JobRecord) -> Tuple[Optional[str], Optional[str]]:

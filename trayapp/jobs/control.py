@@ -21,6 +21,7 @@ from trayapp.jobs.job import (
     now,
     resumable_stop,
     smaller_accumulation,
+    who,
 )
 from trayapp.jobs.ladder import Stage, Step
 from trayapp.jobs.record import JobRecord
@@ -123,7 +124,7 @@ class JobControl(Launching):
         self._save(job)
         why = f": {reason}" if reason else ""
         events.append((E.JOB_RESUMED, "info",
-                       f"job {job.id} ({job.rec.name}) resumed by {by}{why}", job.id,
+                       f"job {job.id} ({job.rec.name}) resumed by {who(by)}{why}", job.id,
                        {"by": by, "reason": reason}))
 
     def _resume_stopped(self, saved: JobRecord, by: str, reason: str) -> Dict[str, Any]:

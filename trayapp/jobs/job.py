@@ -34,6 +34,13 @@ SUSPENDED = "suspended"  # every process of the tree got SIGSTOP
 BY_USER = "user"
 BY_GUARD = "guard"
 BY_ENGINE = "engine"
+# Who acted on a job (the record's paused_by, parked_by, stopped_by), as a user reads it.
+_WHO = {BY_USER: "you", BY_GUARD: "the guard", BY_ENGINE: "the engine"}
+
+
+def who(by: Optional[str]) -> str:
+    """``"user"`` -> ``"you"``, ``"guard"`` -> ``"the guard"``; another word as it is."""
+    return _WHO.get(by or "", by or "")
 
 Emit = Callable[..., Any]
 # An event to emit once the lock is released: (kind, level, message, job id, data).

@@ -18,7 +18,7 @@ from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.config import Paths
 from trayapp.jobs import messages, trees
-from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now
+from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now, who
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
@@ -169,7 +169,7 @@ class JobTable:
             how = "suspended" if mode == SUSPENDED else "paused at a batch end"
             why = f": {reason}" if reason else ""
             events.append((E.JOB_PAUSED, "info" if by == BY_USER else "warn",
-                           f"job {job.id} ({job.rec.name}) {how} by {by}{why}{note}",
+                           f"job {job.id} ({job.rec.name}) {how} by {who(by)}{why}{note}",
                            job.id, {"by": by, "reason": reason, "pause_mode": mode}))
 
 
