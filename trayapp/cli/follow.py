@@ -91,6 +91,9 @@ class Follower:
         self.events: queue.Queue[Dict[str, Any]] = queue.Queue()
         self.output_seen = False
         self._stop_events = threading.Event()
+        # Set by an event of this job: the loop reads the job at once (its end, say) instead of
+        # at its next turn.
+        self._woken = threading.Event()
         self._said = threading.Lock()  # the action thread says things too
         self.engine_options: Dict[str, Any] = {}  # how to start an engine if it goes away
 
@@ -129,7 +132,10 @@ class Follower:
                     while not self._stop_events.is_set():
                         msg = sub.get(0.5)
                         if msg and msg.get("push") == "event":
-                            self.events.put(msg.get("data") or {})
+                            data = msg.get("data") or {}
+                            self.events.put(data)
+                            if data.get("job_id") == self.job_id:
+                                self._woken.set()
             except EngineUnavailable:
                 self._stop_events.wait(1.0)
             except Exception:  # never let the side thread end the command
@@ -154,7 +160,9 @@ class Follower:
             try:
                 drained = self._read_log()
                 now = time.monotonic()
-                if now - last_get >= JOB_GET_SECONDS or not self.job.is_live:
+                woken = self._woken.is_set()
+                self._woken.clear()
+                if woken or now - last_get >= JOB_GET_SECONDS or not self.job.is_live:
                     self.job = JobRecord.from_json(self.client.job_get(self.job_id))
                     last_get = now
                 busy_said = False
@@ -181,7 +189,7 @@ class Follower:
                     continue
                 return self._finish()
             self._show_progress()
-            time.sleep(POLL_SECONDS)
+            self._woken.wait(POLL_SECONDS)
 
     def _reconnect(self) -> bool:
         """The engine went away: start one (it adopts the job); False when none comes."""

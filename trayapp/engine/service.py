@@ -207,7 +207,8 @@ class Engine:
     def _attach_jobs(self) -> None:
         assert self.store is not None
         self.jobs = JobManager(self.paths, self.store, emit=self.emit_event,
-                               gpus=lambda: self._gpus, config=lambda: self.config)
+                               gpus=lambda: self._gpus, config=lambda: self.config,
+                               wake=self.wake)
         if hide_stored(self.store, self.paths.jobs_dir):  # saved by an older Headroom
             log.info("environment values of older jobs moved out of the database")
         self.handlers.update(self.jobs.handlers())

@@ -68,9 +68,10 @@ class JobManager(JobControl):
     def __init__(self, paths: Paths, store: Any, *, emit: Emit,
                  gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
                  config: Callable[[], Any] = lambda: configmod.Config(),
-                 runner_dir: Optional[Path] = None, subreaper: bool = True):
+                 runner_dir: Optional[Path] = None, subreaper: bool = True,
+                 wake: Callable[[], None] = lambda: None):
         super().__init__(paths, store, emit=emit, gpus=gpus, config=config,
-                         runner_dir=runner_dir)
+                         runner_dir=runner_dir, wake=wake)
         self.subreaper = trees.become_subreaper() if subreaper else False
         # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
         self._log_keeper = LogKeeper(self._running_logs)

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set
@@ -177,6 +178,7 @@ class Launching(RunnerLink):
             raise ValueError(one_line(e)) from None
         popen = spawn(plan, log_path, process, append=append)
         job.popen = popen
+        watch_exit(popen.pid, self._wake)
         if not WINDOWS:
             self._orphans.groups.add(popen.pid)
         try:
@@ -243,6 +245,24 @@ class Launching(RunnerLink):
 
 
 # -- the process ---------------------------------------------------------------------------------
+
+
+def watch_exit(pid: int, then: Callable[[], None]) -> None:
+    """Call ``then`` as soon as process ``pid`` (a child) has ended, without reaping it (the
+    manager's poll does that): the engine sees a job end at once, not at its next tick, and
+    ``headroom run`` returns that much sooner. Linux (``os.waitid``); elsewhere the tick."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:  # pragma: no cover - not on Linux
+        return
+
+    def wait() -> None:
+        try:
+            waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except OSError:  # reaped already, or not our child
+            return
+        then()
+
+    threading.Thread(target=wait, name=f"job-exit-{pid}", daemon=True).start()
 
 
 def spawn(plan: LaunchPlan, log_path: Path, process: JobProcess, *,

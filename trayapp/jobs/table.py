@@ -43,13 +43,14 @@ class JobTable:
     def __init__(self, paths: Paths, store: Any, *, emit: Emit,
                  gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
                  config: Callable[[], Any] = lambda: configmod.Config(),
-                 runner_dir: Optional[Path] = None):
+                 runner_dir: Optional[Path] = None, wake: Callable[[], None] = lambda: None):
         self.paths = paths
         self.store = store
         self._emit = emit
         self._gpus = gpus
         self._config = config
         self.runner_dir = runner_dir  # None: the plan's default (also right in a frozen build)
+        self._wake = wake  # the engine's next tick now (a job's process has ended)
         self._lock = threading.RLock()
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._ended: OrderedDict[str, JobRecord] = OrderedDict()
