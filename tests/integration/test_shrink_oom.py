@@ -246,3 +246,16 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     assert shrink_events[0]["kind"] == "job_shrunk"  # its own kind: the tray notifies it
     listing = run_cli("jobs", "--all")
     assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout
+
+
+def test_a_pydataset_is_said_not_to_shrink_when_fit_starts(tmp_path: Path, engine: TestEngine,
+                                                           jobs: List[Job]) -> None:
+    spec = JobSpec(script=str(SCRIPTS / "pydataset_fit.py"), python=sys.executable)
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 0, job.output
+    assert "trained 4" in job.output
+    said = [n for n in notes(engine) if "PyDataset" in n]
+    assert said == ["a Batches (PyDataset) makes its own batches: it cannot shrink; an "
+                    "out-of-memory error ends the job"], engine.seen[-8:]
+    progress = [m for m in engine.seen if m["type"] == protocol.PROGRESS]
+    assert progress and progress[-1]["shrinkable"] is False
