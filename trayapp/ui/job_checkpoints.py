@@ -114,6 +114,12 @@ class CheckpointPane(QWidget):
                 self.tree.setCurrentItem(last)
         self._update_buttons()
 
+    def set_job(self, job: Optional[JobRecord]) -> None:
+        """The job as it is now (what its buttons allow follows its state)."""
+        if job is not None and self.job is not None and job.id == self.job.id:
+            self.job = job
+            self._update_buttons()
+
     def selected(self) -> Optional[str]:
         item = self.tree.currentItem()
         return item.text(0) if item is not None else None

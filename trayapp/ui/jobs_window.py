@@ -429,6 +429,7 @@ class JobsWindow(QWidget):
             return
         self.header_label.setText(self._header(job))
         fill_options(self.options_tree, job)
+        self.checkpoint_pane.set_job(job)
 
     def _header(self, job: JobRecord) -> str:
         parts = [f"{job.name} ({job.id}) — {state_text(job)}"]
