@@ -73,7 +73,8 @@ def test_curves_and_the_checkpoint_manager(qtbot, paths, start_engine,  # type: 
     window.detail_tabs.setCurrentIndex(TRAINING_TAB)
     qtbot.waitUntil(lambda: "loss" in window.curves_chart.curves, timeout=20000)
     xs, ys = window.curves_chart.curves["loss"].getData()
-    assert len(xs) >= 2 and 0.0 < min(xs) and max(xs) <= 3.0  # 2 fits of 3 epochs each
+    assert len(xs) >= 2 and 0.0 < min(xs) and max(xs) <= 6.0  # 2 fits of 3 epochs each
+    assert [line.value() for line in window.curves_chart.fit_lines] == [3.0]  # fit 2 began
     assert window.curves_chart.note.text().startswith("Last: loss ")
     assert window.memory_chart.isVisibleTo(window)  # beside it
 
@@ -115,3 +116,12 @@ def test_curves_and_the_checkpoint_manager(qtbot, paths, start_engine,  # type: 
     qtbot.mouseClick(pane.buttons["delete"], Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: pane.names() == ["fit-1"], timeout=20000)
     assert not (ckpt / "fit-2").exists()
+
+
+def test_a_parked_state_says_who_once() -> None:
+    from trayapp.jobs.record import JobRecord
+    from trayapp.ui.job_rows import state_text
+    parked = JobRecord.from_json({"id": "a", "state": S.PARKED, "end_reason": "parked by user"})
+    assert state_text(parked) == "parked by user"
+    failed = JobRecord.from_json({"id": "b", "state": S.FAILED, "end_reason": "exit status 3"})
+    assert state_text(failed) == "failed (exit status 3)"

@@ -27,7 +27,19 @@ def test_batch_points_and_epoch_ends_are_kept_apart() -> None:
     assert got["names"] == ["loss", "val_loss"]
     assert got["batches"] == [{"x": 0.5, "t": 1.0, "m": {"loss": 0.9}}]
     assert got["epochs"] == [{"x": 1.0, "t": 2.5, "m": {"loss": 0.7, "val_loss": 0.75}}]
-    assert c.get("nobody") == {"names": [], "batches": [], "epochs": []}
+    assert c.get("nobody") == {"names": [], "batches": [], "epochs": [], "fits": []}
+
+
+def test_a_later_fit_goes_on_from_where_the_one_before_ended() -> None:
+    c = Curves()
+    for epoch in (1, 2, 3):
+        c.add("a", 1.0, epoch=epoch, step=4, steps=4, metrics={"loss": 1.0}, fit=1)
+    c.add("a", 2.0, epoch=1, step=2, steps=4, metrics={"loss": 0.5}, fit=2)
+    c.add("a", 3.0, epoch=1, step=4, steps=4, metrics={"loss": 0.4}, fit=2)
+    got = c.get("a")
+    assert [p["x"] for p in got["epochs"]] == [1.0, 2.0, 3.0, 4.0]
+    assert got["batches"] == [{"x": 3.5, "t": 2.0, "m": {"loss": 0.5}}]
+    assert got["fits"] == [{"fit": 1, "x": 0.0}, {"fit": 2, "x": 3.0}]
 
 
 def test_a_long_run_is_thinned_over_its_whole_span() -> None:

@@ -2,7 +2,9 @@
 a batch or an epoch end), kept per job in the engine's memory, bounded, for the jobs window.
 
 A point is where training stood (the epoch as a fraction: 2.5 is halfway through the third
-epoch) and the metrics then. A long run keeps its whole span: when a job has ``MAX_POINTS``
+epoch) and the metrics then. A script's later ``fit()`` calls go on from where the one before
+ended: a second fit of 10 epochs after one of 6 runs from 6 to 16 (``fits`` says where each
+began). A long run keeps its whole span: when a job has ``MAX_POINTS``
 points, every other one is dropped (the curve keeps its shape at half the detail), and the
 points at an epoch's end (which carry the ``val_`` metrics) are kept before the others. The
 curves of ended jobs stay until ``MAX_JOBS`` newer jobs have curves, or the engine exits.
@@ -37,6 +39,17 @@ class _JobCurves:
         self.batches: List[Dict[str, Any]] = []
         self.epochs: List[Dict[str, Any]] = []
         self.names: List[str] = []
+        self.fits: List[Dict[str, Any]] = []  # {"fit": n, "x": where it began}
+        self.offset = 0.0  # where the current fit began
+        self.end = 0.0  # the furthest point of the current fit
+
+    def start_fit(self, fit: Optional[int]) -> None:
+        if fit is None or (self.fits and self.fits[-1]["fit"] == fit):
+            return
+        if self.fits:
+            self.offset = self.end
+        if len(self.fits) < MAX_POINTS:
+            self.fits.append({"fit": fit, "x": self.offset})
 
     def add(self, x: float, t: float, metrics: Mapping[str, Any], epoch_end: bool) -> None:
         values: Dict[str, float] = {}
@@ -49,6 +62,8 @@ class _JobCurves:
                 values[name] = float(value)
         if not values:
             return
+        x += self.offset
+        self.end = max(self.end, x)
         point = {"x": x, "t": t, "m": values}
         into = self.epochs if epoch_end else self.batches
         if into and into[-1]["x"] == x:
@@ -60,7 +75,7 @@ class _JobCurves:
 
     def to_json(self) -> Dict[str, Any]:
         return {"names": list(self.names), "batches": [dict(p) for p in self.batches],
-                "epochs": [dict(p) for p in self.epochs]}
+                "epochs": [dict(p) for p in self.epochs], "fits": [dict(f) for f in self.fits]}
 
 
 class Curves:
@@ -71,9 +86,10 @@ class Curves:
         self._jobs: OrderedDict[str, _JobCurves] = OrderedDict()
 
     def add(self, job_id: str, t: float, *, epoch: Optional[int], step: Optional[int],
-            steps: Optional[int], metrics: Mapping[str, Any]) -> None:
-        """Keep one progress report (already parsed: finite numbers): at ``step == steps`` it
-        is the epoch's end. Reports without an epoch or without metrics are not kept."""
+            steps: Optional[int], metrics: Mapping[str, Any], fit: Optional[int] = None) -> None:
+        """Keep one progress report (already parsed: finite numbers) of ``fit()`` call ``fit``
+        (from 1): at ``step == steps`` it is the epoch's end. Reports without an epoch or
+        without metrics are not kept."""
         x = position(epoch, step, steps)
         if x is None or not metrics:
             return
@@ -84,13 +100,15 @@ class Curves:
                 curves = self._jobs[job_id] = _JobCurves()
                 while len(self._jobs) > MAX_JOBS:
                     self._jobs.popitem(last=False)
+            curves.start_fit(fit)
             curves.add(x, t, metrics, epoch_end)
 
     def get(self, job_id: str) -> Dict[str, Any]:
-        """``{"names": [...], "batches": [{"x", "t", "m": {name: value}}], "epochs": [...]}``:
-        ``x`` is the epoch position (``position``), ``t`` the time; empty lists when the job
-        sent no metrics (or the engine started after it)."""
+        """``{"names": [...], "batches": [{"x", "t", "m": {name: value}}], "epochs": [...],
+        "fits": [{"fit", "x"}]}``: ``x`` is the epoch position (``position``, after the fits
+        before), ``t`` the time; empty lists when the job sent no metrics (or the engine started
+        after it)."""
         with self._lock:
             curves = self._jobs.get(job_id)
             return curves.to_json() if curves is not None else \
-                {"names": [], "batches": [], "epochs": []}
+                {"names": [], "batches": [], "epochs": [], "fits": []}

@@ -159,7 +159,7 @@ class RunnerLink(JobTable):
         if "logs" in msg.given:
             changes["metrics"] = dict(msg.logs)
             self.curves.add(job.id, time.time(), epoch=msg.epoch, step=msg.step,
-                            steps=msg.steps, metrics=changes["metrics"])
+                            steps=msg.steps, metrics=changes["metrics"], fit=msg.fit)
         if "tf_memory" in msg.given:
             changes["tf_memory"] = None if msg.tf_memory is None else \
                 tuple(m.to_json() for m in msg.tf_memory)

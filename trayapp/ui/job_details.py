@@ -231,7 +231,8 @@ class MemoryChart(QWidget):
         plot.setLabel("left", "MiB")
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMenuEnabled(False)
-        plot.addLegend(offset=(-8, 4), labelTextSize="8pt")  # top right
+        plot.addLegend(offset=(-8, 4), labelTextSize="8pt",  # top right
+                       brush=pg.mkBrush(255, 255, 255, 200))
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         for ax in ("left", "bottom"):
@@ -331,11 +332,13 @@ class CurvesChart(QWidget):
         plot.setLabel("bottom", "epoch")
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMenuEnabled(False)
-        self.legend = plot.addLegend(offset=(-8, 4), labelTextSize="8pt")
+        self.legend = plot.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2,
+                                     brush=pg.mkBrush(255, 255, 255, 200))
         for ax in ("left", "bottom"):
             plot.getAxis(ax).setPen(pg.mkPen("#888888"))
             plot.getAxis(ax).setTextPen(pg.mkPen("#333333"))
         self.curves: Dict[str, Any] = {}  # "loss" (batches) and "loss@epoch" -> its item
+        self.fit_lines: List[Any] = []  # where each later fit() call began
         self.note = QLabel()
         self.note.setStyleSheet(NOTE_STYLE)
         self.note.setWordWrap(True)
@@ -348,8 +351,25 @@ class CurvesChart(QWidget):
         for item in self.curves.values():
             plot.removeItem(item)
         self.curves = {}
+        self._mark_fits([])
         self.legend.clear()
         self.note.setText("")
+
+    def _mark_fits(self, fits: List[Dict[str, Any]]) -> None:
+        plot = self.chart.getPlotItem()
+        for line in self.fit_lines:
+            plot.removeItem(line)
+        self.fit_lines = []
+        for fit in fits[1:]:
+            x = fit.get("x")
+            if not isinstance(x, (int, float)):
+                continue
+            line = pg.InfiniteLine(pos=float(x), angle=90, movable=False,
+                                   pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DotLine),
+                                   label=f"fit {fit.get('fit')}",
+                                   labelOpts={"position": 0.05, "color": "#555555"})
+            plot.addItem(line, ignoreBounds=True)
+            self.fit_lines.append(line)
 
     def _colour(self, name: str, names: List[str]) -> str:
         bases: List[str] = []
@@ -358,7 +378,8 @@ class CurvesChart(QWidget):
                 bases.append(_base_metric(n))
         return CURVE_COLOURS[bases.index(_base_metric(name)) % len(CURVE_COLOURS)]
 
-    def _item(self, key: str, name: str, names: List[str], epochs: bool) -> Any:
+    def _item(self, key: str, name: str, names: List[str], epochs: bool,
+              named: bool = True) -> Any:
         item = self.curves.get(key)
         if item is None:
             colour = self._colour(name, names)
@@ -367,7 +388,8 @@ class CurvesChart(QWidget):
             if epochs:
                 item = plot.plot([], [], pen=pg.mkPen(colour, width=2, style=style),
                                  symbol="o", symbolSize=6, symbolBrush=colour,
-                                 symbolPen=colour, antialias=True, name=f"{name} (epoch end)")
+                                 symbolPen=colour, antialias=True,
+                                 name=name if named else None)  # in the legend once
             else:
                 item = plot.plot([], [], pen=pg.mkPen(colour, width=1, style=style),
                                  antialias=False, name=name)
@@ -378,11 +400,14 @@ class CurvesChart(QWidget):
         """Draw the engine's curves of a job (``job_get`` with curves)."""
         batches, epochs = curve_data(curves)
         names = [str(n) for n in (curves or {}).get("names") or []]
+        fits = [f for f in (curves or {}).get("fits") or [] if isinstance(f, dict)]
+        self._mark_fits(fits)
         for name in names:
             if name in batches:
                 self._item(name, name, names, False).setData(*batches[name])
             if name in epochs:
-                self._item(name + "@epoch", name, names, True).setData(*epochs[name])
+                self._item(name + "@epoch", name, names, True,
+                           named=name not in batches).setData(*epochs[name])
         if not batches and not epochs:
             self.note.setText("No loss or metrics from this job: they come from Keras's fit() "
                               "while the engine runs" + (" (the job reports no fit() progress)"

@@ -79,6 +79,8 @@ def state_text(job: JobRecord) -> str:
         text = f"{state} by {job.paused_by}"
         return text + (f": {job.pause_reason}" if job.pause_reason else "")
     if state in FINISHED_STATES | vocab.PARKED and job.end_reason and job.end_reason != state:
+        if job.end_reason.startswith(f"{state} "):
+            return job.end_reason  # "parked by user", not "parked (parked by user)"
         return f"{state} ({job.end_reason})"
     return state
 
