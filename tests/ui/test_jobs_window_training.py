@@ -42,6 +42,9 @@ def test_park_is_disabled_with_its_reason_and_a_refusal_goes(qtbot, paths,  # ty
     assert window.select_job(ticker["id"])
     qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == S.RUNNING,
                     timeout=20000)
+    # The table shows more than a few jobs at the window's first size.
+    rows = window.table.viewport().height() // window.table.verticalHeader().defaultSectionSize()
+    assert rows >= 6, rows
     park = window.buttons["park"]
     assert not park.isEnabled()
     assert park.toolTip().startswith("Park needs a checkpoint folder, and this job has none")
@@ -125,3 +128,17 @@ def test_a_parked_state_says_who_once() -> None:
     assert state_text(parked) == "parked by user"
     failed = JobRecord.from_json({"id": "b", "state": S.FAILED, "end_reason": "exit status 3"})
     assert state_text(failed) == "failed (exit status 3)"
+
+
+def test_a_long_reason_is_whole_in_its_tooltip(qtbot) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt as QtNs
+
+    from trayapp.jobs.record import JobRecord
+    from trayapp.ui.jobs_table import JobsModel
+    reason = ("RAM below 8% for 30 s while this job grew 1.2 GiB in a minute; it resumes when "
+              "20% is free again")
+    model = JobsModel()
+    model.update_jobs([JobRecord.from_json({"id": "a", "state": S.PAUSED, "paused_by": "guard",
+                                            "pause_reason": reason})], complete=True)
+    tip = model.data(model.index(0, 1), QtNs.ItemDataRole.ToolTipRole)
+    assert tip == f"paused by guard: {reason}"

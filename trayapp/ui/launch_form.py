@@ -45,16 +45,15 @@ from trayapp.ui.forms import (
 
 AUTO_PYTHON = "__auto__"
 # Rows without a line of their own say their problems in this row's line.
-PROBLEM_ROW = {"checkpoint_every": "checkpoint", "resume": "checkpoint", "fresh": "checkpoint",
+PROBLEM_ROW = {"args": "script", "name": "cwd",
+               "checkpoint_every": "checkpoint", "resume": "checkpoint", "fresh": "checkpoint",
                "auto_resume": "vram_budget"}
 
 # One line on what each field is or really does, shown under it (a problem replaces it).
 EXPLAIN = {
     "script": "The .py file to train; drop one on this window.",
-    "args": "Given to the script as they are, after its path.",
     "cwd": "Where the script runs (its folder when empty).",
-    "name": "How the job is listed (the script's name when empty).",
-    "python": "The interpreter the script runs in: it needs TensorFlow.",
+    "python": "The interpreter the script runs in; it needs TensorFlow.",
     "preset": "A starting point that fills the options below.",
     "gpu": "The GPUs TensorFlow may see (CUDA_VISIBLE_DEVICES).",
     "growth": "Take GPU memory as needed, not nearly all of it at start.",
@@ -74,31 +73,25 @@ EXPLAIN = {
 
 def combo(items: Sequence[Tuple[str, Any]], name: str) -> QComboBox:
     box = QComboBox()
+    # A long choice does not widen its column (the form's two columns share the width).
+    box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+    box.setMinimumContentsLength(16)
     for text, data in items:
         box.addItem(text, data)
     box.setAccessibleName(name)
     return box
 
 
-class RowProblem(QLabel):
-    """A row's problem, in the place of its explanation (which hides while it shows): one line,
-    cut with "…" to the width there is, the whole text in its tooltip and in ``text()``. So a
-    problem that comes or goes moves no field of the form."""
+class OneLine(QLabel):
+    """One line of text, cut with "…" to the width there is (the whole of it: ``text()``)."""
 
-    def __init__(self, hint: Optional[QLabel], parent: Optional[QWidget] = None):
-        super().__init__(parent)
-        self.hint = hint
-        self.setStyleSheet(ERROR_STYLE)
+    def __init__(self, text: str = "", style: str = NOTE_STYLE,
+                 parent: Optional[QWidget] = None):
+        super().__init__(text, parent)
+        self.setStyleSheet(style)
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.setFixedHeight(self.fontMetrics().lineSpacing() + 2)
-        super().setVisible(False)
-
-    def setVisible(self, visible: bool) -> None:  # noqa: N802 - Qt's name
-        super().setVisible(visible)
-        if self.hint is not None:
-            self.hint.setVisible(not visible)
-        self.setToolTip(self.text() if visible else "")
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
         painter = QPainter(self)
@@ -109,12 +102,26 @@ class RowProblem(QLabel):
                                           | Qt.AlignmentFlag.AlignVCenter), text)
 
 
+class RowProblem(OneLine):
+    """A row's problem, in the place of its explanation (which hides while it shows): one line,
+    the whole text in its tooltip and in ``text()``. So a problem that comes or goes moves no
+    field of the form."""
+
+    def __init__(self, hint: Optional[QLabel], parent: Optional[QWidget] = None):
+        super().__init__("", ERROR_STYLE, parent)
+        self.hint = hint
+        super().setVisible(False)
+
+    def setVisible(self, visible: bool) -> None:  # noqa: N802 - Qt's name
+        super().setVisible(visible)
+        if self.hint is not None:
+            self.hint.setVisible(not visible)
+        self.setToolTip(self.text() if visible else "")
+
+
 def one_line_note(text: str) -> QLabel:
     """A row's explanation: one line, as tall as a problem in its place."""
-    note = QLabel(text)
-    note.setStyleSheet(NOTE_STYLE)
-    note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
-    note.setFixedHeight(note.fontMetrics().lineSpacing() + 2)
+    note = OneLine(text)
     note.setToolTip(text)
     return note
 
@@ -137,8 +144,9 @@ class LaunchForm(QDialog):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(1)
         line = QHBoxLayout()
-        # A field marked in red (a style sheet) keeps its height: the rows under it stay.
-        widget.setMinimumHeight(widget.sizeHint().height())
+        if isinstance(widget, (QComboBox, QLineEdit, QSpinBox)):
+            # Marked in red (a style sheet), it keeps its height: the rows under it stay.
+            widget.setMinimumHeight(widget.sizeHint().height())
         line.addWidget(widget, 1)
         if extra is not None:
             line.addWidget(extra)
@@ -187,9 +195,9 @@ class LaunchForm(QDialog):
         left.addWidget(self._script_box(recent))
         left.addWidget(self._interpreter_box())
         left.addWidget(self._gpu_box())
-        left.addWidget(self._env_box())
         right.addWidget(self._memory_box())
         right.addWidget(self._guard_box())
+        right.addWidget(self._env_box())
         right.addStretch(1)
         left.addWidget(self._checkpoint_box())
         left.addStretch(1)
@@ -257,7 +265,8 @@ class LaunchForm(QDialog):
         self.python_info.setAccessibleName("What the interpreter has")
         self.python_info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         line = self.python_info.fontMetrics().lineSpacing()
-        self.python_info.setFixedHeight(2 * line + 4)
+        self.python_info.setWordWrap(False)  # one line; the whole of it: its tooltip
+        self.python_info.setFixedHeight(line + 4)
         self.python_info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         form.addRow("Has", self.python_info)
         self.doctor_label = message_label(WARNING_STYLE, "Interpreter problems")
@@ -266,7 +275,7 @@ class LaunchForm(QDialog):
         # The probe's progress, then what the doctor says, in room kept for them: the rows
         # under them stay where they are when a probe ends (the whole text: the tooltip).
         status = QWidget()
-        status.setFixedHeight(4 * line + 8)
+        status.setFixedHeight(3 * line + 6)
         column = QVBoxLayout(status)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(2)
@@ -444,7 +453,7 @@ class LaunchForm(QDialog):
             self.min_batch_spin, self.fit_batch_box, self.plan_button, self.launch_button,
             self.cancel_button])
         self.script_combo.setFocus()
-        self.resize(1040, 720)
+        self.resize(1060, 780)
 
     # -- what the form says ----------------------------------------------------------------
 

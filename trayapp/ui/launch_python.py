@@ -166,6 +166,7 @@ class InterpreterChoice:
             self.info.setText(f"{path}: probing…" if path in self.probing else path)
         else:
             self.info.setText(interp.summary())
+        self.info.setToolTip(self.info.text())
         self.refresh_doctor()
         if not self._filling:
             self._on_change()
@@ -224,6 +225,5 @@ def cpu_tensorflow(interp: Optional[Interpreter]) -> bool:
 
 def gpu_warning(interp: Interpreter) -> str:
     what = "is a CPU build" if interp.is_cuda_build is False else "sees no GPU"
-    return (f"⚠ This interpreter's TensorFlow {what}: the job trains on the CPU, and the GPU "
-            "options (the GPU, memory growth, the GPU memory cap, the allocator) do nothing "
-            "with it. Choose an interpreter with a CUDA build of TensorFlow to use the GPUs.")
+    return (f"⚠ This TensorFlow {what}: the job trains on the CPU and the GPU options below "
+            "do nothing (a CUDA build uses the GPUs).")
