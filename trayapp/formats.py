@@ -114,3 +114,15 @@ def batch(size: Optional[int], micro: Optional[int], accumulation: Optional[int]
 def loss(value: Optional[float]) -> str:
     """A loss with four significant digits (``"0.1234"``); "" when there is none."""
     return "" if value is None else f"{value:.4g}"
+
+
+def checkpoint_at(epoch: Optional[int], step: Optional[int]) -> str:
+    """Where a checkpoint stands, numbered as Keras prints the epochs (from 1). ``epoch`` is
+    the runner's: the epoch training starts from, counted from 0 (the epochs done), and
+    ``step`` the batches of it done: (14, 67) is "epoch 15, batch 67", (15, 0) "end of epoch
+    15", (0, 0) "before epoch 1"; "" when the epoch is not known."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        return ""
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        return f"epoch {epoch + 1}, batch {step}"
+    return f"end of epoch {epoch}" if epoch else "before epoch 1"

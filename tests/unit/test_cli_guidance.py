@@ -96,14 +96,14 @@ def test_a_run_on_a_checkpoint_says_where_it_stands(tmp_path: Path) -> None:
     _checkpoint(mid, 21, 2, False)  # stopped at step 3 of "Epoch 22/30"
     _checkpoint(done, 26, 0, False)  # stopped at the end of "Epoch 26/30"
     _checkpoint(ended, 30, 0, True)  # fit() ran to its end
-    assert checkpoint_position(str(mid)) == (" (in epoch 22, after step 2)", False)
-    assert checkpoint_position(str(done)) == (" (after epoch 26)", False)
-    assert checkpoint_position(str(ended)) == (" (after epoch 30)", True)
-    with pytest.raises(SpecError, match=r"holds a checkpoint \(in epoch 22, after step 2\); "
+    assert checkpoint_position(str(mid)) == (" (epoch 22, batch 2)", False)
+    assert checkpoint_position(str(done)) == (" (end of epoch 26)", False)
+    assert checkpoint_position(str(ended)) == (" (end of epoch 30)", True)
+    with pytest.raises(SpecError, match=r"holds a checkpoint \(epoch 22, batch 2\); "
                                         "continue from it with --resume, or start over"):
         validate(JobSpec(script=str(script), checkpoint_dir=str(mid)))
     # A finished run's checkpoint: --resume would train nothing, so --fresh comes first.
-    with pytest.raises(SpecError, match=r"holds the checkpoint of a run that finished \(after "
+    with pytest.raises(SpecError, match=r"holds the checkpoint of a run that finished \(end of "
                                         r"epoch 30\); start over with --fresh .* or give "
                                         r"--resume to run only the script's code after fit\(\)"):
         validate(JobSpec(script=str(script), checkpoint_dir=str(ended)))

@@ -266,8 +266,9 @@ class EngineClient:
     def jobs(self, all: bool = False) -> List[Dict[str, Any]]:
         return self.request("jobs", all=all)
 
-    def job_get(self, job: str) -> Dict[str, Any]:
-        return self.request("job_get", job=job)
+    def job_get(self, job: str, curves: bool = False) -> Dict[str, Any]:
+        """The job's dict; with ``curves`` its loss and metric curves too (``"curves"``)."""
+        return self.request("job_get", job=job, curves=True if curves else None)
 
     def job_start(self, spec: Dict[str, Any],
                   environ: Optional[Dict[str, str]] = None,
@@ -285,6 +286,14 @@ class EngineClient:
     def job_log(self, job: str, offset: Optional[int] = None,
                 max_bytes: Optional[int] = None) -> Dict[str, Any]:
         return self.request("job_log", job=job, offset=offset, max_bytes=max_bytes)
+
+    def job_checkpoints(self, job: str) -> Dict[str, Any]:
+        """The job's checkpoints (``engine.checkpoints.list_checkpoints``)."""
+        return self.request("job_checkpoints", job=job)
+
+    def job_checkpoint_delete(self, job: str, checkpoint: str) -> Dict[str, Any]:
+        """Delete one of the job's checkpoints (its ``fit-<n>`` name or path)."""
+        return self.request("job_checkpoint_delete", job=job, checkpoint=checkpoint)
 
     def pause_all(self) -> List[Dict[str, Any]]:
         return self.request("jobs_pause_all")

@@ -45,7 +45,7 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
     "guard_mode": {"mode": ((str,), True)},
     "shutdown": {"force": ((bool,), False)},
     "jobs": {"all": ((bool,), False)},
-    "job_get": {"job": ((str,), True)},
+    "job_get": {"job": ((str,), True), "curves": ((bool,), False)},
     "job_start": {"spec": ((dict,), True), "environ": ((dict, type(None)), False),
                   "env_from": (_OPT_STR, False)},
     "job_action": {"job": ((str,), True), "action": ((str,), True),
@@ -53,6 +53,8 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
     "job_log": {"job": ((str,), True), "offset": ((int, type(None)), False),
                 "max_bytes": ((int, type(None)), False)},
     "jobs_pause_all": {},
+    "job_checkpoints": {"job": ((str,), True)},
+    "job_checkpoint_delete": {"job": ((str,), True), "checkpoint": ((str,), True)},
 }
 
 

@@ -20,7 +20,7 @@ from trayapp import __version__, channel, private
 from trayapp import config as configmod
 from trayapp.channel import ChannelServer, Peer
 from trayapp.config import Config, ConfigConflict, ConfigError, Paths
-from trayapp.engine import protocol
+from trayapp.engine import checkpoints, protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.guarding import ConfigPolicy, GuardService
 from trayapp.engine.history import RecentHistory
@@ -212,6 +212,7 @@ class Engine:
         if hide_stored(self.store, self.paths.jobs_dir):  # saved by an older Headroom
             log.info("environment values of older jobs moved out of the database")
         self.handlers.update(self.jobs.handlers())
+        self.handlers.update(checkpoints.handlers(self.jobs.get))
         self.jobs.adopt()
 
     def _attach_guard(self) -> None:

@@ -10,11 +10,13 @@ import json
 import os
 from typing import Any, Dict, Optional, Tuple
 
+from trayapp import formats
+
 
 def checkpoint_position(folder: str) -> Tuple[str, bool]:
     """Where the last ``fit()`` of a checkpoint folder got to, as words for a message
-    (" (after epoch 26)", " (in epoch 22, after step 2)", or "" when unknown), and whether
-    that training finished."""
+    (" (end of epoch 26)", " (epoch 22, batch 2)", or "" when unknown: ``formats.checkpoint_at``),
+    and whether that training finished."""
     best: Optional[Tuple[int, Dict[str, Any]]] = None
     try:
         names = os.listdir(folder)
@@ -38,9 +40,9 @@ def checkpoint_position(folder: str) -> Tuple[str, bool]:
     finished = extra.get("finished") is True
     if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 10**9:
         return "", finished
-    if isinstance(done, int) and not isinstance(done, bool) and 0 < done < 10**9:
-        return f" (in epoch {epoch + 1}, after step {done})", finished
-    return (f" (after epoch {epoch})" if epoch else ""), finished
+    if not (isinstance(done, int) and not isinstance(done, bool) and 0 < done < 10**9):
+        done = 0
+    return (f" ({formats.checkpoint_at(epoch, done)})" if epoch or done else ""), finished
 
 
 def holds_checkpoint(folder: str) -> bool:

@@ -37,6 +37,7 @@ from trayapp.channel import Peer
 from trayapp.config import Paths
 from trayapp.jobs import ladder, logpages, messages, trees
 from trayapp.jobs.control import JobControl
+from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.logcap import LogKeeper
@@ -73,6 +74,7 @@ class JobManager(JobControl):
         super().__init__(paths, store, emit=emit, gpus=gpus, config=config,
                          runner_dir=runner_dir, wake=wake)
         self.subreaper = trees.become_subreaper() if subreaper else False
+        self.curves = Curves()  # each job's loss and metrics, for the jobs window
         # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
         self._log_keeper = LogKeeper(self._running_logs)
         self._log_keeper.start()
@@ -83,7 +85,7 @@ class JobManager(JobControl):
         """The control-channel ops this manager answers: ``{op: fn(peer, args)}``."""
         return {
             "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
-            "job_get": lambda peer, a: self.get(a["job"]),
+            "job_get": lambda peer, a: self.get(a["job"], curves=bool(a.get("curves"))),
             "job_start": lambda peer, a: self.start(a["spec"], environ=a.get("environ"),
                                                     env_from=a.get("env_from")),
             "job_action": self._op_action,
@@ -111,13 +113,17 @@ class JobManager(JobControl):
         with self._lock:
             return [job.rec for job in self._jobs.values()]
 
-    def get(self, job_ref: str) -> Dict[str, Any]:
-        """The job dict for an id, a unique id prefix or a unique name.
+    def get(self, job_ref: str, curves: bool = False) -> Dict[str, Any]:
+        """The job dict for an id, a unique id prefix or a unique name; with ``curves``, its
+        loss and metric curves under ``"curves"`` (``Curves.get``).
 
         Raises LookupError ("no job named x" / "x matches 2 jobs (...)")."""
         with self._lock:
             job = self._find(job_ref)
-            return (job.rec if isinstance(job, Job) else job).to_json()
+            found = (job.rec if isinstance(job, Job) else job).to_json()
+        if curves:
+            found["curves"] = self.curves.get(found["id"])
+        return found
 
     def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:
         """A job's memory now from its processes ``pids``, each page counted once as of the

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from trayapp.channel import ChannelServer, Peer
 from trayapp.jobs import eta, forecasts, messages
+from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now, smallest_micro_batch
 from trayapp.jobs.ladder import Stage, grace
 from trayapp.jobs.table import JobTable
@@ -39,6 +40,8 @@ MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnect
 
 class RunnerLink(JobTable):
     """The job manager's side of each job's channel."""
+
+    curves: Curves  # each job's loss and metrics (the manager's)
 
     def _open_channel(self, job: Job) -> None:
         address = self.paths.job_address(job.id)
@@ -155,6 +158,8 @@ class RunnerLink(JobTable):
             changes["shrinkable"] = msg.shrinkable is True
         if "logs" in msg.given:
             changes["metrics"] = dict(msg.logs)
+            self.curves.add(job.id, time.time(), epoch=msg.epoch, step=msg.step,
+                            steps=msg.steps, metrics=changes["metrics"], fit=msg.fit)
         if "tf_memory" in msg.given:
             changes["tf_memory"] = None if msg.tf_memory is None else \
                 tuple(m.to_json() for m in msg.tf_memory)

@@ -23,8 +23,10 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 PRESETS: Dict[str, str] = {
     "desktop-safe": (
-        "memory growth, or on a GPU that drives a display 1024 MB of VRAM left free for the "
-        "desktop (growth and a limit cannot be combined); a RAM budget of 75% of total RAM"
+        "memory growth; when one of the job's GPUs drives a display, instead 1024 MB left free "
+        "on each of the job's GPUs and no growth (TensorFlow cannot combine growth with a "
+        "limit on a GPU, and one choice holds for all of a job's GPUs); a RAM budget of 75% of "
+        "RAM"
     ),
     "throughput": (
         "no memory growth, the cuda_malloc_async allocator, mixed_float16 where every GPU has "

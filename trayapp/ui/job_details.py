@@ -37,7 +37,7 @@ from trayapp import series as seriesmod
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, set_message
-from trayapp.ui.job_rows import LEVEL_COLOURS, option_sections, options_key
+from trayapp.ui.job_rows import LEVEL_COLOURS, curve_data, option_sections, options_key
 
 LOG_MAX_LINES = 20000
 CHART_SECONDS = 3600.0  # the chart shows at most the last hour of a job
@@ -231,7 +231,8 @@ class MemoryChart(QWidget):
         plot.setLabel("left", "MiB")
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMenuEnabled(False)
-        plot.addLegend(offset=(-8, 4), labelTextSize="8pt")  # top right
+        plot.addLegend(offset=(-8, 4), labelTextSize="8pt",  # top right
+                       brush=pg.mkBrush(255, 255, 255, 200))
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         for ax in ("left", "bottom"):
@@ -308,3 +309,112 @@ class MemoryChart(QWidget):
                 plot.addItem(line, ignoreBounds=True)
                 self.budget_lines.append(line)
         return notes
+
+
+CURVE_COLOURS = ("#1f5fa8", "#c0392b", "#2e7d32", "#6a3d9a", "#b26a00", "#117a8b", "#555555")
+
+
+def _base_metric(name: str) -> str:
+    return name[4:] if name.startswith("val_") else name
+
+
+class CurvesChart(QWidget):
+    """A job's loss and metrics against the epoch (Keras's numbering: 2.5 is halfway through
+    epoch 3): each metric's batch values as a thin line, its epoch ends as points, a ``val_``
+    metric dashed in its metric's colour."""
+
+    def __init__(self, parent: Optional[QWidget] = None):
+        super().__init__(parent)
+        self.chart = pg.PlotWidget()
+        self.chart.setAccessibleName("Loss and metrics of the job")
+        self.chart.setBackground("w")
+        plot = self.chart.getPlotItem()
+        plot.setLabel("bottom", "epoch")
+        plot.showGrid(x=True, y=True, alpha=0.2)
+        plot.setMenuEnabled(False)
+        self.legend = plot.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2,
+                                     brush=pg.mkBrush(255, 255, 255, 200))
+        for ax in ("left", "bottom"):
+            plot.getAxis(ax).setPen(pg.mkPen("#888888"))
+            plot.getAxis(ax).setTextPen(pg.mkPen("#333333"))
+        self.curves: Dict[str, Any] = {}  # "loss" (batches) and "loss@epoch" -> its item
+        self.fit_lines: List[Any] = []  # where each later fit() call began
+        self.note = QLabel()
+        self.note.setStyleSheet(NOTE_STYLE)
+        self.note.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.chart, 1)
+        layout.addWidget(self.note)
+
+    def clear(self) -> None:
+        plot = self.chart.getPlotItem()
+        for item in self.curves.values():
+            plot.removeItem(item)
+        self.curves = {}
+        self._mark_fits([])
+        self.legend.clear()
+        self.note.setText("")
+
+    def _mark_fits(self, fits: List[Dict[str, Any]]) -> None:
+        plot = self.chart.getPlotItem()
+        for line in self.fit_lines:
+            plot.removeItem(line)
+        self.fit_lines = []
+        for fit in fits[1:]:
+            x = fit.get("x")
+            if not isinstance(x, (int, float)):
+                continue
+            line = pg.InfiniteLine(pos=float(x), angle=90, movable=False,
+                                   pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DotLine),
+                                   label=f"fit {fit.get('fit')}",
+                                   labelOpts={"position": 0.05, "color": "#555555"})
+            plot.addItem(line, ignoreBounds=True)
+            self.fit_lines.append(line)
+
+    def _colour(self, name: str, names: List[str]) -> str:
+        bases: List[str] = []
+        for n in names:
+            if _base_metric(n) not in bases:
+                bases.append(_base_metric(n))
+        return CURVE_COLOURS[bases.index(_base_metric(name)) % len(CURVE_COLOURS)]
+
+    def _item(self, key: str, name: str, names: List[str], epochs: bool,
+              named: bool = True) -> Any:
+        item = self.curves.get(key)
+        if item is None:
+            colour = self._colour(name, names)
+            style = Qt.PenStyle.DashLine if name.startswith("val_") else Qt.PenStyle.SolidLine
+            plot = self.chart.getPlotItem()
+            if epochs:
+                item = plot.plot([], [], pen=pg.mkPen(colour, width=2, style=style),
+                                 symbol="o", symbolSize=6, symbolBrush=colour,
+                                 symbolPen=colour, antialias=True,
+                                 name=name if named else None)  # in the legend once
+            else:
+                item = plot.plot([], [], pen=pg.mkPen(colour, width=1, style=style),
+                                 antialias=False, name=name)
+            self.curves[key] = item
+        return item
+
+    def show_curves(self, curves: Optional[Dict[str, Any]], job: Optional[JobRecord]) -> None:
+        """Draw the engine's curves of a job (``job_get`` with curves)."""
+        batches, epochs = curve_data(curves)
+        names = [str(n) for n in (curves or {}).get("names") or []]
+        fits = [f for f in (curves or {}).get("fits") or [] if isinstance(f, dict)]
+        self._mark_fits(fits)
+        for name in names:
+            if name in batches:
+                self._item(name, name, names, False).setData(*batches[name])
+            if name in epochs:
+                self._item(name + "@epoch", name, names, True,
+                           named=name not in batches).setData(*epochs[name])
+        if not batches and not epochs:
+            self.note.setText("No loss or metrics from this job: they come from Keras's fit() "
+                              "while the engine runs" + (" (the job reports no fit() progress)"
+                                                         if job and job.hello and not job.hooked
+                                                         else "") + ".")
+            return
+        last = {n: v[1][-1] for n, v in {**batches, **epochs}.items() if v[1]}
+        said = " · ".join(f"{n} {formats.loss(last[n])}" for n in names if n in last)
+        self.note.setText(f"Last: {said}" + (" · the points are the epoch ends" if epochs
+                                              else ""))

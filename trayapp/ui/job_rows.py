@@ -79,6 +79,8 @@ def state_text(job: JobRecord) -> str:
         text = f"{state} by {job.paused_by}"
         return text + (f": {job.pause_reason}" if job.pause_reason else "")
     if state in FINISHED_STATES | vocab.PARKED and job.end_reason and job.end_reason != state:
+        if job.end_reason.startswith(f"{state} "):
+            return job.end_reason  # "parked by user", not "parked (parked by user)"
         return f"{state} ({job.end_reason})"
     return state
 
@@ -189,14 +191,10 @@ def process_rows(process: Any) -> Rows:
 
 
 def checkpoint_text(ck: Mapping[str, Any]) -> str:
-    """The last checkpoint in the words of the progress column: ``/ckpt/fit-1 (in epoch 22,
-    after step 2)`` or ``(after epoch 26)``; the runner counts the epochs done, from 0."""
-    path, epoch, step = ck.get("path"), ck.get("epoch"), ck.get("step")
-    if not isinstance(epoch, int) or isinstance(epoch, bool):
-        return str(path)
-    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
-        return f"{path} (in epoch {epoch + 1}, after step {step})"
-    return f"{path} (after epoch {epoch})" if epoch else f"{path} (before the first epoch)"
+    """The last checkpoint with where it stands, as Keras numbers the epochs:
+    ``/ckpt/fit-1 (epoch 22, batch 2)`` or ``(end of epoch 26)`` (``formats.checkpoint_at``)."""
+    where = formats.checkpoint_at(ck.get("epoch"), ck.get("step"))
+    return f"{ck.get('path')} ({where})" if where else str(ck.get("path"))
 
 
 def applied_lines(hello: Optional[Mapping[str, Any]]) -> List[str]:
@@ -267,3 +265,70 @@ def options_key(job: JobRecord) -> str:
 
 def _jsonable(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else str(value)
+
+
+def action_refusal(job: Optional[JobRecord], action: str) -> Optional[str]:
+    """Why the engine would refuse ``action`` on ``job`` although its state allows it (the
+    button's tooltip while it is disabled), or None."""
+    if job is None or action != A.PARK or action not in actions_for(job):
+        return None
+    if not job.checkpoint_dir:
+        return ("Park needs a checkpoint folder, and this job has none: its training progress "
+                "would be lost. Pause or stop it instead; launch it with a checkpoint folder "
+                "to park it.")
+    if job.hello and not job.hooked:
+        return ("Park needs Keras's fit() hooked, and this job does not report from it: "
+                "its training progress would be lost. Pause or stop it instead.")
+    return None
+
+
+CurveData = Dict[str, Tuple[List[float], List[float]]]
+
+
+def curve_data(curves: Optional[Mapping[str, Any]]) -> Tuple[CurveData, CurveData]:
+    """The engine's curves of a job (``jobs.curves.Curves.get``) as (per batch, per epoch
+    end): ``{metric: (epoch positions, values)}``, each in the order the metrics came."""
+    out: Tuple[CurveData, CurveData] = ({}, {})
+    names = [str(n) for n in (curves or {}).get("names") or []]
+    for into, key in zip(out, ("batches", "epochs")):
+        for point in (curves or {}).get(key) or []:
+            x, values = point.get("x"), point.get("m") or {}
+            if not isinstance(x, (int, float)):
+                continue
+            for name in names:
+                value = values.get(name)
+                if isinstance(value, (int, float)):
+                    xs, ys = into.setdefault(name, ([], []))
+                    xs.append(float(x))
+                    ys.append(float(value))
+    return out
+
+
+CHECKPOINT_COLUMNS = ("Checkpoint", "Where", "Size", "Saved")
+
+
+def checkpoint_row(ck: Mapping[str, Any], now: float) -> Tuple[str, str, str, str]:
+    """A checkpoint as the manager's table shows it: ``("fit-1", "epoch 15, batch 67",
+    "1.2 MiB", "14:03:27")``; "finished" is said with where it ended."""
+    where = formats.checkpoint_at(ck.get("epoch"), ck.get("step")) or "not known"
+    if ck.get("finished"):
+        where = f"finished ({where})"
+    if not ck.get("weights"):
+        where += " · no weights file"
+    saved = ck.get("time")
+    when = formats.started(float(saved), now) if isinstance(saved, (int, float)) else "n/a"
+    size = ck.get("size_bytes")
+    return (str(ck.get("name")), where,
+            format_bytes(size) if isinstance(size, (int, float)) else "n/a", when)
+
+
+def later_checkpoints(listing: Mapping[str, Any], name: str) -> List[str]:
+    """The checkpoints of fits after ``name``'s (``fit-3`` and ``fit-4`` after ``fit-2``): a
+    relaunch with --resume would continue from the last of them, so continuing from ``name``
+    deletes them first."""
+    found = [c for c in listing.get("checkpoints") or [] if isinstance(c, Mapping)]
+    fit = next((c.get("fit") for c in found if c.get("name") == name), None)
+    if not isinstance(fit, int):
+        return []
+    return [str(c.get("name")) for c in found
+            if isinstance(c.get("fit"), int) and c["fit"] > fit]

@@ -1,9 +1,11 @@
 """The jobs window: every job in a table (progress, loss, ETA, memory, elapsed) and, for the one
-selected, its live log, the options its runner applied, its events and a RAM/VRAM chart.
+selected, its live log, the options its runner applied, its events, its loss and metric curves
+beside a RAM/VRAM chart, and its checkpoints (open, delete, continue from one).
 
 Everything comes from the engine, off the GUI thread (``CallRunner``): the job list once a
 second while the window shows (and at once from the app's status pushes, ``apply_snapshot``),
-the selected job's log from where the last read ended, its events after the last one seen.
+the selected job's log from where the last read ended, its events after the last one seen, its
+curves, memory and checkpoints while their tab shows.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from trayapp.config import format_bytes
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.options import holds_checkpoint
 from trayapp.jobs.record import JobRecord, records
+from trayapp.ui import job_checkpoints
 from trayapp.ui.forms import (
     ERROR_STYLE,
     NOTE_STYLE,
@@ -44,7 +47,9 @@ from trayapp.ui.forms import (
     set_message,
     window_title,
 )
+from trayapp.ui.job_checkpoints import CheckpointPane, row_message, say
 from trayapp.ui.job_details import (
+    CurvesChart,
     EventList,
     LogPane,
     MemoryChart,
@@ -58,8 +63,10 @@ from trayapp.ui.job_rows import (
     FINISHED_STATES,
     RELAUNCH_CHOICES,
     SHOW_CHOICES,
+    action_refusal,
     actions_for,
     job_folder,
+    later_checkpoints,
     relaunch_spec,
     state_text,
     stop_question,
@@ -69,6 +76,10 @@ from trayapp.ui.worker import CallRunner
 from trayapp.vocab import GuardAct as A
 
 log = logging.getLogger("headroom.ui")
+
+TRAINING_TAB, CHECKPOINTS_TAB = 3, 4  # the curves and memory; the checkpoints
+CURVES_SECONDS = 2.0  # a live job's curves are asked for this often while they show
+CHECKPOINTS_SECONDS = 5.0
 
 
 def _select_data(box: QComboBox, data: Any) -> None:
@@ -123,6 +134,9 @@ class JobsWindow(QWidget):
         self._events_after: Optional[int] = None
         self._events_job: Optional[str] = None
         self._chart_due = 0.0
+        self._curves_due = 0.0
+        self._checkpoints_due = 0.0
+        self._error_state: Optional[str] = None  # the job's state when the error was said
         self._ticks = 0
 
         self.model = JobsModel(parent=self)
@@ -151,12 +165,13 @@ class JobsWindow(QWidget):
         ul.addWidget(self.table, 1)
         ul.addWidget(self.empty_label)
         ul.addLayout(actions)
-        ul.addWidget(self.action_error)
-        split = QSplitter(Qt.Orientation.Vertical)
+        self.split = split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(upper)
         split.addWidget(self.details)
+        split.setChildrenCollapsible(False)
         split.setStretchFactor(0, 2)
         split.setStretchFactor(1, 3)
+        split.setSizes([330, 450])  # the table shows about 8 jobs, the details the rest
         outer.addWidget(split, 1)
         chain_tab_order([self.show_combo, self.filter_edit, self.table]
                         + list(self.buttons.values())
@@ -189,13 +204,19 @@ class JobsWindow(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(
+            self.table.fontMetrics().height() + 10)
+        self.table.setMinimumHeight(6 * (self.table.fontMetrics().height() + 10))
         self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)  # the whole text: its tooltip
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setStretchLastSection(False)
-        for col, width in enumerate((170, 190, 200, 70, 95, 85, 85, 85)):
+        for col, width in enumerate((150, 230, 200, 70, 95, 85, 85, 85)):
             self.table.setColumnWidth(col, width)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)  # a state's reason
         self.table.selectionModel().currentRowChanged.connect(self._current_changed)
         self.empty_label = QLabel("No jobs yet. Launch one from the tray menu "
                                   "(Launch training…) or with 'headroom run'.")
@@ -215,21 +236,24 @@ class JobsWindow(QWidget):
                 ("folder", "Open folder", "Open the job's folder (log, spec, checkpoints)")):
             b = QPushButton(text)
             b.setToolTip(tip)
+            b.setProperty("tip", tip)
             b.setAccessibleName(f"{text} job")
             b.setAccessibleDescription(tip)
             b.setEnabled(False)
             b.clicked.connect(lambda _c=False, n=name: self.act(n))
             actions.addWidget(b)
             self.buttons[name] = b
-        actions.addStretch(1)
-        self.action_error = message_label(ERROR_STYLE, "Job action problem")
+        # Beside the buttons: an engine's refusal said there moves nothing.
+        self.action_error = row_message(ERROR_STYLE, "Job action problem", self.buttons[A.STOP])
+        actions.addWidget(self.action_error, 1)
         return actions
 
     def _build_details(self) -> QWidget:
         box = QWidget()
         layout = QVBoxLayout(box)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.header_label = QLabel("Select a job to see its log, options, events and memory.")
+        self.header_label = QLabel("Select a job to see its log, options, events, curves, "
+                                   "memory and checkpoints.")
         self.header_label.setWordWrap(True)
         self.header_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.header_label.setAccessibleName("Selected job")
@@ -247,10 +271,18 @@ class JobsWindow(QWidget):
         self.detail_tabs.addTab(self.options_tree, "Options")
         self.events_tree = EventList()
         self.detail_tabs.addTab(self.events_tree, "Events")
+        self.curves_chart = CurvesChart()
         self.memory_chart = MemoryChart()
         self.chart, self.rss_curve = self.memory_chart.chart, self.memory_chart.rss_curve
-        self.detail_tabs.addTab(self.memory_chart, "Memory")
-        self.detail_tabs.currentChanged.connect(lambda _i: self._due_chart())
+        training = QSplitter(Qt.Orientation.Horizontal)
+        training.addWidget(self.curves_chart)
+        training.addWidget(self.memory_chart)
+        training.setChildrenCollapsible(False)
+        self.detail_tabs.addTab(training, "Curves and memory")
+        self.checkpoint_pane = CheckpointPane()
+        self.checkpoint_pane.asked.connect(self._checkpoint_asked)
+        self.detail_tabs.addTab(self.checkpoint_pane, "Checkpoints")
+        self.detail_tabs.currentChanged.connect(lambda _i: self._due_tab())
         return box
 
     # -- life -------------------------------------------------------------------------------------
@@ -317,8 +349,13 @@ class JobsWindow(QWidget):
             return
         self._poll_log(job_id)
         self._poll_events(job_id)
-        if time.monotonic() >= self._chart_due and self.detail_tabs.currentIndex() == 3:
+        now, tab = time.monotonic(), self.detail_tabs.currentIndex()
+        if tab == TRAINING_TAB and now >= self._chart_due:
             self._poll_chart(job_id)
+        if tab == TRAINING_TAB and now >= self._curves_due:
+            self._poll_curves(job_id)
+        if tab == CHECKPOINTS_TAB and now >= self._checkpoints_due:
+            self._poll_checkpoints(job_id)
 
     def _got_jobs(self, jobs: List[Dict[str, Any]]) -> None:
         first = not self.loaded
@@ -358,33 +395,41 @@ class JobsWindow(QWidget):
         if new_id == self.selected_id:
             return
         self.selected_id = new_id
-        set_message(self.action_error, None)
+        self._say_error(None)
         self.log_view.clear()
         self.events_tree.clear()
         self._log_offset, self._log_job = None, new_id
         self._events_after, self._events_job = None, new_id
         self.memory_chart.clear()
-        self._chart_due = 0.0
+        self.curves_chart.clear()
+        self.checkpoint_pane.clear()
+        self._chart_due = self._curves_due = self._checkpoints_due = 0.0
         self._selection_changed_data()
         if new_id is not None:
             self._poll_log(new_id)
             self._poll_events(new_id)
-            self._poll_chart(new_id)
+            self._due_tab()
 
     def _selection_changed_data(self) -> None:
         job = self.selected_job()
         allowed = actions_for(job)
         for name in ACTIONS:
-            self.buttons[name].setEnabled(name in allowed)
+            refusal = action_refusal(job, name)
+            button = self.buttons[name]
+            button.setEnabled(name in allowed and refusal is None)
+            button.setToolTip(refusal or str(button.property("tip")))
+        if job is not None and self._error_state is not None and job.state != self._error_state:
+            self._say_error(None)  # said of the job as it was: it has moved on (or ended)
         self.buttons["relaunch"].setEnabled(bool(job and job.spec))
         self.buttons["folder"].setEnabled(bool(job and job_folder(job)))
         if job is None:
-            self.header_label.setText("Select a job to see its log, options, events and "
-                                      "memory.")
+            self.header_label.setText("Select a job to see its log, options, events, curves, "
+                                      "memory and checkpoints.")
             self.options_tree.clear()
             return
         self.header_label.setText(self._header(job))
         fill_options(self.options_tree, job)
+        self.checkpoint_pane.set_job(job)
 
     def _header(self, job: JobRecord) -> str:
         parts = [f"{job.name} ({job.id}) — {state_text(job)}"]
@@ -468,9 +513,14 @@ class JobsWindow(QWidget):
 
     # -- the chart ---------------------------------------------------------------------------------
 
-    def _due_chart(self) -> None:
-        if self.detail_tabs.currentIndex() == 3 and self.selected_id:
-            self._poll_chart(self.selected_id)
+    def _due_tab(self) -> None:
+        """The tab shown is filled now rather than at the next poll."""
+        job_id, tab = self.selected_id, self.detail_tabs.currentIndex()
+        if job_id and tab == TRAINING_TAB:
+            self._poll_chart(job_id)
+            self._poll_curves(job_id)
+        elif job_id and tab == CHECKPOINTS_TAB:
+            self._poll_checkpoints(job_id)
 
     def _poll_chart(self, job_id: str) -> None:
         start, end, names = chart_request(self.model.job(job_id), job_id, time.time())
@@ -482,6 +532,65 @@ class JobsWindow(QWidget):
         if job_id == self.selected_id:
             self.memory_chart.show_history(job_id, result, self.model.job(job_id))
 
+    def _poll_curves(self, job_id: str) -> None:
+        job = self.model.job(job_id)
+        # An ended job's curves do not change: asked again only when it is selected again.
+        self._curves_due = time.monotonic() + (
+            CURVES_SECONDS if job is None or job.state not in FINISHED_STATES else 1e9)
+        self._submit("curves", lambda c: c.job_get(job_id, curves=True),
+                     lambda r: self._got_curves(job_id, r))
+
+    def _got_curves(self, job_id: str, result: Dict[str, Any]) -> None:
+        if job_id == self.selected_id:
+            self.curves_chart.show_curves((result or {}).get("curves"), self.model.job(job_id))
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _poll_checkpoints(self, job_id: str) -> None:
+        self._checkpoints_due = time.monotonic() + CHECKPOINTS_SECONDS
+        self._submit("checkpoints", lambda c: c.job_checkpoints(job_id),
+                     lambda r: self._got_checkpoints(job_id, r),
+                     lambda m: self.checkpoint_pane.show_error(one_line(m)))
+
+    def _got_checkpoints(self, job_id: str, listing: Dict[str, Any]) -> None:
+        if job_id == self.selected_id:
+            self.checkpoint_pane.show_listing(self.model.job(job_id), listing)
+
+    def _checkpoint_asked(self, action: str, name: str) -> None:
+        """The checkpoint manager's buttons: open ``name``'s folder, delete it (asks first),
+        or continue the job from it (asks first)."""
+        job = self.selected_job()
+        listing = self.checkpoint_pane.listing
+        found = next((c for c in listing.get("checkpoints") or [] if c.get("name") == name),
+                     None)
+        if job is None or found is None:
+            return
+        pane = self.checkpoint_pane
+        if action == "open":
+            path = str(found.get("path"))
+            if not QDesktopServices.openUrl(QUrl.fromLocalFile(path)):
+                pane.show_error(f"No file manager opened {path}.")
+            return
+        if action == "delete":
+            if not self.confirm(job_checkpoints.delete_question(job, found)):
+                return
+            job_id = job.id
+            self._runner.submit(lambda c: c.job_checkpoint_delete(job_id, name),
+                                lambda _r: self._poll_checkpoints(job_id),
+                                lambda m: pane.show_error(one_line(m)))
+            return
+        later = later_checkpoints(listing, name)
+        if not self.confirm(job_checkpoints.continue_question(job, found, later)):
+            return
+        self._runner.submit(lambda c: job_checkpoints.continue_from(c, job, later),
+                            self._continued, lambda m: pane.show_error(one_line(m)))
+
+    def _continued(self, job: Dict[str, Any]) -> None:
+        if job.get("id") == self.selected_id:
+            self._acted(job)  # resumed under its own id (a parked or stopped job)
+        else:
+            self._relaunched(job)
+
     # -- actions --------------------------------------------------------------------------------
 
     def act(self, action: str) -> None:
@@ -491,13 +600,13 @@ class JobsWindow(QWidget):
         if job is None:
             return
         job_id = job.id
-        set_message(self.action_error, None)
+        self._say_error(None)
         if action == "folder":
             self.open_folder(job)
             return
         if action == "relaunch":
             if not job.spec:
-                set_message(self.action_error, "This job has no saved spec to launch again.")
+                self._say_error("This job has no saved spec to launch again.")
                 return
             choice = None
             folder = job.spec.get("checkpoint_dir")  # the spec's JSON (JobSpec.to_json)
@@ -534,17 +643,24 @@ class JobsWindow(QWidget):
             self.relaunched.emit(job)
 
     def _action_failed(self, message: str) -> None:
-        set_message(self.action_error, one_line(message))
+        self._say_error(one_line(message))
         self._selection_changed_data()
+
+    def _say_error(self, text: Optional[str]) -> None:
+        """Say (or clear) a problem with the selected job; it goes when the job's state
+        changes (a refusal of a running job's park does not stay once it has ended)."""
+        job = self.selected_job()
+        self._error_state = job.state if text and job is not None else None
+        say(self.action_error, text)
 
     def open_folder(self, job: JobRecord) -> bool:
         """Open the job's folder in the file manager; says so when it is gone."""
         folder = job_folder(job)
         if folder is None or not folder.is_dir():
-            set_message(self.action_error, f"The job's folder {folder} does not exist any more.")
+            self._say_error(f"The job's folder {folder} does not exist any more.")
             return False
         if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
-            set_message(self.action_error, f"No file manager opened {folder}.")
+            self._say_error(f"No file manager opened {folder}.")
             return False
         return True
 

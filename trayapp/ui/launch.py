@@ -38,7 +38,7 @@ from trayapp.ui.launch_plan import (
     mib_text,
     summary_text,
 )
-from trayapp.ui.launch_python import InterpreterChoice
+from trayapp.ui.launch_python import InterpreterChoice, cpu_tensorflow
 from trayapp.ui.worker import CallRunner
 
 log = logging.getLogger("headroom.ui")
@@ -457,7 +457,9 @@ class LaunchDialog(LaunchForm):
         set_message(self.env_warning, "\n".join(f"⚠ {w}" for w in env_lines))
         set_message(self.warnings_label, "\n".join(f"⚠ {w}" for w in other))
         if self.spec is not None:
-            self.summary_label.setText(summary_text(self.spec, self.gpus(), self.ram_total()))
+            self.summary_label.setText(summary_text(
+                self.spec, self.gpus(), self.ram_total(),
+                cpu_tensorflow=cpu_tensorflow(self.python_choice.chosen())))
         elif not self.script():
             self.summary_label.setText("Choose a training script to launch (Browse…, a recent "
                                        "one, or drop a .py file here).")

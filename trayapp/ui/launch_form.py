@@ -9,7 +9,7 @@ import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtGui import QFontDatabase, QPainter, QPaintEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QFrame,
+    QGridLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -42,9 +44,16 @@ from trayapp.ui.forms import (
 )
 
 AUTO_PYTHON = "__auto__"
+# Rows without a line of their own say their problems in this row's line.
+PROBLEM_ROW = {"args": "script", "name": "cwd",
+               "checkpoint_every": "checkpoint", "resume": "checkpoint", "fresh": "checkpoint",
+               "auto_resume": "vram_budget"}
 
-# One line on what each memory option really does, shown under it.
+# One line on what each field is or really does, shown under it (a problem replaces it).
 EXPLAIN = {
+    "script": "The .py file to train; drop one on this window.",
+    "cwd": "Where the script runs (its folder when empty).",
+    "python": "The interpreter the script runs in; it needs TensorFlow.",
     "preset": "A starting point that fills the options below.",
     "gpu": "The GPUs TensorFlow may see (CUDA_VISIBLE_DEVICES).",
     "growth": "Take GPU memory as needed, not nearly all of it at start.",
@@ -64,10 +73,57 @@ EXPLAIN = {
 
 def combo(items: Sequence[Tuple[str, Any]], name: str) -> QComboBox:
     box = QComboBox()
+    # A long choice does not widen its column (the form's two columns share the width).
+    box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+    box.setMinimumContentsLength(16)
     for text, data in items:
         box.addItem(text, data)
     box.setAccessibleName(name)
     return box
+
+
+class OneLine(QLabel):
+    """One line of text, cut with "…" to the width there is (the whole of it: ``text()``)."""
+
+    def __init__(self, text: str = "", style: str = NOTE_STYLE,
+                 parent: Optional[QWidget] = None):
+        super().__init__(text, parent)
+        self.setStyleSheet(style)
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.setFixedHeight(self.fontMetrics().lineSpacing() + 2)
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(self.foregroundRole()))
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight,
+                                             self.width())
+        painter.drawText(self.rect(), int(Qt.AlignmentFlag.AlignLeft
+                                          | Qt.AlignmentFlag.AlignVCenter), text)
+
+
+class RowProblem(OneLine):
+    """A row's problem, in the place of its explanation (which hides while it shows): one line,
+    the whole text in its tooltip and in ``text()``. So a problem that comes or goes moves no
+    field of the form."""
+
+    def __init__(self, hint: Optional[QLabel], parent: Optional[QWidget] = None):
+        super().__init__("", ERROR_STYLE, parent)
+        self.hint = hint
+        super().setVisible(False)
+
+    def setVisible(self, visible: bool) -> None:  # noqa: N802 - Qt's name
+        super().setVisible(visible)
+        if self.hint is not None:
+            self.hint.setVisible(not visible)
+        self.setToolTip(self.text() if visible else "")
+
+
+def one_line_note(text: str) -> QLabel:
+    """A row's explanation: one line, as tall as a problem in its place."""
+    note = OneLine(text)
+    note.setToolTip(text)
+    return note
 
 
 def select(box: QComboBox, data: Any) -> None:
@@ -88,16 +144,27 @@ class LaunchForm(QDialog):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(1)
         line = QHBoxLayout()
+        if isinstance(widget, (QComboBox, QLineEdit, QSpinBox)):
+            # Marked in red (a style sheet), it keeps its height: the rows under it stay.
+            widget.setMinimumHeight(widget.sizeHint().height())
         line.addWidget(widget, 1)
         if extra is not None:
             line.addWidget(extra)
         column.addLayout(line)
-        if explain:
-            note = QLabel(explain)
-            note.setStyleSheet(NOTE_STYLE)
-            column.addWidget(note)
-        error = message_label(accessible_name=f"{label}: problem")
-        column.addWidget(error)
+        explain = explain or EXPLAIN.get(key)
+        if key in PROBLEM_ROW:
+            error = self.row_errors[PROBLEM_ROW[key]]
+        else:
+            # The explanation and the problem share one line (a row without an explanation
+            # keeps an empty one): nothing under the row moves when a problem is said.
+            note = one_line_note(explain or "")
+            error = RowProblem(note)
+            error.setAccessibleName(f"{label or key}: problem")
+            cell = QGridLayout()
+            cell.setContentsMargins(0, 0, 0, 0)
+            cell.addWidget(note, 0, 0)
+            cell.addWidget(error, 0, 0)
+            column.addLayout(cell)
         widget.setAccessibleName(label)
         if explain:
             widget.setAccessibleDescription(explain)
@@ -128,9 +195,9 @@ class LaunchForm(QDialog):
         left.addWidget(self._script_box(recent))
         left.addWidget(self._interpreter_box())
         left.addWidget(self._gpu_box())
-        left.addWidget(self._env_box())
         right.addWidget(self._memory_box())
         right.addWidget(self._guard_box())
+        right.addWidget(self._env_box())
         right.addStretch(1)
         left.addWidget(self._checkpoint_box())
         left.addStretch(1)
@@ -186,20 +253,37 @@ class LaunchForm(QDialog):
         self.probe_bar.setAccessibleName("Probing interpreters")
         self.probe_label = QLabel()
         self.probe_label.setStyleSheet(NOTE_STYLE)
+        # Neither what is probed nor an interpreter's long path may widen the column.
+        self.probe_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         busy.addWidget(self.probe_bar)
         busy.addWidget(self.probe_label, 1)
         self.busy_row = QWidget()
         self.busy_row.setLayout(busy)
         busy.setContentsMargins(0, 0, 0, 0)
-        self.busy_row.hide()
-        form.addRow("", self.busy_row)
         self.python_info = QLabel("Choose a script to find its interpreters.")
         self.python_info.setWordWrap(True)
         self.python_info.setAccessibleName("What the interpreter has")
         self.python_info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        line = self.python_info.fontMetrics().lineSpacing()
+        self.python_info.setWordWrap(False)  # one line; the whole of it: its tooltip
+        self.python_info.setFixedHeight(line + 4)
+        self.python_info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         form.addRow("Has", self.python_info)
         self.doctor_label = message_label(WARNING_STYLE, "Interpreter problems")
-        form.addRow("", self.doctor_label)
+        self.doctor_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.doctor_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
+        # The probe's progress, then what the doctor says, in room kept for them: the rows
+        # under them stay where they are when a probe ends (the whole text: the tooltip).
+        status = QWidget()
+        status.setFixedHeight(3 * line + 6)
+        column = QVBoxLayout(status)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        column.addWidget(self.busy_row)
+        column.addWidget(self.doctor_label, 1)
+        column.addStretch(0)
+        self.busy_row.hide()
+        form.addRow("", status)
         return box
 
     def _gpu_box(self) -> QGroupBox:
@@ -369,7 +453,7 @@ class LaunchForm(QDialog):
             self.min_batch_spin, self.fit_batch_box, self.plan_button, self.launch_button,
             self.cancel_button])
         self.script_combo.setFocus()
-        self.resize(1040, 720)
+        self.resize(1060, 780)
 
     # -- what the form says ----------------------------------------------------------------
 

@@ -170,11 +170,16 @@ def _checkpoint_sentence(spec: JobSpec) -> str:
 
 
 def summary_text(spec: JobSpec, gpus: Sequence[Dict[str, Any]],
-                 ram_total_bytes: Optional[int] = None) -> str:
+                 ram_total_bytes: Optional[int] = None, cpu_tensorflow: bool = False) -> str:
     """What the options mean, in plain words, e.g. "TensorFlow may use at most 6.0 GiB of
-    GPU 0, leaving 2.0 GiB for the desktop; the guard pauses the job above 12.0 GiB of RAM."."""
-    parts = [_gpu_part(spec.options, gpu_views(gpus)), _extras_part(spec.options),
-             _guard_part(spec, ram_total_bytes)]
+    GPU 0, leaving 2.0 GiB for the desktop; the guard pauses the job above 12.0 GiB of RAM.".
+    ``cpu_tensorflow``: the interpreter's TensorFlow cannot use a GPU, so no GPU clause is
+    promised."""
+    gpu = _gpu_part(spec.options, gpu_views(gpus))
+    if cpu_tensorflow and not spec.options.cpu_only:
+        gpu = ("this interpreter's TensorFlow runs on the CPU only, so the GPU options do "
+               "nothing")
+    parts = [gpu, _extras_part(spec.options), _guard_part(spec, ram_total_bytes)]
     first = "; ".join(p for p in parts if p)
     sentences = [first[:1].upper() + first[1:] + ".", _checkpoint_sentence(spec)]
     if spec.auto_resume is False:

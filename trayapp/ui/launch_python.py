@@ -166,6 +166,7 @@ class InterpreterChoice:
             self.info.setText(f"{path}: probing…" if path in self.probing else path)
         else:
             self.info.setText(interp.summary())
+        self.info.setToolTip(self.info.text())
         self.refresh_doctor()
         if not self._filling:
             self._on_change()
@@ -175,8 +176,22 @@ class InterpreterChoice:
         interp = self.interpreters.get(path) if path else None
         if interp is None:
             set_message(self.doctor_label, None)
+            self.doctor_label.setToolTip("")
             return
-        set_message(self.doctor_label, "\n".join(self.doctor_problems(interp)))
+        text = "\n".join(self.doctor_problems(interp) + self.gpu_warnings(interp))
+        set_message(self.doctor_label, text)
+        self.doctor_label.setToolTip(text)  # the whole text, should it need more room
+
+    def gpu_warnings(self, interp: Interpreter) -> List[str]:
+        """A line when this interpreter's TensorFlow cannot use a GPU (a CPU build, or one
+        that sees none) while the engine sees GPUs: the GPU options would do nothing."""
+        return [gpu_warning(interp)] if cpu_tensorflow(interp) and self._status().get("gpus") \
+            else []
+
+    def chosen(self) -> Optional[Interpreter]:
+        """The probe of the chosen interpreter, once it is known."""
+        path = self.path()
+        return self.interpreters.get(path) if path else None
 
     def doctor_problems(self, interp: Interpreter) -> List[str]:
         """Lines about what keeps this interpreter from training on this machine: the doctor's
@@ -198,3 +213,17 @@ class InterpreterChoice:
                 text += f" — {check.fix}"
             lines.append(text)
         return lines
+
+
+def cpu_tensorflow(interp: Optional[Interpreter]) -> bool:
+    """Whether the probe says this interpreter's TensorFlow trains on the CPU only (a CPU
+    build, or a build that sees no GPU); False while not known."""
+    if interp is None or interp.tf_version is None:
+        return False
+    return interp.is_cuda_build is False or interp.gpus_seen == 0
+
+
+def gpu_warning(interp: Interpreter) -> str:
+    what = "is a CPU build" if interp.is_cuda_build is False else "sees no GPU"
+    return (f"⚠ This TensorFlow {what}: the job trains on the CPU and the GPU options below "
+            "do nothing (a CUDA build uses the GPUs).")
