@@ -52,9 +52,9 @@ def test_cells_and_states() -> None:
     job = rec(id="ab12", name="mnist", state=S.PAUSED, paused_by="guard",
               pause_reason="RAM below 8%", metrics={"loss": 0.123456}, eta_seconds=125,
               rss_bytes=3 * 1024**3, vram_bytes=None, started=1000.0)
-    assert state_text(job) == "paused by guard: RAM below 8%"
+    assert state_text(job) == "paused by the guard: RAM below 8%"
     assert [cell_text(job, c, 1065.0) for c in range(8)] == [
-        "mnist", "paused by guard: RAM below 8%", "", "0.1235", "2 min 05 s", "3.0 GiB", "n/a",
+        "mnist", "paused by the guard: RAM below 8%", "", "0.1235", "2 min 05 s", "3.0 GiB", "n/a",
         "1 min 05 s"]
     ended = rec(id="cd34", name="x", state=S.FAILED, end_reason="exit status 3", exit_code=3,
                 started=1000.0, ended=1010.0, rss_bytes=None, eta_seconds=4.0)

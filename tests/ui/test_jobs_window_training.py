@@ -125,7 +125,13 @@ def test_a_parked_state_says_who_once() -> None:
     from trayapp.jobs.record import JobRecord
     from trayapp.ui.job_rows import state_text
     parked = JobRecord.from_json({"id": "a", "state": S.PARKED, "end_reason": "parked by user"})
-    assert state_text(parked) == "parked by user"
+    assert state_text(parked) == "parked by user"  # a record from before parked_by
+    parked = JobRecord.from_json({"id": "a", "state": S.PARKED, "parked_by": "user",
+                                  "end_reason": "parked by user"})
+    assert state_text(parked) == "parked by you"
+    parked = JobRecord.from_json({"id": "a", "state": S.PARKED, "parked_by": "guard",
+                                  "park_reason": "memory low"})
+    assert state_text(parked) == "parked by the guard: memory low"
     failed = JobRecord.from_json({"id": "b", "state": S.FAILED, "end_reason": "exit status 3"})
     assert state_text(failed) == "failed (exit status 3)"
 
@@ -141,4 +147,4 @@ def test_a_long_reason_is_whole_in_its_tooltip(qtbot) -> None:  # type: ignore[n
     model.update_jobs([JobRecord.from_json({"id": "a", "state": S.PAUSED, "paused_by": "guard",
                                             "pause_reason": reason})], complete=True)
     tip = model.data(model.index(0, 1), QtNs.ItemDataRole.ToolTipRole)
-    assert tip == f"paused by guard: {reason}"
+    assert tip == f"paused by the guard: {reason}"

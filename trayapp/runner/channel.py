@@ -54,7 +54,7 @@ class NullChannel:
     def send(self, message):
         pass
 
-    def send_progress(self, message):
+    def send_progress(self, message, now=False):
         pass
 
     def hello_changed(self):
@@ -104,12 +104,18 @@ class Channel:
             self._queue.append(message)
             self._cond.notify_all()
 
-    def send_progress(self, message):
-        """Queue a progress message; only the newest waiting one is sent, at most 4 a second."""
+    def send_progress(self, message, now=False):
+        """Queue a progress message; only the newest waiting one is sent, at most 4 a second.
+        ``now``: sent in any case, in its turn, in place of a waiting one (an epoch's end:
+        its logs hold the validation metrics, which a later batch's would not)."""
         with self._cond:
             if self._stopped:
                 return
-            self._progress = message
+            if now:
+                self._progress = None
+                self._queue.append(message)
+            else:
+                self._progress = message
             self._cond.notify_all()
 
     def hello_changed(self):

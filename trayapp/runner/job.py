@@ -98,8 +98,8 @@ class Session:
     def send(self, message):
         self.channel.send(message)
 
-    def send_progress(self, message):
-        self.channel.send_progress(message)
+    def send_progress(self, message, now=False):
+        self.channel.send_progress(message, now)
 
     def send_state(self, state, **fields):
         self.channel.send(protocol.make(protocol.STATE, state=state, **fields))

@@ -321,7 +321,7 @@ class FitRun:
                     and not self.session.control.parked:
                 self.save(epoch + 1, 0, "epoch", finished=epoch + 1 >= (self.epochs or 0))
         self._last_progress = time.monotonic()
-        self._progress(epoch, self.steps if complete else done, logs)
+        self._progress(epoch, self.steps if complete else done, logs, now=True)
         if self.session.control.pending:
             self.session.control.serve(self)
 
@@ -412,7 +412,7 @@ class FitRun:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _progress(self, epoch, step, logs):
+    def _progress(self, epoch, step, logs, now=False):
         values, bad = _clean_logs(logs)
         if bad and not self._bad_logs_noted:
             self._bad_logs_noted = True
@@ -436,7 +436,8 @@ class FitRun:
                 logs=values,
                 tf_memory=memory,
                 **shrunk,
-            )
+            ),
+            now,
         )
 
     def _start_skip(self):

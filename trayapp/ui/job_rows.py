@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trayapp import formats, vocab
 from trayapp.config import format_bytes
+from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.model import JOB_ACTIONS, format_duration
 from trayapp.vocab import GuardAct as A
@@ -73,11 +74,14 @@ def elapsed_seconds(job: JobRecord, now: float) -> Optional[float]:
 
 
 def state_text(job: JobRecord) -> str:
-    """The state with why: ``"paused by guard: RAM low"``, ``"failed (exit status 1)"``."""
+    """The state with why: ``"paused by the guard: RAM low"``, ``"parked by you"``,
+    ``"failed (exit status 1)"``."""
     state = job.state
-    if state in PAUSE_STATES and job.paused_by:
-        text = f"{state} by {job.paused_by}"
-        return text + (f": {job.pause_reason}" if job.pause_reason else "")
+    by, why = (job.paused_by, job.pause_reason) if state in PAUSE_STATES else \
+        (job.parked_by, job.park_reason) if state in vocab.PARKED else \
+        (job.stopped_by, job.stop_reason) if state == vocab.JobState.STOPPED else (None, None)
+    if by:
+        return f"{state} by {who(by)}" + (f": {why}" if why else "")
     if state in FINISHED_STATES | vocab.PARKED and job.end_reason and job.end_reason != state:
         if job.end_reason.startswith(f"{state} "):
             return job.end_reason  # "parked by user", not "parked (parked by user)"
