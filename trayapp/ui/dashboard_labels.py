@@ -3,7 +3,7 @@ first one inside the plot that no label placed before it covers; a label with no
 hidden (its line stays, and the readout names it).
 
 Labels of horizontal lines (the guard's thresholds, the limit) sit on their line, from the
-right edge leftwards, above it and then below it; labels of vertical lines (the jobs' events) in
+left edge rightwards, above it and then below it; labels of vertical lines (the jobs' events) in
 rows from the top, right of their line and then left of it.
 """
 
@@ -18,7 +18,9 @@ from PySide6.QtCore import QPointF
 Rect = Tuple[float, float, float, float]  # x, y, width, height in pixels, y downwards
 GAP = 3.0
 EVENT_ROWS = 4
-ALONG = (1.0, 0.75, 0.5, 0.25, 0.0)  # where on a horizontal line, from the right
+# Where on a horizontal line, from the left: the newest data, at the right edge while the view
+# follows live, stays uncovered as long as there is room elsewhere.
+ALONG = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def overlaps(a: Rect, b: Rect) -> bool:
