@@ -6,6 +6,10 @@ Names: ``mem.total``, ``mem.available``, ``mem.used``, ``swap.total``, ``swap.us
 into the guard's jobs and the rest, ``gpu<i>.job.<id>`` and ``gpu<i>.other``; per job
 ``job.<id>.rss`` and ``job.<id>.vram``.
 
+By process name, outside the guard's jobs (``process_values``): ``ram.proc.<name>`` (the top
+few names' RSS, from ``probes.consumers``) and ``gpu<i>.proc.<name>`` (a GPU's processes, part
+of ``gpu<i>.other``). The engine keeps these in memory only (the last hour), not in the store.
+
 Stdlib only, no Qt. The engine passes its readings (``MemoryReading``, ``GpuReading`` and
 their ``GpuProcess``), the dashboard the status's JSON of them: the fields have the same names
 in both, so ``sample_values`` reads either. Jobs likewise: the manager's job dicts, the status's,
@@ -17,6 +21,8 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 OTHER = "other"  # the VRAM layer of everything that is not one of the guard's jobs
+PROC = "proc."  # the layer of a process name: ``ram.proc.<name>``, ``gpu<i>.proc.<name>``
+RAM_PROC = "ram." + PROC
 
 # Series name -> the memory reading's field.
 MEMORY_SERIES: Tuple[Tuple[str, str], ...] = (
@@ -51,6 +57,16 @@ def job_layer(job_id: str) -> str:
 def layer_job(layer: str) -> Optional[str]:
     """The job id of a VRAM layer name, or None for ``"other"``."""
     return layer[len("job."):] if layer.startswith("job.") else None
+
+
+def proc_name(layer: str) -> Optional[str]:
+    """The process name of a layer (``proc.Xorg`` -> ``Xorg``), or None for another layer."""
+    return layer[len(PROC):] if layer.startswith(PROC) else None
+
+
+def memory_only(name: str) -> bool:
+    """Whether a series is one the engine keeps in memory only (a per-name series)."""
+    return name.startswith(RAM_PROC) or (name.startswith("gpu") and "." + PROC in name)
 
 
 def job_series(job_id: str, what: str) -> str:
@@ -112,3 +128,31 @@ def sample_values(memory: Any, gpus: Iterable[Any], jobs: Iterable[Any]
         for layer, used in vram_layers(g, owners).items():
             values[gpu_series(index, layer)] = used
     return values
+
+
+def process_values(gpus: Iterable[Any], jobs: Iterable[Any], consumers: Iterable[Any] = ()
+                   ) -> Dict[str, float]:
+    """The per-name series of one sample (the module docstring): ``consumers`` are the RAM
+    consumers (``probes.consumers.Consumer`` or their JSON), the GPUs' processes outside the
+    guard's jobs summed by name. A GPU process whose memory the driver does not tell (WDDM)
+    has no series."""
+    values: Dict[str, float] = {}
+    for c in consumers:
+        name, rss = _field(c, "name"), _field(c, "rss_bytes")
+        if name and rss is not None:
+            values[RAM_PROC + str(name)] = float(rss)
+    owners = pid_owners(jobs)
+    for g in gpus:
+        index = int(_field(g, "index") or 0)
+        for proc in _field(g, "processes") or ():
+            pid, used = _field(proc, "pid"), _field(proc, "used_memory_bytes")
+            if used is None or (isinstance(pid, int) and pid in owners):
+                continue
+            key = gpu_series(index, PROC + str(_field(proc, "name") or pid))
+            values[key] = values.get(key, 0.0) + float(used)
+    return values
+
+
+def per_process_unknown(gpu: Any) -> bool:
+    """Whether the GPU lists processes whose memory its driver does not tell (Windows WDDM)."""
+    return any(_field(p, "used_memory_bytes") is None for p in _field(gpu, "processes") or ())

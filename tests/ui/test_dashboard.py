@@ -48,31 +48,33 @@ def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None
     status = app.status
     assert status is not None and status["engine"]["demo"] is True
     assert "simulated GPUs" in d.windowTitle() and d.sim_label.isVisible()
-    # Two simulated GPUs: one VRAM plot each, stacked with "other processes" at least.
+    # Two simulated GPUs: one VRAM plot each, stacked by process (the desktop's on GPU 0).
     gpus = sorted(g["index"] for g in status["gpus"])
     assert sorted(d.vram_plots) == gpus
     for i in gpus:
-        other = d._stack_items[i]["other"]
-        x, y = other.getData()
+        top = d._stacks[i].layers[-1].item
+        x, y = top.getData()
         assert len(x) >= 1 and np.nanmax(y) > 0
-    # RAM curves carry the engine's numbers (GiB), on the clock-time axis.
-    used = d._curves[0].item
+    qtbot.waitUntil(lambda: "Xorg" in [la.label for la in d._stacks[0].layers], timeout=10000)
+    # RAM stacked by process, on the clock-time axis: the top of the stack is the RAM used.
+    used = d._stacks["ram"].layers[-2].item
     x, y = used.getData()
     assert len(x) >= 3 and abs(x[-1] - time.time()) < 60
     total = status["memory"]["total_bytes"]
     assert 0 < y[-1] <= total / GIB
-    # The limit and the guard's thresholds (from the engine's settings) as lines.
+    # The limit and the guard's thresholds (from the engine's settings) as lines, where the
+    # stack of what is used reaches them when available memory falls that low.
     qtbot.waitUntil(lambda: d.threshold_lines["warn"].isVisible(), timeout=10000)
     assert d.limit_line.value() == pytest.approx(total / GIB)
-    assert d.threshold_lines["warn"].value() == pytest.approx(0.15 * total / GIB, rel=1e-6)
-    assert d.threshold_lines["park"].value() == pytest.approx(0.05 * total / GIB, rel=1e-6)
+    assert d.threshold_lines["warn"].value() == pytest.approx(0.85 * total / GIB, rel=1e-6)
+    assert d.threshold_lines["park"].value() == pytest.approx(0.95 * total / GIB, rel=1e-6)
     # Downsampling and clipping are on for every plot.
     for plot in d._plot_order:
         assert plot.ctrl.downsampleCheck.isChecked() and plot.ctrl.clipToViewCheck.isChecked()
         assert plot.ctrl.peakRadio.isChecked()
     # Hovering reads the values at that time.
     text = d.show_values_at(float(x[-1]))
-    assert "RAM used" in text and "GPU0 other" in text
+    assert "RAM " in text and "available" in text and "GPU 0 " in text and "Xorg" in text
     # A longer range is filled from the history again, then follows live data.
     loads = d.history_loads
     d.set_range(3600)
@@ -105,7 +107,7 @@ def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> No
         # The job's first event may come before a status names the job: its marker is named
         # as soon as one does (by the event's job id).
         qtbot.waitUntil(lambda: "ticker started" in [
-            items[0][1].label.format for items in d._markers.values()], timeout=15000)
+            d.marker_text(key) for key in d._markers], timeout=15000)
         qtbot.waitUntil(lambda: job_id in d.jobs_strip.rows,
                         timeout=15000)
         # A warning threshold above what is free now: the guard warns at once.
@@ -114,14 +116,14 @@ def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> No
         qtbot.waitUntil(lambda: bool(d.spans) and d.spans[-1][2] == "warn", timeout=15000)
         assert app.tray is not None and app.tray.icon_state.state == "warn"
         assert d.threshold_lines["warn"].value() == pytest.approx(
-            0.99 * app.status["memory"]["total_bytes"] / GIB, rel=1e-6)
+            0.01 * app.status["memory"]["total_bytes"] / GIB, rel=1e-6)
         c.config_set("guard.warn_available", "15%")
         qtbot.waitUntil(lambda: d.banner_level == "", timeout=30000)
         start, end, level = d.spans[-1]
         assert end > start
         c.job_action(job_id, "stop")
         qtbot.waitUntil(lambda: "ticker stopped" in [
-            items[0][1].label.format for items in d._markers.values()], timeout=20000)
+            d.marker_text(key) for key in d._markers], timeout=20000)
         qtbot.waitUntil(lambda: job_id not in d.jobs_strip.rows, timeout=15000)
 
 
@@ -146,8 +148,8 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     # One marker line per plot, labelled on the top plot only.
     lines = d._markers[1]
     assert len(lines) == len(d._plot_order)
-    assert lines[0][1].label.format == "mnist started"  # the job's name from the status
-    assert not any(hasattr(line, "label") for _plot, line in lines[1:])
+    assert d.marker_text(1) == "mnist started"  # the job's name from the status
+    assert [k for k in d.ram_labels.labels if k[0] == "event"] == [("event", 1), ("event", 4)]
     # An open warning span follows the live data until the guard says ok.
     d.add_event(event(7, "guard_warn", t0 + 8, "again", "warn"))
     d.apply_snapshot(make_status(L.WARN, t=t0 + 12, jobs=[job()]))
@@ -155,24 +157,25 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     d.apply_snapshot(make_status(L.OK, t=t0 + 13, jobs=[job()]))
     assert d.spans[-1] == (t0 + 8, t0 + 13, "warn")
     text = d.show_values_at(t0 + 5.2)
-    assert text.startswith(time.strftime("%H:%M:%S", time.localtime(t0 + 5)))
-    assert "RAM used 4.0 GiB" in text and "GPU0 mnist 4.00 GiB" in text
+    assert text.startswith("at " + time.strftime("%H:%M:%S", time.localtime(t0 + 5)))
+    assert "mnist (job) 3.00 GiB (19%)" in text and "available 12.00 GiB" in text
+    assert "GPU 0 mnist (job) 4.00 GiB (33%) · Xorg 1.00 GiB (8%) · other 1.00 GiB" in text
     # A message with braces cannot break a marker label (they are format strings).
     d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}", job_id=None))
-    assert d._markers[8][0][1].label.toPlainText() == "KeyError: {'x'}"
+    assert d.marker_text(8) == "KeyError: {'x'}"
     # A job the status no longer lists is named by the event's job id, from the jobs the
     # history load names (not from the words of the message); one never named shows its id.
     assert d.load_history({"range": d.range_seconds, "history": {"series": {}}, "events": [],
                            "jobs": {"3fa2": "resnet"}})
     d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (other words) finished",
                       job_id="3fa2"))
-    assert d._markers[9][0][1].label.format == "resnet finished"
+    assert d.marker_text(9) == "resnet finished"
     d.add_event(event(10, "job_finished", t0 + 9, "job 4b5c (gan) finished", job_id="4b5c"))
-    assert d._markers[10][0][1].label.format == "4b5c finished"
+    assert d.marker_text(10) == "4b5c finished"
     # A job seen in a status once keeps its name after it has gone from the status.
     d.apply_snapshot(make_status(L.OK, t=t0 + 14, jobs=[]))
     d.add_event(event(11, "job_stopped", t0 + 14, "stopped", job_id="j1"))
-    assert d._markers[11][0][1].label.format == "mnist stopped"
+    assert d.marker_text(11) == "mnist stopped"
 
 
 def test_the_jobs_strip_shows_progress_loss_and_eta(qtbot, tmp_path: Path) -> None:

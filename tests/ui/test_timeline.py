@@ -86,7 +86,8 @@ class RecordingClient:
 
 def test_history_is_fetched_in_pieces_below_the_message_limit() -> None:
     names, prefixes = series_for([0, 1])
-    assert "gpu1.util" in names and prefixes == ["gpu0.job.", "gpu1.job."]
+    assert "gpu1.util" in names and prefixes == ["job.", "ram.proc.", "gpu0.job.", "gpu0.proc.",
+                                                 "gpu1.job.", "gpu1.proc."]
     client = RecordingClient("minute")
     week = 7 * 86400.0
     out = fetch_history(client, 1000.0, 1000.0 + week, [0])
@@ -98,4 +99,6 @@ def test_history_is_fetched_in_pieces_below_the_message_limit() -> None:
     # Chunk edges do not double a row.
     ts = out["series"]["mem.used"]["t"]
     assert ts == sorted(set(ts)) and ts[0] == 1000.0 and ts[-1] <= 1000.0 + week
-    assert "gpu0.job.j1" in out["series"]
+    assert "gpu0.job.j1" in out["series"] and "job.j1" in out["series"]
+    # The series by process name live in the engine's memory only: not asked for a week.
+    assert not any(p and ".proc." in p[0] for _s, _e, _n, p in client.calls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 
 def select_series(names: Sequence[str], series: Optional[Sequence[str]],
@@ -85,3 +85,27 @@ class RecentHistory:
         with self._lock:
             cols = self._series.get(name)
             return cols[1][-1] if cols and len(cols[1]) else None
+
+
+class ConsumerScan:
+    """The RAM consumers by name (``probes.consumers.ram_by_name``), read again at most once
+    per ``interval`` seconds: one pass over the process list costs about a millisecond per
+    hundred processes, too much for every sample."""
+
+    def __init__(self, scan: Callable[..., List[Any]], interval: float = 5.0, limit: int = 4,
+                 min_bytes: int = 32 << 20):
+        self._scan = scan
+        self.interval = interval
+        self.limit = limit
+        self.min_bytes = min_bytes
+        self.latest: List[Any] = []
+        self._at: Optional[float] = None
+
+    def update(self, t: float, skip: Collection[int]) -> List[Any]:
+        """The consumers as of ``t``, leaving out ``skip`` (the jobs' pids): a new scan when the
+        last one is ``interval`` old (or the clock went back), else the last one's."""
+        if self._at is None or not 0 <= t - self._at < self.interval:
+            self._at = t
+            self.latest = list(self._scan(skip=skip, limit=self.limit,
+                                          min_bytes=self.min_bytes))
+        return self.latest

@@ -23,16 +23,18 @@ from trayapp.config import Config, ConfigConflict, ConfigError, Paths
 from trayapp.engine import checkpoints, protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.guarding import ConfigPolicy, GuardService
-from trayapp.engine.history import RecentHistory
+from trayapp.engine.history import ConsumerScan, RecentHistory
 from trayapp.engine.parts import Parts
 from trayapp.engine.store import Store
 from trayapp.jobs.envfile import hide_stored
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
+from trayapp.probes.consumers import ram_by_name
 from trayapp.probes.gpu import GpuBackend, make_backend
 from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
 from trayapp.probes.processes import ProcessSampler
 from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.series import memory_only, pid_owners, process_values
 from trayapp.series import sample_values as series_values
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
@@ -160,6 +162,7 @@ class Engine:
         self.started = clock()
         self.latest: Optional[Snapshot] = None
         self.recent = RecentHistory()
+        self.consumers = ConsumerScan(ram_by_name)  # RAM by process name, for the dashboard
         self.lock = EngineLock(paths.lock_file)
         self.server: Optional[ChannelServer] = None
         self.store: Optional[Store] = None
@@ -355,7 +358,10 @@ class Engine:
     def _record_sample(self, snap: Snapshot) -> None:
         jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
         values = sample_values(snap, jobs)
-        self.recent.add(snap.time, values)
+        # Per-name series stay in memory: names come and go, the store keeps what lasts.
+        named = process_values(snap.gpus, jobs,
+                               self.consumers.update(snap.time, pid_owners(jobs).keys()))
+        self.recent.add(snap.time, {**values, **named})
         self._history_store().add_sample(snap.time, values)
 
     def _flush_store(self) -> None:
@@ -445,6 +451,7 @@ class Engine:
             {"state": GuardLevel.OK, "mode": self.config["guard.mode"], "reasons": [],
              "seconds_to_exhaustion": None},
             "jobs": self.jobs.list(include_finished=False) if self.jobs is not None else [],
+            "consumers": [c.to_json() for c in self.consumers.latest],
             "engine": {
                 "running": True,
                 "pid": os.getpid(),
@@ -490,7 +497,12 @@ class Engine:
                 raise ValueError("history: series and prefix must be lists of names")
         if self.recent.covers(start):
             return self.recent.query(start, end, series, prefix)
-        return self._history_store().history(start, end, series=series, prefix=prefix)
+        answer = self._history_store().history(start, end, series=series, prefix=prefix)
+        if answer.get("resolution") == "raw":
+            # The per-name series since the engine started, which only memory has.
+            recent = self.recent.query(start, end, series, prefix)["series"]
+            answer["series"].update({n: c for n, c in recent.items() if memory_only(n)})
+        return answer
 
     def _op_events(self, peer: Peer, args: Dict[str, Any]) -> List[Dict[str, Any]]:
         limit = args.get("limit") or 500

@@ -7,6 +7,7 @@ It never asks the engine itself: the app feeds it status dicts (``apply_snapshot
 
 from __future__ import annotations
 
+import html
 import math
 import time
 from collections import deque
@@ -21,7 +22,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLayout,
     QPushButton,
-    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -139,9 +139,8 @@ class Dashboard(DashboardPlots):
         outer.addLayout(bar)
 
         self.readout = QLabel(HOVER_HINT)
-        self.readout.setStyleSheet("color:#333;font-family:monospace;")
+        self.readout.setStyleSheet("color:#333;")
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.readout.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         outer.addWidget(self.readout)
 
         self.plots = pg.GraphicsLayoutWidget()
@@ -174,6 +173,7 @@ class Dashboard(DashboardPlots):
         gpus = sorted(int(g.get("index") or 0) for g in status.get("gpus") or [])
         self._ensure_gpus(gpus)
         self._note_gpus(status)
+        self._note_gpus_memory(status.get("gpus") or [])
         m = status.get("memory") or {}
         self._set_totals(m.get("total_bytes"), m.get("limit_source"), status)
         guard = status.get("guard") or {}
@@ -219,13 +219,14 @@ class Dashboard(DashboardPlots):
         if ram:
             self._set_y(self.ram_plot, ram / GIB)
             self.limit_line.setValue(ram / GIB)
-            self.limit_line.label.setFormat(escape(
-                f"limit {format_bytes(ram)}" + (" (cgroup)" if source == "cgroup" else "")))
+            self.ram_labels.set("limit", f"limit {format_bytes(ram)}" +
+                                (" (cgroup)" if source == "cgroup" else ""), "#333333",
+                                horizontal=True, value=ram / GIB, priority=0)
             self.limit_line.show()
             self._place_thresholds()
         for i, plot in self.vram_plots.items():
             g_total = totals.get(f"gpu{i}")
-            line = self._stack_items[i]["__total__"]
+            line = self._totals_lines[i]
             if g_total:
                 self._set_y(plot, g_total / GIB)
                 line.setValue(g_total / GIB)
@@ -249,14 +250,23 @@ class Dashboard(DashboardPlots):
 
     def _place_thresholds(self) -> None:
         ram = self._totals.get("ram")
-        for name, line in self.threshold_lines.items():
+        for n, (name, line) in enumerate(self.threshold_lines.items(), start=1):
             th = self.thresholds.get(name)
             if th is None or not ram:
                 line.hide()
+                self.ram_labels.remove(("threshold", name))
                 continue
-            line.setValue(th.bytes_of(int(ram)) / GIB)
-            line.label.setFormat(escape(f"{name}: available < {th}"))
+            # On the stack of what is used: the line it reaches when available memory falls
+            # to the threshold (what is used and what is available make up the limit).
+            value = (ram - th.bytes_of(int(ram))) / GIB
+            line.setValue(value)
+            # The guard resumes once available memory is back above its line.
+            sign = ">" if name == "resume" else "<"
+            self.ram_labels.set(("threshold", name), f"{name}: available {sign} {th}",
+                                THRESHOLD_COLOURS[name], horizontal=True, value=value,
+                                priority=n)
             line.show()
+        self.ram_labels.relayout()
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         self.reachable = reachable
@@ -271,6 +281,18 @@ class Dashboard(DashboardPlots):
         self.banner.setText(text)
         self.banner.setStyleSheet(BANNER_STYLES.get(level, ""))
         self.banner.setVisible(bool(level))
+        self._fit_words()
+
+    def _fit_words(self, resized: bool = False) -> None:
+        """The banner keeps room for all its lines at the window's width, whatever the
+        platform's layout makes of a wrapped label's height; the readout likewise."""
+        if self.banner.isVisible():
+            self.banner.setMinimumHeight(self.banner.heightForWidth(max(1, self.banner.width())))
+        self.readout_view.fit(resized)
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit_words(resized=True)
 
     # -- history ---------------------------------------------------------------------------
 
@@ -347,8 +369,9 @@ class Dashboard(DashboardPlots):
         width = min(float(self.range_seconds), 600.0)
         self._set_following(False)
         self.ram_plot.setXRange(float(t) - width * 0.6, float(t) + width * 0.4, padding=0)
-        when = formats.clock(float(t))
-        self.readout.setText(f"{when}  {event.get('message') or event.get('kind')}")
+        message = str(event.get("message") or event.get("kind"))
+        if not self.show_values_at(float(t), note=message):
+            self.readout.setText(f"{formats.clock(float(t))}  {html.escape(message)}")
 
     # -- window state ----------------------------------------------------------------------
 

@@ -16,31 +16,35 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
 from trayapp import formats, series
 from trayapp.ui import data as datamod
+from trayapp.ui.dashboard_labels import LabelLayer
 from trayapp.ui.dashboard_parts import (
     FOLLOW_STEP,
-    GIB,
     LAYER_COLOURS,
     MARKER_COLOURS,
     MAX_MARKERS,
     MAX_SPANS,
-    OTHER_COLOUR,
     SPAN_COLOURS,
     SPAN_LEVELS,
     THRESHOLD_COLOURS,
     Curve,
     column,
-    escape,
     marker_label,
     ratio,
 )
+from trayapp.ui.dashboard_readout import Readout
+from trayapp.ui.dashboard_stack import Stack, gpu_stack, ram_stack
 from trayapp.ui.timeline import Table
 from trayapp.vocab import GuardLevel as L
+
+# Drawing order: the stacked areas (z 1 up to their number of layers), the guard's spans as a
+# tint over them, then the lines, then the labels (dashboard_labels).
+SPANS_Z = 20
+LINES_Z = 45
 
 
 class DashboardPlots(QWidget):
@@ -54,6 +58,8 @@ class DashboardPlots(QWidget):
     following: bool
     plots: Any  # pg.GraphicsLayoutWidget
     readout: QLabel
+    _totals: Dict[str, float]
+    _gpus: List[int]
     follow_button: QPushButton
 
     def _build_plots(self) -> None:
@@ -63,50 +69,45 @@ class DashboardPlots(QWidget):
         self._markers: Dict[Any, List[Any]] = {}
         self._spans: List[Dict[str, Any]] = []
         self._open_span: Optional[Dict[str, Any]] = None
-        self._layers: Dict[int, List[str]] = {}
-        self._stack_items: Dict[int, Dict[str, Any]] = {}
+        self._stacks: Dict[Any, Stack] = {}  # "ram" or a GPU's index
+        self._totals_lines: Dict[int, Any] = {}
         self._curves: List[Curve] = []
         self._titles: Dict[int, Tuple[str, List[Tuple[str, str]]]] = {}
+        self._notes: Dict[int, str] = {}  # a plot's note after its legend
         self._grid: Dict[int, List[Any]] = {}
-        self.ram_plot = self._plot("RAM", "GiB")
+        self.hover_t: Optional[float] = None  # the time pointed at; None: now
+        self.ram_plot = self._plot("RAM by process", "GiB")
         self.swap_plot = self._plot("Swap and memory pressure", "%")
         self.gpu_plot = self._plot("GPU utilisation and temperature", "% · °C")
         self.vram_plots: Dict[int, Any] = {}
         self._plot_order: List[Any] = []
         self._layout_plots()
-        self._curve(self.ram_plot, "RAM used", "#4c78a8", "GiB",
-                    lambda tb: tb.column("mem.used") / GIB)
-        self._curve(self.ram_plot, "available", "#2e9d46", "GiB",
-                    lambda tb: tb.column("mem.available") / GIB)
+        self.ram_labels = LabelLayer(self.ram_plot)
+        self._stacks["ram"] = ram_stack(self.ram_plot)
         self._curve(self.swap_plot, "swap used", "#9467bd", "%",
                     lambda tb: ratio(tb.column("swap.used"), tb.column("swap.total"), 100.0))
         self._curve(self.swap_plot, "PSI some", "#f2a900", "%", lambda tb: tb.column("psi.some"))
         self._curve(self.swap_plot, "PSI full", "#d7263d", "%", lambda tb: tb.column("psi.full"))
         self._set_y(self.swap_plot, 100.0, 1.02)
         self._set_y(self.gpu_plot, 100.0, 1.05)
-        self.limit_line = pg.InfiniteLine(angle=0, movable=False,
-                                          pen=pg.mkPen("#333333", width=1,
-                                                       style=Qt.PenStyle.DashLine),
-                                          label="limit", labelOpts={"position": 0.45,
-                                                                    "color": "#333333",
-                                                                    "anchors": [(0, 0), (0, 0)]})
+        self.limit_line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(
+            "#333333", width=1, style=Qt.PenStyle.DashLine))
+        self.limit_line.setZValue(LINES_Z)
         self.limit_line.hide()
         self.ram_plot.addItem(self.limit_line, ignoreBounds=True)
         self.threshold_lines: Dict[str, Any] = {}
-        for n, (name, colour) in enumerate(THRESHOLD_COLOURS.items()):
-            # Labels side by side along the line: the thresholds lie close together.
+        for name, colour in THRESHOLD_COLOURS.items():
             line = pg.InfiniteLine(angle=0, movable=False,
-                                   pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DotLine),
-                                   label=name, labelOpts={"position": 0.02 + 0.1 * n,
-                                                          "color": colour,
-                                                          "fill": pg.mkBrush(255, 255, 255, 170),
-                                                          "anchors": [(0, 1), (0, 1)]})
+                                   pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DotLine))
+            line.setZValue(LINES_Z)
             line.hide()
             self.ram_plot.addItem(line, ignoreBounds=True)
             self.threshold_lines[name] = line
         self._cursor_lines: Dict[int, Any] = {}
+        self.readout_view = Readout(self.readout)
         self._mouse = pg.SignalProxy(self.plots.scene().sigMouseMoved, rateLimit=30,
                                      slot=self._mouse_moved)
+        self.plots.viewport().installEventFilter(self)
 
     def _plot(self, title: str, unit: str) -> Any:
         axis = pg.DateAxisItem(orientation="bottom")
@@ -150,7 +151,16 @@ class DashboardPlots(QWidget):
         parts = [f"<b>{html.escape(title)}</b>"] + [
             f"<span style='color:{colour}'>&#9632;</span>&nbsp;{html.escape(label)}"
             for label, colour in keys]
+        note = self._notes.get(id(plot))
+        if note:
+            parts.append(f"<i style='color:#8a4b00'>{html.escape(note)}</i>")
         plot.setTitle("&nbsp;&nbsp;&nbsp;".join(parts), size="9pt", color="#222222")
+
+    def set_note(self, plot: Any, note: str) -> None:
+        """A line of words after the plot's legend ("" for none)."""
+        if self._notes.get(id(plot), "") != note:
+            self._notes[id(plot)] = note
+            self._show_title(plot)
 
     def _set_keys(self, plot: Any, keys: List[Tuple[str, str]]) -> None:
         title, old = self._titles[id(plot)]
@@ -169,6 +179,8 @@ class DashboardPlots(QWidget):
             ci.removeItem(plot)
         for row, plot in enumerate(order):
             ci.addItem(plot, row=row, col=0)
+            # RAM, the question most asked, gets twice the height of the others.
+            ci.layout.setRowStretchFactor(row, 2 if plot is self.ram_plot else 1)
             if plot is not order[0]:
                 plot.setXLink(order[0])
             plot.getAxis("bottom").setStyle(showValues=plot is order[-1])
@@ -193,8 +205,7 @@ class DashboardPlots(QWidget):
         for i in new:
             plot = self._plot(f"GPU {i} memory by process", "GiB")
             self.vram_plots[i] = plot
-            self._layers[i] = []
-            self._stack_items[i] = {}
+            self._stacks[i] = gpu_stack(plot, i)
             self._curve(self.gpu_plot, f"GPU{i} util", LAYER_COLOURS[(2 * i) % 7], "%",
                         column(f"gpu{i}.util"))
             self._curve(self.gpu_plot, f"GPU{i} temp", LAYER_COLOURS[(2 * i + 1) % 7], "°C",
@@ -204,54 +215,40 @@ class DashboardPlots(QWidget):
                                     label="total", labelOpts={"position": 0.3,
                                                               "color": "#333333",
                                                               "anchors": [(0, 0), (0, 0)]})
+            total.setZValue(LINES_Z)
             total.hide()
             plot.addItem(total, ignoreBounds=True)
-            self._stack_items[i]["__total__"] = total
+            self._totals_lines[i] = total
         if new:
             self._gpus = sorted(self.vram_plots)
             self._layout_plots()
             self._place_annotations()
         return bool(new)
 
-    def _sync_layers(self, index: int) -> None:
-        """Stacked VRAM layers of one GPU: the guard's jobs (by name), then "other"."""
-        prefix = series.gpu_series(index, "")
-        jobs = sorted(n[len(prefix):] for n in self.table.columns
-                      if n.startswith(prefix) and series.layer_job(n[len(prefix):]))
-        layers = jobs + [series.OTHER]
-        if layers == self._layers.get(index):
-            return
-        plot = self.vram_plots[index]
-        items = self._stack_items[index]
-        names = self.job_names
-        for key in list(items):
-            if key != "__total__" and key not in layers:
-                plot.removeItem(items.pop(key))
-        # Each layer is drawn as the cumulative sum up to it, filled down to 0; lower layers sit
-        # above in z, so each band shows its own colour.
-        for depth, key in enumerate(layers):
-            item = items.get(key)
-            if item is None:
-                jid = series.layer_job(key)
-                if jid is None:
-                    label, colour = "other processes", OTHER_COLOUR
-                else:
-                    label = names.get(jid, jid)
-                    colour = LAYER_COLOURS[len(items) % len(LAYER_COLOURS)]
-                item = pg.PlotDataItem(pen=pg.mkPen(QColor(colour).darker(130), width=1),
-                                       antialias=False, connect="finite", fillLevel=0,
-                                       brush=pg.mkBrush(colour))
-                item.legend_key = (label, colour)
-                plot.addItem(item)
-                items[key] = item
-            item.setZValue(len(layers) - depth)
-        self._layers[index] = layers
-        self._set_keys(plot, [items[k].legend_key for k in layers])
+    def _note_gpus_memory(self, gpus: Sequence[Dict[str, Any]]) -> None:
+        """Say on a GPU's plot what its breakdown cannot show: a driver that does not tell
+        the memory of each process (Windows WDDM), and simulated GPUs (``--demo``)."""
+        for g in gpus:
+            plot = self.vram_plots.get(int(g.get("index") or 0))
+            if plot is None:
+                continue
+            notes = []
+            if series.per_process_unknown(g):
+                notes.append("this driver does not report memory per process (Windows WDDM): "
+                             "only the GPU's total use is shown")
+            if g.get("simulated"):
+                notes.append("simulated (demo)")
+            self.set_note(plot, "; ".join(notes))
+
+    def _sync_stacks(self) -> None:
+        """The stacks' layers follow the table's columns; the legends follow the layers."""
+        columns = list(self.table.columns)
+        for stack in self._stacks.values():
+            if stack.sync(columns, self.job_names):
+                self._set_keys(stack.plot, stack.legend())
 
     def _now(self) -> float:
         return float((self.status or {}).get("time") or time.time())
-
-
     # -- events: markers and shaded spans --------------------------------------------------
 
     def add_event(self, event: Dict[str, Any]) -> None:
@@ -282,32 +279,39 @@ class DashboardPlots(QWidget):
         if not new:
             return
         self.job_names.update(names)
-        for key, items in self._markers.items():
+        for key in self._markers:
             event = self._events.get(key) or {}
-            if str(event.get("job_id")) in new and items:
-                items[0][1].label.setFormat(escape(marker_label(event, self.job_names)))
+            if str(event.get("job_id")) in new:
+                self._label_marker(key, event)
+        self.ram_labels.relayout()
+
+    def _label_marker(self, key: Any, event: Dict[str, Any]) -> None:
+        colour = MARKER_COLOURS.get(str(event.get("kind")), "#555555")
+        self.ram_labels.set(("event", key), marker_label(event, self.job_names), colour,
+                            horizontal=False, value=float(event["time"]), priority=10)
+
+    def marker_text(self, key: Any) -> str:
+        """The label of an event's marker ("" when it has none)."""
+        label = self.ram_labels.labels.get(("event", key))
+        return label.item.textItem.toPlainText() if label is not None else ""
 
     def _add_marker(self, key: Any, event: Dict[str, Any]) -> None:
-        kind = str(event.get("kind"))
-        colour = MARKER_COLOURS.get(kind, "#555555")
-        label = marker_label(event, self.job_names)
+        colour = MARKER_COLOURS.get(str(event.get("kind")), "#555555")
         items = []
-        for n, plot in enumerate(self._plot_order):
-            line = pg.InfiniteLine(
-                pos=float(event["time"]), angle=90, movable=False,
-                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
-                label=escape(label) if n == 0 else None,
-                labelOpts={"position": 0.9 - 0.12 * (len(self._markers) % 4), "color": colour,
-                           "fill": pg.mkBrush(255, 255, 255, 200), "anchors": [(0, 0.5),
-                                                                               (0, 0.5)]}
-                if n == 0 else None)
+        for plot in self._plot_order:
+            line = pg.InfiniteLine(pos=float(event["time"]), angle=90, movable=False,
+                                   pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine))
+            line.setZValue(LINES_Z)  # over the stacked areas
             plot.addItem(line, ignoreBounds=True)
             items.append((plot, line))
         self._markers[key] = items
+        self._label_marker(key, event)
         while len(self._markers) > MAX_MARKERS:
             old = next(iter(self._markers))
             for plot, line in self._markers.pop(old):
                 plot.removeItem(line)
+            self.ram_labels.remove(("event", old))
+        self.ram_labels.relayout()
 
     def _start_span(self, t: float, level: str, message: str) -> None:
         colour = SPAN_COLOURS.get(level, SPAN_COLOURS[L.WARN])
@@ -315,7 +319,7 @@ class DashboardPlots(QWidget):
         for plot in self._plot_order:
             region = pg.LinearRegionItem(values=(t, max(t, self._now())), movable=False,
                                          brush=pg.mkBrush(*colour), pen=pg.mkPen(None))
-            region.setZValue(-10)
+            region.setZValue(SPANS_Z)  # a tint over the stacked areas, under the lines
             plot.addItem(region, ignoreBounds=True)
             items.append((plot, region))
 
@@ -341,9 +345,10 @@ class DashboardPlots(QWidget):
         self._open_span = None
 
     def _clear_annotations(self) -> None:
-        for items in self._markers.values():
+        for key, items in self._markers.items():
             for plot, line in items:
                 plot.removeItem(line)
+            self.ram_labels.remove(("event", key))
         for span in self._spans:
             for plot, region in span["items"]:
                 plot.removeItem(region)
@@ -396,14 +401,9 @@ class DashboardPlots(QWidget):
                 continue
             curve.item.setData(t, y)
             curve.drawn = True
-        for index in self.vram_plots:
-            self._sync_layers(index)
-            cum = np.zeros(len(t))
-            items = self._stack_items[index]
-            for key in self._layers[index]:
-                cum = cum + np.nan_to_num(tb.column(f"gpu{index}.{key}"), nan=0.0)
-                item = items[key]
-                item.setData(t, cum / GIB)
+        self._sync_stacks()
+        for stack in self._stacks.values():
+            stack.draw(tb)
         if self.following and follow_to is not None:
             # The view moves in steps of 2% of the range, not on every update: a moved range
             # redraws every axis, which costs more than the curves themselves.
@@ -412,6 +412,8 @@ class DashboardPlots(QWidget):
             if right != self._view_right:
                 self._view_right = right
                 self.ram_plot.setXRange(right - self.range_seconds, right, padding=0)
+        if self.hover_t is None and len(tb):
+            self.show_values_at(None)
 
     def _mouse_moved(self, args: Tuple[Any, ...]) -> None:
         pos = args[0]
@@ -419,36 +421,62 @@ class DashboardPlots(QWidget):
             if plot.sceneBoundingRect().contains(pos):
                 self.show_values_at(plot.vb.mapSceneToView(pos).x())
                 return
+        self.show_values_at(None)
 
-    def show_values_at(self, x: float) -> str:
-        """The readout line for the row nearest to time ``x``; a cursor line marks it."""
-        i = self.table.nearest(x)
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.Leave and self.hover_t is not None:
+            self.show_values_at(None)  # the pointer left the timelines: back to now
+        return super().eventFilter(watched, event)
+
+    def show_values_at(self, x: Optional[float], note: str = "") -> str:
+        """The readout for the row nearest to time ``x`` (None: the newest row, "now"), with a
+        cursor line at it; returns its text (plain). ``note`` is said after the time."""
+        tb = self.table
+        i = (len(tb) - 1 if len(tb) else None) if x is None else tb.nearest(x)
+        self.hover_t = x
         if i is None:
             return ""
-        tb = self.table
         t = float(tb.t()[i])
-        parts = [formats.clock(t)]
+        if x is not None and abs(t - x) > max(5.0, self.range_seconds * FOLLOW_STEP):
+            # Pointing where nothing was recorded (before the engine ran): say so, not the
+            # values of another time.
+            said = f" &nbsp;{html.escape(note)}" if note else ""
+            self.readout_view.show(f"<b>at {formats.clock(x)}</b>{said}<br>no samples at this "
+                                   "time")
+            self._cursor_at(None)
+            return self.readout_view.plain()
+        when = formats.clock(t)
+        head = f"<b>now {when}</b>" if x is None else f"<b>at {when}</b>"
+        lines = [head + (f" &nbsp;{html.escape(note)}" if note else "")]
+        ram = self._stacks["ram"].readout(tb, i, self._totals.get("ram", 0.0))
+        lines.append("<b>RAM</b> " + " · ".join(ram))
+        for index in sorted(self.vram_plots):
+            parts = self._stacks[index].readout(tb, i, self._totals.get(f"gpu{index}", 0.0))
+            lines.append(f"<b>GPU {index}</b> " + (" · ".join(parts) or "n/a"))
+        load = []
         for curve in self._curves:
             v = curve.compute(tb)[i]
             if np.isfinite(v):
-                parts.append(f"{curve.label} {v:.1f}{'' if curve.unit == '%' else ' '}"
-                             f"{curve.unit}")
-        for index in self.vram_plots:
-            for key in self._layers.get(index, []):
-                v = tb.column(series.gpu_series(index, key))[i]
-                if np.isfinite(v):
-                    jid = series.layer_job(key)
-                    who = series.OTHER if jid is None else self.job_names.get(jid, jid)
-                    parts.append(f"GPU{index} {who} {v / GIB:.2f} GiB")
-        text = " · ".join(parts)
-        self.readout.setText(text)
+                load.append(f"{curve.label} {v:.1f}{'' if curve.unit == '%' else ' '}"
+                            f"{curve.unit}")
+        if load:
+            lines.append(" · ".join(load))
+        self.readout_view.show("<br>".join(lines))
+        self._cursor_at(None if x is None else t)
+        return self.readout_view.plain()
+
+    def _cursor_at(self, t: Optional[float]) -> None:
         for plot in self._plot_order:
             line = self._cursor_lines.get(id(plot))
             if line is None:
+                if t is None:
+                    continue
                 line = pg.InfiniteLine(angle=90, movable=False,
                                        pen=pg.mkPen("#666666", width=1,
                                                     style=Qt.PenStyle.DotLine))
+                line.setZValue(LINES_Z)
                 plot.addItem(line, ignoreBounds=True)
                 self._cursor_lines[id(plot)] = line
-            line.setValue(t)
-        return text
+            line.setVisible(t is not None)
+            if t is not None:
+                line.setValue(t)

@@ -53,18 +53,19 @@ MARKER_WORDS: Dict[str, str] = {kind: kind[len("job_"):] for kind in MARKER_COLO
 THRESHOLD_COLOURS: Dict[str, str] = {L.WARN: "#f2a900", L.PAUSE: "#ee6a1c", L.PARK: "#d7263d",
                      "resume": "#2e9d46"}
 LAYER_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d")
-OTHER_COLOUR = "#bab0ac"
 
-HOVER_HINT = "Point at the timelines to read the values at that time."
+HOVER_HINT = "The values now, or at the time you point at on the timelines."
 NO_TRAY_TEXT = ("No system tray is available here ({why}), so Headroom runs in this window; "
                 "closing it quits Headroom.")
 
 
 def snapshot_values(status: Dict[str, Any]) -> Dict[str, Optional[float]]:
     """A status dict as the history's series (``trayapp.series``: ``mem.used``,
-    ``gpu0.job.<id>``...), as the engine records them."""
-    return series.sample_values(status.get("memory") or {}, status.get("gpus") or [],
-                                status_jobs(status))
+    ``gpu0.job.<id>``, ``ram.proc.<name>``...), as the engine records them."""
+    jobs, gpus = status_jobs(status), status.get("gpus") or []
+    values = series.sample_values(status.get("memory") or {}, gpus, jobs)
+    values.update(series.process_values(gpus, jobs, status.get("consumers") or ()))
+    return values
 
 
 def ratio(a: np.ndarray, b: np.ndarray, scale: float = 1.0) -> np.ndarray:

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from trayapp import series
 from trayapp.jobs.record import records
+from trayapp.series import memory_only
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import words
 
@@ -34,10 +35,12 @@ SPAN_KINDS = words(E.GUARD_WARN, E.GUARD_PAUSE, E.GUARD_PARK, E.GUARD_OK)
 def series_for(gpu_indices: Iterable[int]) -> Tuple[List[str], List[str]]:
     """(exact names, prefixes) of the series the dashboard draws."""
     names = list(BASE_SERIES)
-    prefixes: List[str] = []
+    # The jobs' memory (job.<id>.rss, .vram) and RAM by process name (ram.proc.<name>).
+    prefixes: List[str] = ["job.", series.RAM_PROC]
     for i in sorted(set(gpu_indices)):
         names += [series.gpu_series(i, s) for s in GPU_SERIES]
         prefixes.append(series.gpu_series(i, series.job_layer("")))  # gpu<i>.job.<id>
+        prefixes.append(series.gpu_series(i, series.PROC))  # gpu<i>.proc.<name>
     return names, prefixes
 
 
@@ -73,6 +76,8 @@ def fetch_history(client: Any, start: float, end: float,
     names, prefixes = series_for(gpu_indices)
     span = end - start
     raw = span <= RAW_LIMIT_SECONDS
+    if not raw:  # the engine keeps the series by process name for the last hour only
+        prefixes = [p for p in prefixes if not memory_only(p)]
     chunk = RAW_CHUNK_SECONDS if raw else MINUTE_CHUNK_SECONDS
     resolution: Optional[str] = None
     series: Dict[str, Dict[str, List[float]]] = {}

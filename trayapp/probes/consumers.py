@@ -1,0 +1,78 @@
+"""RAM by process name: the few names that hold the most memory, for the dashboard's stack.
+
+One pass over the process list, summed by name (30 ``chrome`` processes are one consumer). On
+Linux it reads one file a process, ``/proc/<pid>/stat``, which has both the name and the RSS:
+about a tenth of what psutil spends on the same list. Elsewhere psutil.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Collection, Dict, Iterator, List, NamedTuple, Optional, Tuple
+
+import psutil
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_RSS_FIELD = 21  # /proc/<pid>/stat's 24th field, counted after the name's closing ")"
+
+
+class Consumer(NamedTuple):
+    """The processes of one name, outside the guard's jobs."""
+
+    name: str
+    rss_bytes: int
+    processes: int
+
+    def to_json(self) -> Dict[str, Any]:
+        return self._asdict()
+
+
+def _proc_stat(proc_root: str) -> Iterator[Tuple[int, str, int]]:
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:  # gone since the listing, or hidden from us
+            continue
+        open_at, close_at = raw.find(b"("), raw.rfind(b")")
+        rest = raw[close_at + 2:].split()
+        if open_at < 0 or len(rest) <= _RSS_FIELD:
+            continue
+        name = raw[open_at + 1:close_at].decode("utf-8", "replace")
+        yield int(entry), name, int(rest[_RSS_FIELD]) * _PAGE
+
+
+def _psutil_rows() -> Iterator[Tuple[int, str, int]]:
+    for proc in psutil.process_iter(["name", "memory_info"]):
+        mem = proc.info.get("memory_info")
+        if mem is not None:
+            yield proc.pid, proc.info.get("name") or "", int(mem.rss)
+
+
+def ram_by_name(skip: Collection[int] = (), limit: int = 4, min_bytes: int = 0,
+                proc_root: Optional[str] = None) -> List[Consumer]:
+    """The ``limit`` names with the most RSS (largest first), leaving out the pids in
+    ``skip`` (the guard's jobs, drawn on their own) and names under ``min_bytes``. Processes
+    that vanish while being read are left out; never raises."""
+    if proc_root is None and sys.platform.startswith("linux"):
+        proc_root = "/proc"
+    rows = _proc_stat(proc_root) if proc_root else _psutil_rows()
+    sums: Dict[str, List[int]] = {}
+    try:
+        for pid, name, rss in rows:
+            if rss <= 0 or pid in skip:
+                continue
+            cell = sums.setdefault(name or "?", [0, 0])
+            cell[0] += rss
+            cell[1] += 1
+    except (psutil.Error, OSError):
+        pass  # the list changed under us: what was read so far
+    top = sorted(sums.items(), key=lambda kv: -kv[1][0])[:max(0, limit)]
+    return [Consumer(name, rss, n) for name, (rss, n) in top if rss >= min_bytes]
