@@ -12,10 +12,11 @@ import subprocess
 import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
+from typing import Any
 
 import pytest
 
-from tests.conftest import EngineProcess, headroom_cmd, run_cli
+from tests.conftest import EngineProcess, headroom_cmd, run_cli, wait_for
 from trayapp import __version__
 from trayapp.engine.client import EngineClient, EngineError, EngineUnavailable, Subscription
 
@@ -40,9 +41,14 @@ def test_status_through_the_channel(engine: EngineProcess) -> None:
 
 def test_history_after_some_samples(engine: EngineProcess) -> None:
     t0 = time.time()
-    time.sleep(3.2)
-    with engine.client() as c:
-        h = c.history(t0 - 5)
+
+    def history() -> Any:
+        with engine.client() as c:
+            h = c.history(t0 - 5)
+        return h if len(h["series"]["mem.available"]["t"]) >= 2 else None
+
+    # Samples are kept at most one a second: two of them within a few seconds.
+    h = wait_for(history, 10, "two samples in the history", every=0.2)
     avail = h["series"]["mem.available"]
     assert h["resolution"] == "raw"
     assert len(avail["t"]) >= 2
@@ -241,11 +247,16 @@ def test_status_with_engine(engine: EngineProcess) -> None:
 
 
 def test_status_watch_refreshes_until_ctrl_c(home) -> None:  # type: ignore[no-untyped-def]
-    p = subprocess.Popen(headroom_cmd("status", "--json", "--watch", "0.2"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=10)
+    shown = home / "watch.out"
+    with open(shown, "wb") as out_file:
+        p = subprocess.Popen(headroom_cmd("status", "--json", "--watch", "0.2"),
+                             stdout=out_file, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: shown.read_text().count("\n") >= 2, 30, "two refreshes")
+    finally:
+        p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=10)
+    out = shown.read_text()
     assert p.returncode == 0, err
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert len(lines) >= 2

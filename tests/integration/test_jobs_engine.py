@@ -265,12 +265,12 @@ def _alive(pid: int) -> bool:
 def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient,
                                                             tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    job = client.job_start(spec("keras_train.py", 3, 40, 0.05, checkpoint_dir=str(ckpt)))
+    job = client.job_start(spec("keras_train.py", 3, 20, 0.05, checkpoint_dir=str(ckpt)))
     try:
         jid = job["id"]
         running = wait_for(lambda: (lambda j: j if (j["step"] or 0) >= 2 else None)(
             client.job_get(jid)), 60, "training progress")
-        assert running["hooked"] and running["epochs"] == 3 and running["steps"] == 40
+        assert running["hooked"] and running["epochs"] == 3 and running["steps"] == 20
         assert "loss" in running["metrics"]
 
         paused = client.job_action(jid, "pause")
@@ -301,7 +301,7 @@ def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient
         assert relaunched["id"] == jid and relaunched["runs"] == 2
         assert relaunched["pid"] != job["pid"]
         assert relaunched["resumed_at"] and relaunched["spec"]["resume"] is False
-        assert relaunched["argv"][-3:] == ["3", "40", "0.05"]
+        assert relaunched["argv"][-3:] == ["3", "20", "0.05"]
         done = wait_for(lambda: job_in(client, jid, "finished", "failed"), 90, "the end")
         assert done["state"] == "finished" and done["exit_code"] == 0
         text = log_text(client, jid)
@@ -321,7 +321,7 @@ def test_keras_job_keeps_training_through_an_engine_restart(
     (home / "config.toml").write_text(QUIET_CONFIG)
     first = start_engine()
     with first.client(timeout=30.0) as c:
-        job = c.job_start(spec("keras_train.py", 4, 40, 0.05))
+        job = c.job_start(spec("keras_train.py", 4, 25, 0.05))
         before = wait_for(lambda: (lambda j: j if (j["step"] or 0) >= 1 else None)(
             c.job_get(job["id"])), 60, "training progress")
     first.kill()

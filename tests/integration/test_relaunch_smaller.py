@@ -26,7 +26,7 @@ WIDE_FIT = Path(__file__).resolve().parent.parent / "scripts" / "runner" / "wide
 MiB = 1024 * 1024
 # Measured peaks of WIDE_FIT: about 1.6 GB at batch 4096, 1.1 GB at 2048.
 BUDGET_MB = 1350
-EPOCHS = 4
+EPOCHS = 2
 ENDED = {S.FINISHED, S.FAILED, S.STOPPED, S.LOST, S.PARKED}
 
 

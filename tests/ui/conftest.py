@@ -18,6 +18,20 @@ from trayapp.ui.app import HeadroomApp  # noqa: E402
 from trayapp.ui.worker import collect_garbage_on_gui_thread  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="module")
+def heap_looked_at_once_a_module() -> Iterator[None]:
+    """Each test below ends with a full collection, and then moves what is left alive out of
+    the collector's sight (gc.freeze): the next test's collection looks at that test's own
+    objects only, not again at the whole heap the run has built (most of a second a test, late
+    in a run). At the end of the module the collector sees all of it again, on this thread."""
+    yield
+    gc.disable()
+    gc.unfreeze()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
+    gc.enable()
+
+
 @pytest.fixture(autouse=True)
 def gc_on_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
     """As the tray does: Python's cycle collector runs on the GUI thread only, so a window left
@@ -32,6 +46,7 @@ def gc_on_gui_thread(qapp) -> Iterator[None]:  # type: ignore[no-untyped-def]
     # moment it is enabled, and destroy Qt objects off the GUI thread.
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     gc.collect()
+    gc.freeze()
     gc.enable()
 
 

@@ -34,7 +34,7 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
     dialog.show()
     qtbot.waitUntil(lambda: dialog.status_loaded, timeout=15000)
     dialog.choose_script(str(KERAS_TRAIN))
-    dialog.args_edit.setText("3 40 0.05")  # 3 epochs of 40 batches, 50 ms each
+    dialog.args_edit.setText("3 20 0.05")  # 3 epochs of 20 batches, 50 ms each
     dialog.apply_preset("cpu-only")
     dialog.revalidate()
     assert dialog.launch_button.isEnabled(), dialog.error
@@ -54,7 +54,7 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
 
     # Progress from the runner inside Keras's fit(), shown as epoch and step.
     qtbot.waitUntil(lambda: (job().step or 0) >= 3, timeout=90000)
-    assert job().epochs == 3 and job().steps == 40
+    assert job().epochs == 3 and job().steps == 20
     assert 0 < (progress_fraction(job()) or 0) < 1
     row = window.proxy.mapFromSource(window.model.index(window.model.row_of(job_id), 2)).row()
     assert window.proxy.index(row, 2).data().startswith("epoch ")
@@ -85,4 +85,4 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
     with engine.client() as c:
         assert c.job_get(job_id)["exit_code"] == 0
     # The dialog remembered the settings for this script.
-    assert dialog.recent_store.spec_for(str(KERAS_TRAIN))["args"] == ["3", "40", "0.05"]
+    assert dialog.recent_store.spec_for(str(KERAS_TRAIN))["args"] == ["3", "20", "0.05"]
