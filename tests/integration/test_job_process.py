@@ -179,7 +179,8 @@ def test_a_job_lives_on_when_its_log_disk_fills(small_disk: Path, tmp_path: Path
             done = wait_for(lambda: ended(c, job_id), 60, "the job to end")
             assert done["exit_code"] == 7, done
             assert done["end_reason"] == "exit status 7"
-            assert int(progress.read_text()) >= at_fill + 40
+            # "go" may be seen in the same turn that wrote at_fill: 39 more at least.
+            assert int(progress.read_text()) >= at_fill + 39
             notes = [n for n in done["notes"] if "output" in n["message"]]
             assert len(notes) == 1, done["notes"]
             assert notes[0]["level"] == "warn"
