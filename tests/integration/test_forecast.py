@@ -10,13 +10,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Callable, List
 
 import pytest
 
 from tests.conftest import EngineProcess
 from tests.integration.test_guard_e2e import wait_state
-from tests.integration.test_runner import Job, TestEngine, of, start
+from tests.integration.test_relaunch_smaller import ENDED, events
+from tests.integration.test_runner import Job, TestEngine, engine, jobs, of, start  # noqa: F401
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.record import JobRecord
 from trayapp.runner import protocol
@@ -28,37 +29,15 @@ pytestmark = pytest.mark.tensorflow
 WIDE_FIT = Path(__file__).resolve().parent.parent / "scripts" / "runner" / "wide_fit.py"
 # Measured peaks of WIDE_FIT: about 1.6 GB at batch 4096, 1.1 GB at 2048, 0.8 GB at 1024.
 BUDGET_MB = 1350
-ENDED = {S.FINISHED, S.FAILED, S.STOPPED, S.LOST, S.PARKED}
-
-
-@pytest.fixture
-def engine() -> Iterator[TestEngine]:
-    e = TestEngine()
-    try:
-        yield e
-    finally:
-        e.close()
-
-
-@pytest.fixture
-def jobs() -> Iterator[List[Job]]:
-    started: List[Job] = []
-    yield started
-    for job in started:
-        job.kill()
-
-
-def events(client: Any, job_id: str) -> List[Dict[str, Any]]:
-    return [e for e in client.events(limit=500) if e["job_id"] == job_id]
 
 
 def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the_same(
         start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
-    engine = start_engine()
+    real = start_engine()
     out, ref = tmp_path / "report.json", tmp_path / "reference.json"
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "2"), python=sys.executable,
                    ram_budget_mb=BUDGET_MB, fit_batch=True)
-    client = engine.client()
+    client = real.client()
     job_id = client.job_start(spec.to_json())["id"]
     plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", "2"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -104,7 +83,7 @@ def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the
 
 
 def test_without_an_answer_the_runner_fits_by_the_hosts_memory(
-        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:  # noqa: F811
     out = tmp_path / "report.json"
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "1024", "1"), python=sys.executable,
                    fit_batch=True)
@@ -125,7 +104,7 @@ def test_without_an_answer_the_runner_fits_by_the_hosts_memory(
 
 
 def test_an_answer_that_does_not_split_the_batch_is_refused(
-        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:  # noqa: F811
     out = tmp_path / "report.json"
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "1024", "1"), python=sys.executable,
                    fit_batch=True)
@@ -141,7 +120,7 @@ def test_an_answer_that_does_not_split_the_batch_is_refused(
 
 
 def test_a_resumed_job_keeps_the_micro_batch_of_its_checkpoint(
-        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:  # noqa: F811
     """--fit-batch on a resume would add accumulators the checkpoint's optimizer state has not
     (Keras would then restore none of it): the job trains as it was saved."""
     shrink_fit = WIDE_FIT.parent / "shrink_fit.py"

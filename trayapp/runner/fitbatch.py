@@ -34,19 +34,19 @@ def _slice(shrinker, micro):
     return element, None, None
 
 
-def _sizes(batch, floor):
-    """The micro-batch probed: a sixteenth of the batch (not below the floor). Small, because
-    on the host TensorFlow's oneDNN kernels keep the buffers of every step size they ran for the
-    rest of the process: a probe at a quarter of the batch forecast within 4% but left the job
-    some 250 MB above what training alone needs (over its budget, in the test of this); at a
-    sixteenth the forecast is 8-26% high (bench_forecast), which errs toward a smaller
-    micro-batch. One size: a second, smaller one would add its own kept buffers to the peak of
-    the first as memory per sample."""
+def _size(batch, floor):
+    """The micro-batch probed (None: the batch does not split): a sixteenth of the batch (not
+    below the floor). Small, because on the host TensorFlow's oneDNN kernels keep the buffers
+    of every step size they ran for the rest of the process: a probe at a quarter of the batch
+    forecast within 4% but left the job some 250 MB above what training alone needs (over its
+    budget, in the test of this); at a sixteenth the forecast is 8-26% high (bench_forecast),
+    which errs toward a smaller micro-batch. One size: a second, smaller one would add its own
+    kept buffers to the peak of the first as memory per sample."""
     smaller = [m for m, _ in forecast.candidates(batch, floor)[1:]]
     if not smaller:
-        return []
+        return None
     target = max(floor, batch // forecast.PROBE_FRACTION)
-    return [min((m for m in smaller if m >= target), default=smaller[-1])]
+    return min((m for m in smaller if m >= target), default=smaller[-1])
 
 
 class _Saved:
@@ -71,55 +71,37 @@ class _Saved:
 
 
 def probe(run, shrinker, meter):
-    """Train the probe's micro-batch, measured; returns {device: [(micro, peak)]} with each
-    device's base as ``device#held`` (possibly empty), the model as it was before."""
+    """Two steps at the probe's micro-batch, the second measured: each device's forecast, from
+    what it held before (the host: before any step, TensorFlow, the data, the weights; a GPU:
+    after the first, its weights and optimizer state) to the peak. The model is put back as it
+    was; an empty list when nothing was measured."""
     model = run.model
-    sizes = _sizes(shrinker.effective_batch(), shrinker.floor)
-    points = {}
-    if not sizes:
-        return points
+    micro = _size(shrinker.effective_batch(), shrinker.floor)
+    if micro is None:
+        return []
     saved = _Saved(model)
     before = meter.read()
-    if forecast.RAM in before:
-        # The host before any probe step: TensorFlow, the data, the weights.
-        points[forecast.RAM + "#held"] = [(0, before[forecast.RAM][0])]
     try:
-        for micro in sizes:
-            x, y, weights = _slice(shrinker, micro)
-            model.train_on_batch(x, y, sample_weight=weights)  # traced at this size
-            meter.reset()
-            after_first = meter.read()
-            model.train_on_batch(x, y, sample_weight=weights)
-            for name, (_now, peak) in meter.read().items():
-                points.setdefault(name, []).append((micro, peak))
-                if name != forecast.RAM and name in after_first:
-                    # A GPU's allocator after a step: its weights and optimizer state.
-                    points[name + "#held"] = [(0, after_first[name][0])]
+        x, y, weights = _slice(shrinker, micro)
+        model.train_on_batch(x, y, sample_weight=weights)  # traced at this size
+        meter.reset()
+        after_first = meter.read()
+        model.train_on_batch(x, y, sample_weight=weights)
+        peaks = meter.read()
     except Exception as error:
         if not shrink.is_oom(error):
             raise
         run.session.note("warn", f"--fit-batch: out of memory at a probe micro-batch "
                                  f"({shrink.oom_text(error)})")
+        return []
     finally:
         saved.restore()
-        model.train_function = None  # traced for the probes' sizes and state
-    return points
-
-
-def _devices(points):
-    """The forecast of each device: the line from what it held before the probe's steps (the
-    host: before any; a GPU: after a step, its weights and optimizer state) to its peak."""
+        model.train_function = None  # traced for the probe's size and state
     out = []
-    for name, measured in points.items():
-        if name.endswith("#held") or not measured:
-            continue
-        base = points.get(name + "#held", [])
-        fit = forecast.line(base + measured[-1:]) if base else forecast.line(measured)
-        if fit is None:
-            continue
-        fixed, per_sample = fit
-        micro, peak = measured[-1]
-        out.append(forecast.device(name, fixed, per_sample, peak, micro))
+    for name, (_now, peak) in peaks.items():
+        base = (before if name == forecast.RAM else after_first).get(name)
+        if base is not None:
+            out.append(forecast.from_base(name, base[0], peak, micro))
     return out
 
 
@@ -152,14 +134,13 @@ def fit_batch(run, shrinker):
     if _too_large_to_set_aside(run):
         return False
     tf = sys.modules.get("tensorflow")
-    gpu_names = _gpu_names(tf)
+    gpu_names = forecast.gpu_names(tf)
     try:
-        points = probe(run, shrinker, forecast.Meter(tf, gpu_names))
+        devices = probe(run, shrinker, forecast.Meter(tf, gpu_names))
     except Exception as error:
         session.note("warn", f"--fit-batch: the probe failed ({_first_line(error)}): trained "
                              "at the full batch")
         return False
-    devices = _devices(points)
     if not devices:
         session.note("warn", "--fit-batch: no memory could be measured: trained at the full "
                              "batch")
@@ -220,12 +201,3 @@ def _train_at(run, shrinker, batch, k, how):
                          f"the same training): the full batch is forecast not to fit{how}",
                  topic=protocol.TOPIC_SHRUNK)
     return True
-
-
-def _gpu_names(tf):
-    if tf is None:
-        return []
-    try:
-        return [d.name for d in tf.config.list_logical_devices("GPU")]
-    except Exception:  # TensorFlow without its config module, or one that fails to say
-        return []

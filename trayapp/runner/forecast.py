@@ -142,6 +142,23 @@ def need(entry, micro, k, accumulators=0):
     return int(entry["fixed_bytes"] + entry["per_sample_bytes"] * micro + extra)
 
 
+def from_base(name, base, peak, micro):
+    """One device's forecast from what it held before the measured steps (``fixed``) and their
+    peak at micro-batches of ``micro``."""
+    fixed = min(base, peak)
+    return device(name, fixed, (peak - fixed) / max(1, micro), peak, micro)
+
+
+def gpu_names(tf):
+    """The GPUs TensorFlow sees ("/device:GPU:0", ...); none without TensorFlow."""
+    if tf is None:
+        return []
+    try:
+        return [d.name for d in tf.config.list_logical_devices("GPU")]
+    except Exception:  # TensorFlow without its config module, or one that fails to say
+        return []
+
+
 def candidates(batch, floor, k=1):
     """[(micro-batch, accumulation)] from ``batch / k`` down, halving, while the batch splits
     evenly and the micro-batch stays at or above ``floor``."""
@@ -200,11 +217,8 @@ class StepMeter:
             # Host: the baseline as training began; a GPU: what its allocator held after the
             # first step (weights, optimizer state), the activations given back.
             base = (self.base if name == RAM else self.after_first).get(name)
-            if base is None:
-                continue
-            fixed = min(base[0], peak)
-            out.append(device(name, fixed, (peak - fixed) / max(1, self.micro), peak,
-                              self.micro))
+            if base is not None:
+                out.append(from_base(name, base[0], peak, self.micro))
         return out
 
 

@@ -26,6 +26,8 @@ Keras is passed in: the runner cannot import it (the script chooses which Keras 
 
 import sys
 
+from . import forecast
+
 MAX_ACCUMULATION = 1024
 
 
@@ -274,11 +276,7 @@ def make_atomic(tf, optimizer):
 
 
 def _gpus_visible():
-    tf = sys.modules.get("tensorflow")
-    try:
-        return bool(tf is not None and tf.config.list_logical_devices("GPU"))
-    except Exception:  # TensorFlow without its config module, or one that fails to say
-        return False
+    return bool(forecast.gpu_names(sys.modules.get("tensorflow")))
 
 
 class Shrinker:

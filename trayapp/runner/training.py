@@ -257,11 +257,7 @@ class FitRun:
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
         tf = sys.modules.get("tensorflow")
-        if tf is not None:
-            try:
-                self.gpu_names = [d.name for d in tf.config.list_logical_devices("GPU")]
-            except Exception:
-                self.gpu_names = []
+        self.gpu_names = forecast.gpu_names(tf)
         self._start_forecast(tf)
         if self.session.control.stop:
             self.request_stop(save=False)
