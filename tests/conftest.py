@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -16,6 +17,40 @@ from trayapp.config import Paths, get_paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# -- tests that run alone ----------------------------------------------------------------------
+# With pytest-xdist (scripts/test.sh runs two workers), a test marked ``alone`` measures the whole
+# machine's memory or time, so it holds a lock that every other test takes shared: it waits for
+# the other worker's test to end and no other test starts until it is done. A turnstile lock keeps
+# the shared takers from starving it.
+
+
+def _lock_files() -> Optional[tuple]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return None
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"headroom-tests-{run}"
+    return base.with_suffix(".turnstile"), base.with_suffix(".lock")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    files = _lock_files()
+    if files is None:
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    turnstile = os.open(files[0], os.O_RDWR | os.O_CREAT, 0o600)
+    lock = os.open(files[1], os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(lock)
+        os.close(turnstile)
 
 
 @pytest.fixture

@@ -251,6 +251,7 @@ def test_the_guard_acts_while_clients_flood_the_channel(
 # -- a machine-wide threshold -----------------------------------------------------------------
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("predict", [False, True], ids=["reactive", "predictive"])
 def test_a_fast_hog_is_paused_at_the_machine_threshold(
         start_engine: Callable[..., EngineProcess], paths: Paths, tmp_path: Path,
@@ -398,6 +399,7 @@ def test_a_job_in_a_1_gib_cgroup_is_paused_before_the_oom_killer(paths: Paths,
 # -- a Keras job is parked and continues from its checkpoint ----------------------------------
 
 
+@pytest.mark.alone
 @pytest.mark.tensorflow
 def test_a_keras_job_is_parked_and_finishes_after_resume(
         start_engine: Callable[..., EngineProcess], paths: Paths, tmp_path: Path) -> None:

@@ -200,10 +200,18 @@ def test_client_refuses_a_key_another_user_can_read(deep_home: Paths) -> None:
 
 
 @pytest.fixture
-def private_home(home: Path) -> Path:
+def private_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state folder with a short path, so that its run/ folder holds the sockets whatever
+    the length of pytest's temporary folder (a long one falls back to $TMPDIR)."""
+    home = Path(tempfile.mkdtemp(prefix="hr-", dir="/tmp"))
     os.chmod(home, 0o700)
     (home / "config.toml").write_text(CONFIG.replace("30.0", "1.0"))
-    return home
+    monkeypatch.setenv("HEADROOM_HOME", str(home))
+    try:
+        yield home
+    finally:
+        end_processes_of(home)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", ["engine.lock", "engine.log", "headroom.db", "headroom.db-wal",

@@ -309,6 +309,7 @@ def _memory_line_in_proc_self_cgroup() -> Optional[str]:
     return None
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_this_machine_matches_psutil() -> None:
     probe = MemoryProbe()
@@ -329,6 +330,7 @@ def test_this_machine_matches_psutil() -> None:
         assert r.psi_some_avg10 is not None and r.psi_full_total_us is not None
 
 
+@pytest.mark.alone
 def test_psutil_probe_matches_psutil() -> None:
     r = PsutilMemoryProbe(clock=lambda: 99.0).read()
     vm = psutil.virtual_memory()
