@@ -195,6 +195,7 @@ def kernel_json(
     that cannot run."""
     if not spec.python:
         raise SpecError("--python: the kernel's interpreter is not set", sv.PYTHON)
+    python = spec.python
     environ = os.environ if environ is None else environ
     runner = Path(runner_dir) if runner_dir is not None else default_runner_dir()
     given = spec
@@ -204,7 +205,7 @@ def kernel_json(
     plan = build_launch(replace(spec, script=str(runner / "bootstrap.py"), args=(), cwd=None),
                         gpus=gpus, base_env={}, runner_dir=runner,
                         process=process if process is not None else JobProcess())
-    env: Dict[str, str] = _memory_environment(plan.settings, spec.python)
+    env: Dict[str, str] = _memory_environment(plan.settings, python)
     env[protocol.ENV_OPTIONS] = plan.env[protocol.ENV_OPTIONS]
     env[protocol.ENV_PROCESS] = plan.env[protocol.ENV_PROCESS]
     engine_spec = {k: v for k, v in spec.to_json().items() if k not in _NOT_FOR_THE_ENGINE}
@@ -214,13 +215,13 @@ def kernel_json(
         env[HOME_ENV] = os.path.abspath(environ[HOME_ENV])
     env.update(dict(spec.env))
     return {
-        "argv": [spec.python, str(runner / "bootstrap.py"), "--kernel", "-f",
+        "argv": [python, str(runner / "bootstrap.py"), "--kernel", "-f",
                  "{connection_file}"],
         "display_name": display_name or default_display_name(given.preset),
         "language": "python",
         "interrupt_mode": "signal",
         "env": env,
-        "metadata": {"headroom": {"v": SPEC_VERSION, "python": spec.python,
+        "metadata": {"headroom": {"v": SPEC_VERSION, "python": python,
                                   "runner": str(runner), "options": spec_flags(given)}},
     }
 
@@ -393,14 +394,17 @@ def read_entry(folder: Path) -> KernelEntry:
     ours = meta.get("headroom") if isinstance(meta, dict) else None
     argv = data.get("argv")
     if not isinstance(ours, dict):
-        python = argv[0] if isinstance(argv, list) and argv and isinstance(argv[0], str) else ""
-        return KernelEntry(name, folder, display, python)
-    python = ours.get("python") if isinstance(ours.get("python"), str) else ""
-    runner = ours.get("runner") if isinstance(ours.get("runner"), str) else ""
+        first = argv[0] if isinstance(argv, list) and argv else None
+        return KernelEntry(name, folder, display, first if isinstance(first, str) else "")
+    python, runner = _text(ours.get("python")), _text(ours.get("runner"))
     options = ours.get("options")
     flags = tuple(str(x) for x in options) if isinstance(options, list) else ()
-    return KernelEntry(name, folder, display, str(python), str(runner), flags, True,
-                       _broken(str(python), str(runner)))
+    return KernelEntry(name, folder, display, python, runner, flags, True,
+                       _broken(python, runner))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _broken(python: str, runner: str) -> Optional[str]:
