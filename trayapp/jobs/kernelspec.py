@@ -499,6 +499,10 @@ def remove(name: str, dirs: Sequence[Path]) -> List[Path]:
     ours = [e for e in found if e.headroom]
     if not ours:
         others = [e for e in found if not e.headroom]
+        if others and others[0].problem:
+            raise KernelSpecError(f"{others[0].problem}: whether Headroom wrote it cannot be "
+                                  f"told, so it is left as it is (delete {others[0].folder} "
+                                  "to remove it)")
         if others:
             raise KernelSpecError(f"{others[0].folder} is not a Headroom kernel spec; remove it "
                                   "with: jupyter kernelspec remove " + name.lower())
