@@ -293,18 +293,23 @@ def python_prefix(python: str, timeout_s: float = IPYKERNEL_TIMEOUT_S) -> str:
 
 def search_dirs(environ: Optional[Mapping[str, str]] = None,
                 extra: Sequence[Path] = ()) -> List[Path]:
-    """The kernel folders Jupyter searches (``jupyter_core.paths.jupyter_path("kernels")``, as
-    seen from this Python: JUPYTER_PATH, the user's folder, the environment's and the system's),
-    then ``extra``; each once."""
+    """The kernel folders Jupyter searches, in its order (``jupyter_core.paths.jupyter_path(
+    "kernels")`` as seen from this Python: JUPYTER_PATH, the user's folder and this
+    environment's, the environment's first in a venv or with JUPYTER_PREFER_ENV_PATH, then the
+    system's), then ``extra``; each once."""
     env = os.environ if environ is None else environ
     dirs: List[Path] = [Path(p.rstrip(os.sep), "kernels")
                         for p in (env.get("JUPYTER_PATH") or "").split(os.pathsep) if p]
-    dirs.append(user_kernels_dir(env))
+    user = [user_kernels_dir(env)]
     userbase = getattr(site, "USER_BASE", None)
     if site.ENABLE_USER_SITE and userbase:
-        dirs.append(Path(userbase, "share", "jupyter", "kernels"))
-    if not getattr(sys, "frozen", False):
-        dirs.append(prefix_kernels_dir(sys.prefix))
+        user.append(Path(userbase, "share", "jupyter", "kernels"))
+    own = [] if getattr(sys, "frozen", False) else [prefix_kernels_dir(sys.prefix)]
+    if "JUPYTER_PREFER_ENV_PATH" in env:
+        env_first = _truthy(env["JUPYTER_PREFER_ENV_PATH"])
+    else:
+        env_first = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
+    dirs += own + user if env_first else user + own
     if os.name == "nt":
         if _truthy(env.get("JUPYTER_USE_PROGRAMDATA")) and env.get("PROGRAMDATA"):
             dirs.append(Path(env["PROGRAMDATA"], "jupyter", "kernels"))
@@ -383,7 +388,7 @@ def read_entry(folder: Path) -> KernelEntry:
         data = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         return KernelEntry(name, folder, problem=f"no {SPEC_FILE} in {folder}")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else "not valid JSON"
         return KernelEntry(name, folder, problem=f"{path}: {why}")
     if not isinstance(data, dict):
@@ -393,14 +398,15 @@ def read_entry(folder: Path) -> KernelEntry:
     meta = data.get("metadata")
     ours = meta.get("headroom") if isinstance(meta, dict) else None
     argv = data.get("argv")
+    command = isinstance(argv, list) and bool(argv) and all(isinstance(a, str) for a in argv)
+    no_command = None if command else f"{path}: its argv is not a command"
     if not isinstance(ours, dict):
-        first = argv[0] if isinstance(argv, list) and argv else None
-        return KernelEntry(name, folder, display, first if isinstance(first, str) else "")
+        return KernelEntry(name, folder, display, argv[0] if command else "", problem=no_command)
     python, runner = _text(ours.get("python")), _text(ours.get("runner"))
     options = ours.get("options")
     flags = tuple(str(x) for x in options) if isinstance(options, list) else ()
     return KernelEntry(name, folder, display, python, runner, flags, True,
-                       _broken(python, runner))
+                       no_command or _broken(python, runner))
 
 
 def _text(value: Any) -> str:
