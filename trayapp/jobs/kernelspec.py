@@ -398,10 +398,12 @@ def read_entry(folder: Path) -> KernelEntry:
     meta = data.get("metadata")
     ours = meta.get("headroom") if isinstance(meta, dict) else None
     argv = data.get("argv")
-    command = isinstance(argv, list) and bool(argv) and all(isinstance(a, str) for a in argv)
+    command: List[str] = argv if isinstance(argv, list) and all(
+        isinstance(a, str) for a in argv) else []
     no_command = None if command else f"{path}: its argv is not a command"
     if not isinstance(ours, dict):
-        return KernelEntry(name, folder, display, argv[0] if command else "", problem=no_command)
+        return KernelEntry(name, folder, display, command[0] if command else "",
+                           problem=no_command)
     python, runner = _text(ours.get("python")), _text(ours.get("runner"))
     options = ours.get("options")
     flags = tuple(str(x) for x in options) if isinstance(options, list) else ()
