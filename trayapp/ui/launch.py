@@ -31,7 +31,7 @@ from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
 from trayapp.ui.background import Background
 from trayapp.ui.forms import ERROR_STYLE, one_line, set_message, window_title
-from trayapp.ui.launch_form import AUTO_PYTHON, LaunchForm, select
+from trayapp.ui.launch_form import AUTO_PYTHON, KERNEL_BUTTON, LaunchForm, select
 from trayapp.ui.launch_plan import (
     RecentLaunches,
     form_row,
@@ -549,7 +549,7 @@ class LaunchDialog(LaunchForm):
     def _kernel_done(self, result: Any) -> None:
         self.installing_kernel = False
         self.kernel_button.setEnabled(True)
-        self.kernel_button.setText("Install as a Jupyter kernel")
+        self.kernel_button.setText(KERNEL_BUTTON)
         ok, text = result if isinstance(result, tuple) else (False, f"Not installed: {result}")
         self.kernel_label.setStyleSheet("" if ok else ERROR_STYLE)
         set_message(self.kernel_label, one_line(text))
@@ -625,5 +625,13 @@ def install_kernel_spec(spec: JobSpec, gpus: Sequence[Any], ram_total_bytes: Opt
     except (SpecError, ks.KernelSpecError) as e:
         return False, f"Not installed: {one_line(e)}"
     verb = "Replaced" if done.replaced is not None else "Installed"
-    return True, (f"{verb} the Jupyter kernel \u201c{data['display_name']}\u201d ({name}) in "
-                  f"{done.path.parent.parent}: choose it in Jupyter's kernel list")
+    return True, (f"{verb} the Jupyter kernel \u201c{data['display_name']}\u201d, which runs "
+                  f"{_home_short(spec.python or '')}, in {_home_short(str(done.path.parent))}")
+
+
+def _home_short(path: str) -> str:
+    """``path`` with the home folder as ``~``."""
+    home = os.path.expanduser("~")
+    if home not in ("", "~", os.sep) and (path == home or path.startswith(home + os.sep)):
+        return "~" + path[len(home):]
+    return path

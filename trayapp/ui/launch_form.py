@@ -71,6 +71,9 @@ EXPLAIN = {
 }
 
 
+KERNEL_BUTTON = "&Install as a Jupyter kernel"  # Alt+I
+
+
 def combo(items: Sequence[Tuple[str, Any]], name: str) -> QComboBox:
     box = QComboBox()
     # A long choice does not widen its column (the form's two columns share the width).
@@ -436,7 +439,7 @@ class LaunchForm(QDialog):
         self.cancel_button.setAccessibleName("Close without launching")
         self.cancel_button.setAutoDefault(False)
         # The same options as a Jupyter kernel (no script needed): a notebook's kernel as a job.
-        self.kernel_button = QPushButton("Install as a Jupyter kernel")
+        self.kernel_button = QPushButton(KERNEL_BUTTON)
         self.kernel_button.setAccessibleName("Install these options as a Jupyter kernel")
         self.kernel_button.setToolTip(
             "Write a Jupyter kernel spec with these memory options and this interpreter (it "
