@@ -160,12 +160,16 @@ def test_bad_values_are_refused_naming_the_flag(tmp_path: Path) -> None:
     {"JUPYTER_DATA_DIR": "/somewhere/jd"},
     {"XDG_DATA_HOME": "/xdg"},
     {},
+    {"JUPYTER_PREFER_ENV_PATH": "n", "JUPYTER_PATH": "/a" + os.pathsep + "/b/"},
+    {"JUPYTER_PREFER_ENV_PATH": "y"},
+    {"JUPYTER_PLATFORM_DIRS": "1"},
 ])
 def test_the_data_folder_is_the_one_jupyter_core_finds(env: Dict[str, str], tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from jupyter_core import paths as jpaths
 
-    for name in ("JUPYTER_DATA_DIR", "XDG_DATA_HOME", "JUPYTER_PLATFORM_DIRS", "JUPYTER_PATH"):
+    for name in ("JUPYTER_DATA_DIR", "XDG_DATA_HOME", "JUPYTER_PLATFORM_DIRS", "JUPYTER_PATH",
+                 "JUPYTER_PREFER_ENV_PATH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     for k, v in env.items():

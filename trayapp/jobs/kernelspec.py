@@ -242,7 +242,9 @@ def _memory_environment(settings: Sequence[Tuple[str, str, str]], python: str) -
 
 
 def _truthy(value: Optional[str]) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+    """jupyter_core's ``envset``: set to anything but no, n, false, off, 0 or 0.0."""
+    return value is not None and value.strip().lower() not in ("no", "n", "false", "off", "0",
+                                                               "0.0")
 
 
 def jupyter_data_dir(environ: Optional[Mapping[str, str]] = None,
