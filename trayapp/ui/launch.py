@@ -13,8 +13,9 @@ import logging
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QShowEvent
@@ -23,13 +24,14 @@ from PySide6.QtWidgets import QFileDialog, QLineEdit, QWidget
 from trayapp.config import get_paths
 from trayapp.config import load as load_config
 from trayapp.engine.client import EngineClient
+from trayapp.jobs import kernelspec as ks
 from trayapp.jobs import options as opts
 from trayapp.jobs import plan as planmod
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
 from trayapp.ui.background import Background
-from trayapp.ui.forms import one_line, set_message, window_title
-from trayapp.ui.launch_form import AUTO_PYTHON, LaunchForm, select
+from trayapp.ui.forms import ERROR_STYLE, one_line, set_message, window_title
+from trayapp.ui.launch_form import AUTO_PYTHON, KERNEL_BUTTON, LaunchForm, select
 from trayapp.ui.launch_plan import (
     RecentLaunches,
     form_row,
@@ -83,6 +85,7 @@ class LaunchDialog(LaunchForm):
         # for both, so "Show command" is what is launched (the engine's own otherwise).
         self.environ: Dict[str, str] = dict(os.environ)
         self.launching = False
+        self.installing_kernel = False
         self._filling = False  # the form is being filled by code, not by the user
         self._script_loaded: Optional[str] = None
         self._wanted_gpu: Optional[int] = None  # a remembered GPU, until the GPUs are known
@@ -138,6 +141,7 @@ class LaunchDialog(LaunchForm):
         self.ckpt_browse.clicked.connect(lambda: self._browse_folder(self.ckpt_edit))
         self.plan_button.toggled.connect(self.show_plan)
         self.launch_button.clicked.connect(self.launch)
+        self.kernel_button.clicked.connect(self.install_kernel)
         self.cancel_button.clicked.connect(self.reject)
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt's name
@@ -510,6 +514,46 @@ class LaunchDialog(LaunchForm):
     def _fill_plan(self) -> None:
         self.plan_view.setPlainText(self.plan_text())
 
+    # -- a Jupyter kernel -------------------------------------------------------------------------
+
+    def kernel_spec(self) -> JobSpec:
+        """The form's options and interpreter as a kernel's spec (no script, arguments, folder or
+        job name: Jupyter starts the kernel, in the notebook's folder, named after it). Raises
+        SpecError."""
+        spec = self.form_spec(script_needed=False)
+        return replace(spec, script="", args=(), cwd=None, name=None, resume=False,
+                       fresh=False, python=ks.kernel_python(self.python_path()))
+
+    def install_kernel(self) -> None:
+        """Install the form's options as a Jupyter kernel spec (in the user's Jupyter folder),
+        in the background; the result is one line under the form."""
+        if self.installing_kernel:
+            return
+        try:
+            spec = self.kernel_spec()
+        except SpecError as e:
+            self._kernel_done((False, f"Not installed: {one_line(e)}"))
+            return
+        gpus = tuple(gpu_views(self.gpus()))
+        ram_total = self.ram_total()
+        process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
+        environ = dict(self.environ)
+        self.installing_kernel = True
+        self.kernel_button.setEnabled(False)
+        self.kernel_button.setText("Installing…")
+        set_message(self.kernel_label, None)
+        self._background.submit(
+            lambda: install_kernel_spec(spec, gpus, ram_total, process, environ),
+            self._kernel_done)
+
+    def _kernel_done(self, result: Any) -> None:
+        self.installing_kernel = False
+        self.kernel_button.setEnabled(True)
+        self.kernel_button.setText(KERNEL_BUTTON)
+        ok, text = result if isinstance(result, tuple) else (False, f"Not installed: {result}")
+        self.kernel_label.setStyleSheet("" if ok else ERROR_STYLE)
+        set_message(self.kernel_label, one_line(text))
+
     # -- launching --------------------------------------------------------------------------------
 
     def launch(self) -> None:
@@ -562,3 +606,32 @@ class LaunchDialog(LaunchForm):
         self._revalidate_timer.stop()
         super().done(result)
 
+
+
+def install_kernel_spec(spec: JobSpec, gpus: Sequence[Any], ram_total_bytes: Optional[int],
+                        process: planmod.JobProcess,
+                        environ: Dict[str, str]) -> Tuple[bool, str]:
+    """Write ``spec`` as a kernel spec in the user's Jupyter folder (``headroom kernel install``
+    with the dialog's options; runs off the GUI thread). Returns (done, the line to show)."""
+    try:
+        ks.check_spec(spec, gpus)
+        problem = ks.ipykernel_problem(spec.python or "")
+        if problem:
+            return False, f"Not installed: {problem}"
+        name = ks.default_name(spec.preset)
+        data = ks.kernel_json(spec, name, gpus=gpus, ram_total_bytes=ram_total_bytes,
+                              process=process, environ=environ)
+        done = ks.install(data, name, ks.user_kernels_dir(environ), private=True)
+    except (SpecError, ks.KernelSpecError) as e:
+        return False, f"Not installed: {one_line(e)}"
+    verb = "Replaced" if done.replaced is not None else "Installed"
+    return True, (f"{verb} the Jupyter kernel \u201c{data['display_name']}\u201d, which runs "
+                  f"{_home_short(spec.python or '')}, in {_home_short(str(done.path.parent))}")
+
+
+def _home_short(path: str) -> str:
+    """``path`` with the home folder as ``~``."""
+    home = os.path.expanduser("~")
+    if home not in ("", "~", os.sep) and (path == home or path.startswith(home + os.sep)):
+        return "~" + path[len(home):]
+    return path

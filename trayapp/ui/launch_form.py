@@ -71,6 +71,9 @@ EXPLAIN = {
 }
 
 
+KERNEL_BUTTON = "&Install as a Jupyter kernel"  # Alt+I
+
+
 def combo(items: Sequence[Tuple[str, Any]], name: str) -> QComboBox:
     box = QComboBox()
     # A long choice does not widen its column (the form's two columns share the width).
@@ -435,6 +438,17 @@ class LaunchForm(QDialog):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setAccessibleName("Close without launching")
         self.cancel_button.setAutoDefault(False)
+        # The same options as a Jupyter kernel (no script needed): a notebook's kernel as a job.
+        self.kernel_button = QPushButton(KERNEL_BUTTON)
+        self.kernel_button.setAccessibleName("Install these options as a Jupyter kernel")
+        self.kernel_button.setToolTip(
+            "Write a Jupyter kernel spec with these memory options and this interpreter (it "
+            "needs ipykernel): Jupyter lists it as 'Python 3 (Headroom: preset)', and its "
+            "kernel runs under the guard like a launched job")
+        self.kernel_button.setAutoDefault(False)
+        self.kernel_label = message_label(NOTE_STYLE, "Jupyter kernel")
+        outer.addWidget(self.kernel_label)
+        self.buttons.addButton(self.kernel_button, QDialogButtonBox.ButtonRole.ActionRole)
         self.buttons.addButton(self.plan_button, QDialogButtonBox.ButtonRole.ActionRole)
         self.buttons.addButton(self.launch_button, QDialogButtonBox.ButtonRole.AcceptRole)
         self.buttons.addButton(self.cancel_button, QDialogButtonBox.ButtonRole.RejectRole)
@@ -450,8 +464,8 @@ class LaunchForm(QDialog):
             self.vram_mode, self.vram_spin, self.allocator_combo, self.precision_combo,
             self.xla_combo, self.intra_spin, self.inter_spin, self.ram_budget_edit,
             self.vram_budget_edit, self.manual_resume_box, self.on_oom_combo,
-            self.min_batch_spin, self.fit_batch_box, self.plan_button, self.launch_button,
-            self.cancel_button])
+            self.min_batch_spin, self.fit_batch_box, self.kernel_button, self.plan_button,
+            self.launch_button, self.cancel_button])
         self.script_combo.setFocus()
         self.resize(1060, 780)
 
@@ -468,9 +482,10 @@ class LaunchForm(QDialog):
             return (data,), False
         return None, False
 
-    def form_spec(self) -> JobSpec:
-        """The spec the form describes. Raises SpecError for a field that cannot be read."""
-        script = self.script()
+    def form_spec(self, script_needed: bool = True) -> JobSpec:
+        """The spec the form describes. Raises SpecError for a field that cannot be read.
+        ``script_needed=False`` (a kernel's options): without a script, one stands in."""
+        script = self.script() or ("" if script_needed else "kernel")
         if not script:
             raise SpecError("script: choose a training script", sv.SCRIPT)
         script = os.path.abspath(os.path.expanduser(script))
