@@ -1,4 +1,5 @@
-"""Entry script of a job: ``python bootstrap.py SCRIPT [ARGS...]``.
+"""Entry script of a job: ``python bootstrap.py SCRIPT [ARGS...]``, or of a Jupyter kernel:
+``python bootstrap.py --kernel -f CONNECTION_FILE``.
 
 Runs in the user's interpreter, which does not have Headroom installed (and in frozen builds this
 folder ships as plain source). It loads the runner package from this folder under a private name,

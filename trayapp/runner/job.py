@@ -410,7 +410,13 @@ def process_settings(text):
 
 
 def main(argv, bootstrap_file=None):
-    """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]``."""
+    """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]``, or ``["--kernel", "-f",
+    CONNECTION_FILE]`` for a Jupyter kernel (``kernel``)."""
+    if argv and argv[0] == "--kernel":
+        from . import kernel  # kernel mode only: a script's start does not pay for it
+
+        kernel.main(argv[1:], bootstrap_file)
+        return
     if not argv:
         sys.stderr.write("usage: python bootstrap.py SCRIPT [ARGS...]\n")
         sys.exit(2)
