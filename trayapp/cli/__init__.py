@@ -31,6 +31,7 @@ from trayapp.cli.base import (
 )
 from trayapp.cli.doctor import cmd_doctor
 from trayapp.cli.jobs import cmd_action, cmd_jobs
+from trayapp.cli.kernel import cmd_kernel
 from trayapp.cli.logs import cmd_attach, cmd_logs, cmd_resume
 from trayapp.cli.parser import ACTIONS, build_parser
 from trayapp.cli.run import cmd_run
@@ -71,6 +72,7 @@ def cmd_tray(args: argparse.Namespace, paths: Paths) -> int:
 COMMANDS: Dict[Optional[str], Command] = {
     None: cmd_tray, "engine": cmd_engine, "status": cmd_status, "run": cmd_run,
     "jobs": cmd_jobs, "logs": cmd_logs, "attach": cmd_attach, "doctor": cmd_doctor,
+    "kernel": cmd_kernel,
     **{name: cmd_action for name in ACTIONS}, "resume": cmd_resume,
 }
 # The commands that may be given a --config file that is not there yet: the tray's settings

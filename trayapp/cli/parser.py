@@ -1,5 +1,6 @@
 """The command line's arguments: ``headroom [tray] | engine | status | run | jobs | logs | attach
-| pause | resume | park | stop | doctor``. Bad usage exits 2 with one line, naming the command."""
+| pause | resume | park | stop | doctor | kernel``. Bad usage exits 2 with one line, naming the
+command."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Dict, NoReturn
 from trayapp import __version__
 from trayapp.cli.base import EXIT_USAGE
 from trayapp.jobs.options import add_run_arguments
+from trayapp.jobs.spec_values import add_env_argument, add_option_arguments
 from trayapp.text import one_line
 
 ACTIONS = ("pause", "resume", "park", "stop")  # the job actions, each a command
@@ -31,7 +33,9 @@ class _Parser(argparse.ArgumentParser):
         # has ("did you mean"), rather than by the top level.
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
-            parser = self.commands.get(getattr(ns, "command", None) or "", self)
+            command = getattr(ns, "command", None) or ""
+            parser = self.commands.get(f"{command} {getattr(ns, 'kernel_command', None)}") \
+                or self.commands.get(command, self)
             message = f"unrecognized arguments: {' '.join(extras)}"
             known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
             first = next((e.split("=", 1)[0] for e in extras if e.startswith("--")), None)
@@ -121,7 +125,56 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--python", metavar="PATH", help="the interpreter to check")
     d.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.commands = dict(sub.choices)
+    p.commands.update(_kernel_parsers(sub))
     return p
+
+
+def _kernel_parsers(sub: Any) -> Dict[str, argparse.ArgumentParser]:
+    """``headroom kernel install | list | remove``; returns them by "kernel ACTION"."""
+    k = sub.add_parser("kernel", help="install, list or remove a Jupyter kernel spec whose "
+                                      "kernel is a guarded job")
+    _common(k, top=False)
+    actions = k.add_subparsers(dest="kernel_command", metavar="ACTION", parser_class=_Parser)
+    i = actions.add_parser("install", help="write a kernel spec: Jupyter lists it as "
+                                           "'Python 3 (Headroom: PRESET)'")
+    _common(i, top=False)
+    g = i.add_argument_group("the kernel")
+    g.add_argument("--python", metavar="PATH", help="the kernel's interpreter, which needs "
+                   "ipykernel (default: a venv in this folder, else the current Python)")
+    g.add_argument("--name", metavar="NAME", help="the kernel spec's name (default: "
+                   "headroom-PRESET, or headroom)")
+    g.add_argument("--display-name", metavar="TEXT", help="what Jupyter shows (default: "
+                   "'Python 3 (Headroom: PRESET)')")
+    add_env_argument(g)
+    g.add_argument("--replace", action="store_true", help="also replace a kernel spec of that "
+                   "name that Headroom did not write (Headroom's own are always replaced)")
+    g.add_argument("--dry-run", action="store_true", help="print the kernel.json and where it "
+                   "would go, and write nothing")
+    _kernel_folder(i)
+    add_option_arguments(i, resume=False)
+    ls = actions.add_parser("list", help="Headroom's kernel specs, and which are broken")
+    _common(ls, top=False)
+    ls.add_argument("--json", action="store_true", help="print the kernel specs as JSON")
+    _kernel_folder(ls, python=True)
+    rm = actions.add_parser("remove", help="remove one of Headroom's kernel specs")
+    _common(rm, top=False)
+    rm.add_argument("kernel", metavar="NAME", help="the kernel spec's name")
+    _kernel_folder(rm, python=True)
+    return {f"kernel {name}": parser for name, parser in actions.choices.items()}
+
+
+def _kernel_folder(parser: argparse.ArgumentParser, python: bool = False) -> None:
+    """--user | --prefix P | --sys-prefix, as for ``ipykernel install``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true",
+                       help="the user's Jupyter folder (the default)")
+    where.add_argument("--prefix", metavar="P", help="P/share/jupyter/kernels (a Jupyter run "
+                       "from the environment at P finds it)")
+    where.add_argument("--sys-prefix", action="store_true", help="the kernel interpreter's "
+                       "sys.prefix/share/jupyter/kernels")
+    if python:
+        parser.add_argument("--python", metavar="PATH",
+                            help="with --sys-prefix: the interpreter whose prefix is meant")
 
 
 def _count(text: str) -> int:

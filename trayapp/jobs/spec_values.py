@@ -189,13 +189,29 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--name", metavar="NAME", help="a name for the job")
     g.add_argument("--cwd", metavar="DIR", help="working folder (default: the current one)")
-    g.add_argument(
+    add_env_argument(g)
+    add_option_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="print the launch plan and exit")
+    parser.add_argument("script", metavar="SCRIPT", help="the training script")
+    parser.add_argument(
+        "script_args", metavar="SCRIPT_ARGS", nargs=argparse.REMAINDER, help="the script's own"
+    )
+
+
+def add_env_argument(group: Any) -> None:
+    """The repeatable ``--env KEY=VALUE`` flag."""
+    group.add_argument(
         "--env",
         metavar="KEY=VALUE",
         action="append",
         default=[],
         help="an environment variable for the job (repeatable)",
     )
+
+
+def add_option_arguments(parser: argparse.ArgumentParser, resume: bool = True) -> None:
+    """The memory options, presets, budgets, checkpoints and out-of-memory flags of ``headroom
+    run`` (``headroom kernel install`` has them too; ``resume``: with --resume and --fresh)."""
     m = parser.add_argument_group("memory options (TensorFlow)")
     which = m.add_mutually_exclusive_group()
     which.add_argument("--gpu", metavar="N[,N...]", help="the GPUs the job may use")
@@ -225,13 +241,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="STEPS",
         help="checkpoint every STEPS batches (default: every epoch)",
     )
-    b.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    b.add_argument(
-        "--fresh",
-        action="store_true",
-        help="start over on a checkpoint folder that holds a checkpoint (deleted as the run "
-        "starts)",
-    )
+    if resume:
+        b.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+        b.add_argument(
+            "--fresh",
+            action="store_true",
+            help="start over on a checkpoint folder that holds a checkpoint (deleted as the run "
+            "starts)",
+        )
     b.add_argument(
         "--manual-resume",
         action="store_true",
@@ -249,11 +266,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--fit-batch", action="store_true",
                    help="before training, measure a few small steps and train the largest "
                    "micro-batch forecast to fit (the same training, Keras 3)")
-    parser.add_argument("--dry-run", action="store_true", help="print the launch plan and exit")
-    parser.add_argument("script", metavar="SCRIPT", help="the training script")
-    parser.add_argument(
-        "script_args", metavar="SCRIPT_ARGS", nargs=argparse.REMAINDER, help="the script's own"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
