@@ -410,13 +410,8 @@ def process_settings(text):
 
 
 def main(argv, bootstrap_file=None):
-    """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]``, or ``["--kernel", "-f",
-    CONNECTION_FILE]`` for a Jupyter kernel (``kernel``)."""
-    if argv and argv[0] == "--kernel":
-        from . import kernel  # kernel mode only: a script's start does not pay for it
-
-        kernel.main(argv[1:], bootstrap_file)
-        return
+    """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]`` (a kernel's, ``["--kernel",
+    "-f", CONNECTION_FILE]``, goes to ``kernel.main``: bootstrap.py sends it there)."""
     if not argv:
         sys.stderr.write("usage: python bootstrap.py SCRIPT [ARGS...]\n")
         sys.exit(2)
