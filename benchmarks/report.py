@@ -39,6 +39,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_tray": (["--seconds", "60"], ["--seconds", "10"]),
     "bench_dashboard": ([], []),
     "bench_bundle": ([], []),
+    "bench_kernel": ([], ["--quick"]),
 }
 
 

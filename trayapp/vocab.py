@@ -80,7 +80,7 @@ TRANSITIONS: Mapping[Optional[JobState], FrozenSet[JobState]] = {
     S.RUNNING: frozenset({S.PAUSING, S.PAUSED, S.PARKING, S.STOPPING}) | _ENDS,
     S.PAUSING: frozenset({S.RUNNING, S.PAUSED, S.PARKING, S.STOPPING}) | _ENDS,
     S.PAUSED: frozenset({S.RUNNING, S.PARKING, S.STOPPING}) | _ENDS,
-    S.PARKING: frozenset({S.STOPPING}) | _ENDS,
+    S.PARKING: frozenset({S.STOPPING, S.RUNNING}) | _ENDS,  # running: a kernel's interrupt
     S.STOPPING: frozenset({S.STOPPED, S.PARKED}),  # the runner's bye may say it parked
     S.PARKED: frozenset({S.STARTING, S.STOPPED}),  # relaunched, or closed for good
     S.STOPPED: frozenset({S.STARTING}),  # relaunched from its checkpoint
@@ -202,6 +202,7 @@ class EventKind(Word):
     JOB_SHRUNK = "job_shrunk"  # trains smaller micro-batches with gradient accumulation
     JOB_FORECAST = "job_forecast"  # the memory a fit needs, against what is free
     JOB_BAD_MESSAGE = "job_bad_message"
+    JOB_INTERRUPTED = "job_interrupted"  # a kernel's fit, interrupted at a batch; the kernel lives
     GUARD_WARN = "guard_warn"
     GUARD_OK = "guard_ok"
     GUARD_PAUSE = "guard_pause"

@@ -54,6 +54,8 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
                 "max_bytes": ((int, type(None)), False)},
     "jobs_pause_all": {},
     "job_checkpoints": {"job": ((str,), True)},
+    "kernel_adopt": {"pid": ((int,), True), "name": (_OPT_STR, False),
+                     "kernel": ((dict, type(None)), False), "connection_file": (_OPT_STR, False)},
     "job_checkpoint_delete": {"job": ((str,), True), "checkpoint": ((str,), True)},
 }
 

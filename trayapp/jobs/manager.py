@@ -36,9 +36,9 @@ from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.config import Paths
 from trayapp.jobs import ladder, logpages, messages, trees
-from trayapp.jobs.control import JobControl
 from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
+from trayapp.jobs.kernels import KernelJobs
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.jobs.record import JobRecord
@@ -59,7 +59,7 @@ STOP_ALL_KILL_WAIT_SECONDS = 2.0  # after SIGKILL to what is left, when the engi
 LOG_MAX_MB = 32  # the log cap of a job launched before the cap was kept with it
 
 
-class JobManager(JobControl):
+class JobManager(KernelJobs):
     """The engine's jobs. See the module docstring for threads and life cycle.
 
     ``emit(kind, message, *, level, job_id, data)`` records and pushes an event; ``gpus()``
@@ -91,6 +91,7 @@ class JobManager(JobControl):
             "job_action": self._op_action,
             "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
             "jobs_pause_all": lambda peer, a: self.pause_all(by=BY_USER),
+            **self.kernel_handlers(),
         }
 
     def list(self, include_finished: bool = False) -> List[Dict[str, Any]]:
@@ -402,7 +403,7 @@ def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
         by, why = stop_note
         reason = f"stopped by {by}" + (f": {why}" if why else "")
         message = f"{head} {reason}"
-        if rec.checkpoint_dir:
+        if rec.checkpoint_dir and rec.kind != "kernel":
             message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
         return Ending(S.STOPPED, reason, E.JOB_STOPPED, "info", message)
     if code is None:

@@ -39,8 +39,9 @@ RUNNER_RUNNING = "running"
 RUNNER_PAUSED = "paused"
 RUNNER_PARKING = "parking"
 RUNNER_STOPPING = "stopping"
+RUNNER_IDLE = "idle"  # a kernel between fit() calls
 RUNNER_STATES = frozenset({RUNNER_RUNNING, "pausing", RUNNER_PAUSED, "checkpointing",
-                           RUNNER_PARKING, RUNNER_STOPPING, "stopped"})
+                           RUNNER_PARKING, RUNNER_STOPPING, "stopped", RUNNER_IDLE})
 NOTE_INFO = "info"
 NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
 NOTE_TOPICS = frozenset({rp.TOPIC_SHRUNK})  # notes the engine records as their own event

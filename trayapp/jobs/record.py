@@ -29,7 +29,7 @@ class JobRecord:
     id: str
     name: str = ""
     state: str = JobState.STARTING.value
-    kind: str = "script"  # "script" (launched by Headroom)
+    kind: str = "script"  # "script" (launched by Headroom) or "kernel" (adopted: jobs.kernels)
     pid: Optional[int] = None
     pids: Tuple[int, ...] = ()
     create_time: Optional[float] = None

@@ -43,6 +43,9 @@ class RunnerLink(JobTable):
 
     curves: Curves  # each job's loss and metrics (the manager's)
 
+    def kernel_idle(self, job: Job, events: List[Event]) -> None:
+        """A kernel's runner says no fit runs (``jobs.kernels`` does something with it)."""
+
     def _open_channel(self, job: Job) -> None:
         address = self.paths.job_address(job.id)
         job_id = job.id
@@ -195,6 +198,8 @@ class RunnerLink(JobTable):
             elif job.state == S.STARTING:
                 job.move(S.RUNNING)
                 self._save(job)
+        elif state == messages.RUNNER_IDLE and job.rec.kind == "kernel":
+            self.kernel_idle(job, events)  # an interrupted fit has ended (jobs.kernels)
         elif state == messages.RUNNER_PARKING and job.state in (S.RUNNING, S.PAUSING, S.PAUSED):
             job.move(S.PARKING)
             self._save(job)

@@ -1,4 +1,5 @@
-"""Entry script of a job: ``python bootstrap.py SCRIPT [ARGS...]``.
+"""Entry script of a job: ``python bootstrap.py SCRIPT [ARGS...]``, or of a Jupyter kernel:
+``python bootstrap.py --kernel -f CONNECTION_FILE``.
 
 Runs in the user's interpreter, which does not have Headroom installed (and in frozen builds this
 folder ships as plain source). It loads the runner package from this folder under a private name,
@@ -15,7 +16,7 @@ _PACKAGE = "_headroom_runner"
 _MODULES = ("protocol", "channel", "hooks", "tfoptions", "training", "priority", "joblog", "job")
 
 
-def _load():
+def _load(kernel=False):
     here = os.path.dirname(os.path.realpath(__file__))
     # Python put this folder first on sys.path; the user's imports must not find our modules.
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
@@ -27,8 +28,13 @@ def _load():
     spec.loader.exec_module(package)
     for name in _MODULES:
         importlib.import_module(_PACKAGE + "." + name)
+    if kernel:  # kernel mode only: a script's start does not pay for it
+        return importlib.import_module(_PACKAGE + ".kernel")
     return sys.modules[_PACKAGE + ".job"]
 
 
 if __name__ == "__main__":
-    _load().main(sys.argv[1:], bootstrap_file=os.path.realpath(__file__))
+    if sys.argv[1:2] == ["--kernel"]:
+        _load(kernel=True).main(sys.argv[2:], bootstrap_file=os.path.realpath(__file__))
+    else:
+        _load().main(sys.argv[1:], bootstrap_file=os.path.realpath(__file__))

@@ -177,6 +177,9 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
     its checkpoint folder, a micro-batch it resumes at, --fit-batch's choice."""
     run = FitRun(session, model, session.next_fit_index(), epochs, keras3, tf_backend,
                  bound.arguments.get("initial_epoch", 0))
+    folder = getattr(session, "fit_folder", None)
+    if folder is not None:  # a kernel: a fit's checkpoint is found by what the fit is
+        run.dir = folder(model, bound.arguments)
     run.prepare_folder()
     shrinker = shrink.Shrinker(keras, session, model, bound, keras3)
     run.shrinker = shrinker

@@ -410,7 +410,8 @@ def process_settings(text):
 
 
 def main(argv, bootstrap_file=None):
-    """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]``."""
+    """The runner's entry point: ``argv`` is ``[SCRIPT, *ARGS]`` (a kernel's, ``["--kernel",
+    "-f", CONNECTION_FILE]``, goes to ``kernel.main``: bootstrap.py sends it there)."""
     if not argv:
         sys.stderr.write("usage: python bootstrap.py SCRIPT [ARGS...]\n")
         sys.exit(2)

@@ -175,7 +175,9 @@ class JobView:
             id=job.id, name=job.name, state=job.state,
             pids=job.pids or ((job.pid,) if job.pid else ()),
             rss_bytes=job.rss_bytes, vram_bytes=job.vram_bytes, hooked=job.hooked,
-            checkpoint=bool(job.checkpoint_dir) and job.hooked,
+            # A kernel's fit can be interrupted (its "park") whenever one runs.
+            checkpoint=job.hooked and job.runner_state not in (None, "idle")
+            if job.kind == "kernel" else bool(job.checkpoint_dir) and job.hooked,
             ram_budget_bytes=job.ram_budget_bytes, vram_budget_bytes=job.vram_budget_bytes,
             paused_by=job.paused_by,
             auto_resume=asked if isinstance(asked, bool) else job.auto_resume,

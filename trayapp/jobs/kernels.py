@@ -1,0 +1,297 @@
+"""Jupyter kernels as jobs: adopting a kernel that Jupyter started, and the kernel's ladder.
+
+A kernel started from Headroom's kernel spec asks the engine, over the control channel (the
+user's own: its key is a 0600 file under the user's runtime folder), to ``kernel_adopt`` it.
+The engine believes no word of the request it can check itself: the asking process must be the
+one it names (the socket's peer credentials, on Linux), be this user's, alive, and run the
+runner in kernel mode. It then makes a job of kind "kernel" (a folder, a key, a channel) and
+answers with the channel's address and key; the runner connects there as a script's does.
+The same process asking again gets the same job; at most ``MAX_KERNELS`` kernels live at once.
+
+The ladder of a kernel (it holds the user's variables): a pause waits for the next batch end
+during a ``fit()`` and suspends the tree at once otherwise; a park is "interrupt the fit" (at a
+batch end a checkpoint, then ``KeyboardInterrupt`` in the cell, and the kernel runs on); a stop
+ends the kernel. The job ends when the kernel's process exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import struct
+from typing import Any, Dict, Optional, Tuple
+
+import psutil
+
+from trayapp import config as configmod
+from trayapp import vocab
+from trayapp.channel import Peer
+from trayapp.jobs.control import JobControl
+from trayapp.jobs.job import BY_USER, Job, budget_bytes, now
+from trayapp.jobs.options import JobSpec, SpecError
+from trayapp.jobs.record import JobRecord
+from trayapp.text import one_line
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+log = logging.getLogger("headroom.jobs")
+
+KIND = "kernel"
+IDLE = "idle"  # the runner's state between fits (trayapp.runner.kernel.IDLE)
+MAX_KERNELS = 64  # live kernel jobs at once: a flood of requests cannot grow the engine more
+MAX_NAME = 200
+KEY_BYTES = 32
+KERNEL_MARK = "--kernel"  # in the command line of a kernel run by the runner
+INTERRUPT_SETTLE_SECONDS = 45.0
+
+
+def peer_credentials(peer: Peer) -> Optional[Tuple[int, int]]:
+    """(pid, uid) of the process at the other end of a peer's Unix socket, or None where the
+    system does not say (not Linux, a named pipe)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    conn = getattr(peer, "conn", None)
+    if option is None or conn is None:
+        return None
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        data = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    pid, uid, _ = struct.unpack("3i", data)
+    return pid, uid
+
+
+def kernel_process(pid: Any, peer: Optional[Tuple[int, int]]) -> psutil.Process:
+    """The process a ``kernel_adopt`` request names, once it proved to be the asking one, this
+    user's, alive and a kernel under the runner. Raises ValueError saying what is wrong."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid >= 1 << 31:
+        raise ValueError("kernel_adopt: pid must be a process id")
+    if peer is not None:
+        if peer[1] != os.getuid():
+            raise ValueError("kernel_adopt: the asking process is another user's")
+        if peer[0] != pid:
+            raise ValueError(f"kernel_adopt: process {pid} is not the one asking")
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            raise psutil.NoSuchProcess(pid)
+        if hasattr(os, "getuid") and proc.uids().real != os.getuid():
+            raise ValueError(f"kernel_adopt: process {pid} is another user's")
+        cmdline = proc.cmdline()
+    except psutil.AccessDenied:
+        raise ValueError(f"kernel_adopt: process {pid} cannot be watched") from None
+    except psutil.Error:
+        raise ValueError(f"kernel_adopt: no process {pid}") from None
+    if KERNEL_MARK not in cmdline:
+        raise ValueError(f"kernel_adopt: process {pid} is not a Headroom kernel")
+    return proc
+
+
+def kernel_spec(data: Any) -> JobSpec:
+    """The engine-side spec of a kernel from its ``HEADROOM_KERNEL`` object (``{"v": 1,
+    "name", "spec": {...}}``): what a job spec takes of it (budgets, checkpoint folder,
+    preset ...); a field it does not take, or a spec it refuses, is left out (logged)."""
+    raw = data.get("spec") if isinstance(data, dict) else None
+    if not isinstance(raw, dict):
+        return JobSpec(script="")
+    known = set(JobSpec.__dataclass_fields__) - {"script", "args", "python", "cwd", "env"}
+    fields = {k: v for k, v in raw.items() if k in known}
+    try:
+        return JobSpec.from_json({**fields, "script": ""})
+    except SpecError as e:
+        log.warning("a kernel's spec was not taken (%s); it runs with the defaults", e)
+        return JobSpec(script="")
+
+
+def kernel_name(args: Dict[str, Any]) -> str:
+    name = args.get("name")
+    if not isinstance(name, str) or not name.strip():
+        kernel = args.get("kernel")
+        name = kernel.get("name") if isinstance(kernel, dict) else None
+    return one_line(name, MAX_NAME) if isinstance(name, str) and name.strip() else KIND
+
+
+def is_kernel(rec: JobRecord) -> bool:
+    return rec.kind == KIND
+
+
+def in_fit(rec: JobRecord) -> bool:
+    """A kernel's fit() is under way (there is a fit to pause at a batch or to interrupt)."""
+    return rec.hooked and rec.runner_state not in (None, IDLE)
+
+
+class KernelJobs(JobControl):
+    """The job manager's kernels: adoption, and the kernel's ladder."""
+
+    def kernel_handlers(self) -> Dict[str, Any]:
+        return {"kernel_adopt": self.adopt_kernel}
+
+    def adopt_kernel(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        """Make the asking kernel a job (or find the one it is already); returns ``{"job",
+        "address", "key" (hex)}``. Raises ValueError for a request it does not take."""
+        if self._closed:
+            raise ValueError("the engine is shutting down")
+        proc = kernel_process(args.get("pid"), peer_credentials(peer))
+        try:
+            create_time = proc.create_time()
+        except psutil.Error:
+            raise ValueError("kernel_adopt: the process is gone") from None
+        with self._lock:
+            job = self._kernel_job(proc.pid, create_time)
+            if job is None:
+                live = sum(1 for j in self._jobs.values() if is_kernel(j.rec))
+                if live >= MAX_KERNELS:
+                    raise ValueError(f"kernel_adopt: {live} kernels are watched already, the "
+                                     "most the engine takes")
+                job = self._new_kernel(proc, create_time, args)
+                self._jobs[job.id] = job
+                self._save(job)
+                fresh = True
+            else:
+                fresh = False
+            answer = {"job": job.id, "address": self.paths.job_address(job.id),
+                      "key": job.key.hex()}
+            rec = job.rec
+        if fresh:
+            self._emit(E.JOB_ADOPTED, f"kernel {rec.id} ({rec.name}) is a job now "
+                       f"(pid {rec.pid}): the guard watches it", job_id=rec.id,
+                       data={"pid": rec.pid, "kind": KIND})
+        return answer
+
+    def _kernel_job(self, pid: int, create_time: float) -> Optional[Job]:
+        for job in self._jobs.values():
+            rec = job.rec
+            if is_kernel(rec) and rec.pid == pid and rec.state in vocab.LIVE and \
+                    rec.create_time is not None and abs(rec.create_time - create_time) < 0.01:
+                if job.server is None:
+                    self._open_channel(job)
+                return job
+        return None
+
+    def _new_kernel(self, proc: psutil.Process, create_time: float,
+                    args: Dict[str, Any]) -> Job:
+        """The kernel's folder, key, spec and channel (under the lock)."""
+        spec = kernel_spec(args.get("kernel"))
+        try:
+            applied = self._with_preset(spec)
+        except SpecError as e:
+            log.warning("a kernel's preset was not applied (%s)", one_line(e))
+            applied = spec
+        job_id = self._new_id()
+        folder = self.paths.jobs_dir / job_id
+        folder.mkdir(parents=True, exist_ok=False, mode=0o700)
+        key = secrets.token_bytes(KEY_BYTES)
+        try:
+            configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
+            spec_data = {k: v for k, v in spec.to_json().items() if k not in ("script", "args")}
+            configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+        except OSError as e:
+            from trayapp.jobs.starting import remove_folder
+
+            remove_folder(folder)
+            raise ValueError(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
+        connection = args.get("connection_file")
+        rec = JobRecord(
+            id=job_id, name=kernel_name(args), state=S.STARTING.value, kind=KIND,
+            pid=proc.pid, pids=(proc.pid,), create_time=create_time, started=now(),
+            spec=spec_data, script=one_line(connection, 1000) if isinstance(connection, str)
+            else "", checkpoint_dir=str(applied.checkpoint_dir) if applied.checkpoint_dir
+            else None, ram_budget_bytes=budget_bytes(applied.ram_budget_mb),
+            vram_budget_bytes=budget_bytes(applied.vram_budget_mb),
+            auto_resume=applied.auto_resume if applied.auto_resume is not None
+            else bool(self._setting("guard.auto_resume", True)))
+        job = Job(rec, key)
+        job.process = proc
+        job.known = {proc.pid: proc}
+        try:
+            self._open_channel(job)
+        except ValueError:
+            from trayapp.jobs.starting import remove_folder
+
+            remove_folder(folder)
+            raise
+        return job
+
+    # -- the kernel's ladder ------------------------------------------------------------------
+
+    def pause(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
+              deadline: Optional[float] = None) -> Dict[str, Any]:
+        """As for a script; a kernel between fits is suspended at once (nothing to wait for)."""
+        with self._lock:
+            job = self._find(job_ref)
+            idle = isinstance(job, Job) and is_kernel(job.rec) and not in_fit(job.rec)
+        return super().pause(job_ref, by=by, reason=reason, deadline=0 if idle else deadline)
+
+    def park(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
+             smaller: bool = False) -> Dict[str, Any]:
+        """A kernel is not parked: its fit is interrupted (``interrupt``)."""
+        with self._lock:
+            job = self._find(job_ref)
+            kernel = isinstance(job, Job) and is_kernel(job.rec)
+        if kernel:
+            return self.interrupt(job_ref, by=by, reason=reason)
+        return super().park(job_ref, by=by, reason=reason, smaller=smaller)
+
+    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+        """Interrupt a kernel's fit: the runner saves a checkpoint at the next batch end (with a
+        checkpoint folder) and raises KeyboardInterrupt in the cell; the kernel lives on
+        (state "parking" until the runner says so, then "running"). A suspended kernel is
+        continued first. Raises ValueError when no fit runs or the kernel is not connected."""
+        from trayapp.jobs import trees
+
+        with self._lock:
+            job = self._live(job_ref, "interrupt")
+            rec = job.rec
+            if job.state == S.PARKING:
+                return rec.to_json()
+            if not in_fit(rec) or job.peer is None:
+                raise ValueError(f"kernel {job.id} runs no fit() that Headroom follows: there "
+                                 "is nothing to interrupt (pause or stop it instead)")
+            if rec.pause_mode == "suspended":
+                trees.resume(job)
+            if not self._send(job, "park"):
+                raise ValueError(f"kernel {job.id} did not take the request (its channel "
+                                 "closed)")
+            job.park_note = (by, reason)
+            job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
+            job.pause_deadline = None
+            self._save(job)
+            return job.rec.to_json()
+
+    def kernel_idle(self, job: Job, events: list) -> None:
+        """The runner of a kernel says no fit runs: an interrupt under way has happened (under
+        the lock; its event goes to ``events``)."""
+        if job.state != S.PARKING:
+            return
+        by, why = job.park_note
+        job.move(S.RUNNING, parked_by=None, park_reason=None, pause_mode=None,
+                 paused_by=None, pause_reason=None, paused_at=None)
+        self._save(job)
+        point = job.rec.checkpoint or {}
+        where = f"; its checkpoint is in {point['path']}" if point.get("path") else \
+            " (no checkpoint folder: nothing was saved)"
+        who = "you" if by == BY_USER else f"the {by}"
+        events.append((E.JOB_INTERRUPTED, "warn",
+                       f"kernel {job.id} ({job.rec.name}): its fit was interrupted by {who}"
+                       f"{': ' + why if why else ''}{where}. The kernel and its variables are "
+                       "kept; TensorFlow keeps the GPU memory it holds until the kernel "
+                       "restarts. Run the same fit() again to go on from the checkpoint.",
+                       job.id, {"by": by, "reason": why, "checkpoint": point.get("path")}))
+
+    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+        with self._lock:
+            found = self._find(job_ref)
+        rec = found.rec if isinstance(found, Job) else found
+        if is_kernel(rec) and rec.state in vocab.ENDED:
+            raise ValueError(f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
+                             "there and run the fit() again: it goes on from its checkpoint)")
+        return super().resume(job_ref, by=by, reason=reason)
+
