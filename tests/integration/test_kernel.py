@@ -20,6 +20,7 @@ from jupyter_client.manager import KernelManager  # noqa: E402
 from tests.conftest import EngineProcess, end_processes_of, run_cli, wait_for  # noqa: E402
 from trayapp.config import get_paths  # noqa: E402
 from trayapp.engine.client import EngineClient, EngineError  # noqa: E402
+from trayapp.runner.protocol import STOP_EXIT_CODE  # noqa: E402
 
 MODEL = """
 import numpy as np, keras, time
@@ -255,6 +256,29 @@ def test_a_kernel_shut_down_by_jupyter_ends_its_job(setup: Dict[str, Any],
                                    ("finished", "failed", "lost", "stopped")), None),
                      30, "the job's end")
     assert ended["state"] == "finished", ended
+
+
+def test_headroom_stop_ends_a_kernel_that_has_not_imported_keras(setup: Dict[str, Any],
+                                                                 client: EngineClient) -> None:
+    """The last resort on a kernel: the runner ends it at once (no SIGINT that ipykernel would
+    take as a cell's interrupt, no wait for SIGTERM); Jupyter sees the kernel gone."""
+    km, kc = start_kernel(setup["prefix"], "hr", "")
+    try:
+        pid = km.provisioner.pid
+        job = wait_for(lambda: kernel_job(client, pid).get("connected") and kernel_job(client, pid),
+                       30, "the kernel's job")
+        assert not job["hooked"]
+        done = run_cli("stop", job["id"], env={"HEADROOM_HOME": str(setup["home"])})
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.strip() == f"job {job['id']} ({job['name']}): stopped by you", \
+            done.stdout
+        wait_for(lambda: not km.is_alive(), 10, "Jupyter to see the kernel gone")
+        ended = next(j for j in client.request("jobs", all=True) if j["id"] == job["id"])
+        assert ended["state"] == "stopped" and ended["stopped_by"] == "user", ended
+        # The runner ended it (signals would leave the exit status unknown: Jupyter's child).
+        assert ended["exit_code"] == STOP_EXIT_CODE, ended
+    finally:
+        close(km, kc)
 
 
 def test_a_kernel_without_an_engine_registers_when_one_starts(setup: Dict[str, Any]) -> None:

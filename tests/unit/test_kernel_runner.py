@@ -9,7 +9,7 @@ import pytest
 
 from trayapp.config import get_paths
 from trayapp.runner import engine_home
-from trayapp.runner.kernel import fit_fingerprint, kernel_name, parse_adopted
+from trayapp.runner.kernel import fit_fingerprint, kernel_name, parse_adopted, when_kernel_up
 
 
 @pytest.mark.parametrize("sub", ["h", "a/../h", "x" * 90])
@@ -58,3 +58,47 @@ def test_the_same_fit_of_a_model_made_again_has_the_same_fingerprint() -> None:
     assert fit_fingerprint(make(5), args) != first
     assert fit_fingerprint(make(), {**args, "epochs": 4}) != first
     assert fit_fingerprint(make(), {**args, "x": np.zeros((12, 3), "float32")}) != first
+
+
+def test_registering_waits_for_ipykernel_to_serve() -> None:
+    import threading
+    import types
+
+    calls: list = []
+
+    class App:
+        def start(self, *args: object) -> None:
+            calls.append((up.is_set(), args))
+
+    up = threading.Event()
+    when_kernel_up(types.SimpleNamespace(IPKernelApp=App), up)
+    assert not up.is_set()
+    App().start(1)
+    assert up.is_set() and calls == [(True, (1,))]
+    other = threading.Event()
+    when_kernel_up(types.SimpleNamespace(), other)  # an ipykernel it cannot read: at once
+    assert other.is_set()
+
+
+def test_a_kernel_loads_only_what_it_needs_before_ipykernel(tmp_path: Path) -> None:
+    """Kernel mode reaches ``ipykernel_launcher`` without the fit hook, the checkpoint code or
+    the registering's sockets (they load when used)."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "ipykernel_launcher.py").write_text(
+        "import json, sys\n"
+        "print(json.dumps([m for m in sys.modules if m.startswith('_headroom_runner')"
+        " or m in ('socket', 'tempfile', 'hashlib', 'multiprocessing.connection')]))\n")
+    bootstrap = Path(engine_home.__file__).with_name("bootstrap.py")
+    home = tmp_path / "home"
+    done = subprocess.run([sys.executable, str(bootstrap), "--kernel", "-f", "c.json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"HEADROOM_HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "_headroom_runner.kernel" in loaded and "_headroom_runner.job" in loaded
+    early = {"_headroom_runner.fithook", "_headroom_runner.training", "socket", "tempfile",
+             "hashlib", "multiprocessing.connection"} & loaded
+    assert not early, early

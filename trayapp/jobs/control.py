@@ -234,8 +234,12 @@ class JobControl(Launching):
             # A stopped process cannot handle a signal; it must run again to end cleanly.
             trees.resume(job)
             job.change(pause_mode=None)
-        self._take_step(job, ladder.first_step(time.monotonic(), hooked=job.rec.hooked,
+        self._take_step(job, ladder.first_step(time.monotonic(), hooked=self._stops_itself(job),
                                                ask=ask, force=force))
+
+    def _stops_itself(self, job: Job) -> bool:
+        """The runner is the stop's first step: it hooked ``fit`` (its stop saves first)."""
+        return job.rec.hooked
 
     def _advance_stop(self, job: Job, t: float, *, runner_gone: bool = False) -> None:
         """The next stop step, when one is due at monotonic time ``t``."""

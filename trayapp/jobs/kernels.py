@@ -266,6 +266,14 @@ class KernelJobs(JobControl):
             self._save(job)
             return job.rec.to_json()
 
+    def _stops_itself(self, job: Job) -> bool:
+        """A connected kernel ends itself on a stop, Keras or not: at once between fits, at the
+        next batch end in one. (Signals are slow on a kernel: ipykernel takes SIGINT as an
+        interrupt of the cell, so the stop would wait for SIGTERM.)"""
+        if is_kernel(job.rec) and job.peer is not None:
+            return True
+        return super()._stops_itself(job)
+
     def kernel_idle(self, job: Job, events: list) -> None:
         """The runner of a kernel says no fit runs: an interrupt under way has happened (under
         the lock; its event goes to ``events``)."""

@@ -13,7 +13,8 @@ import os
 import sys
 
 _PACKAGE = "_headroom_runner"
-_MODULES = ("protocol", "channel", "hooks", "tfoptions", "training", "priority", "joblog", "job")
+_MODULES = ("protocol", "channel", "hooks", "tfoptions", "training", "priority", "joblog", "fithook",
+            "job")
 
 
 def _load(kernel=False):
@@ -26,10 +27,10 @@ def _load(kernel=False):
     package = importlib.util.module_from_spec(spec)
     sys.modules[_PACKAGE] = package
     spec.loader.exec_module(package)
+    if kernel:  # what a kernel needs before ipykernel starts; the rest when it is used
+        return importlib.import_module(_PACKAGE + ".kernel")
     for name in _MODULES:
         importlib.import_module(_PACKAGE + "." + name)
-    if kernel:  # kernel mode only: a script's start does not pay for it
-        return importlib.import_module(_PACKAGE + ".kernel")
     return sys.modules[_PACKAGE + ".job"]
 
 

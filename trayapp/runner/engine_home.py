@@ -6,10 +6,8 @@ as ``platformdirs`` names it. A kernel started by Jupyter uses it to find the en
 channel and register with it.
 """
 
-import hashlib
 import os
 import sys
-import tempfile
 
 APP_NAME = "headroom"
 _SOCKET_PATH_MAX = 100
@@ -33,6 +31,8 @@ def data_dir(environ=None):
 
 
 def _short_hash(text):
+    import hashlib  # a long home or Windows only: a kernel's start does not pay for it
+
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -59,6 +59,8 @@ def runtime_dir(data, environ=None):
         candidate = os.path.join(xdg, "headroom-" + _short_hash(data))
         if len(os.path.join(candidate, "job-0123456789ab.sock")) <= _SOCKET_PATH_MAX:
             return candidate
+    import tempfile  # see _short_hash
+
     return os.path.join(tempfile.gettempdir(), f"headroom-{os.getuid()}", _short_hash(data))
 
 

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 
-from . import control, fithook, hooks, joblog, priority, protocol, tfoptions
+from . import control, hooks, joblog, priority, protocol, tfoptions
 from .channel import Channel, NullChannel, start_small
 
 RUNNER_VERSION = 1
@@ -197,6 +197,8 @@ class Session:
             except tfoptions.OptionError as e:
                 self.fail_options(str(e))
         try:
+            from . import fithook  # loaded with the script's runner; a kernel's, here
+
             hooked = fithook.install(keras, self)
         except Exception as e:
             hooked = False

@@ -13,17 +13,15 @@ stay), and a stop ends the kernel. A fit finds its checkpoint by what it is, not
 cells: ``fit_fingerprint``.
 """
 
-import hashlib
 import json
 import os
 import re
 import runpy
-import socket
 import sys
 import threading
 import time
 
-from . import engine_home, hooks, job, priority, protocol, tfoptions, training
+from . import engine_home, hooks, job, priority, protocol, tfoptions
 from .channel import Channel, start_small
 from .control import Control
 
@@ -34,6 +32,7 @@ RETRY_SECONDS = 1.0  # how often an unregistered kernel looks for an engine, at 
 RETRY_MAX_SECONDS = 5.0  # ... and at most this far apart (one stat() of the socket a try)
 REASK_SECONDS = 10.0  # a channel down this long: ask again (an engine that lost the job)
 REQUEST_TIMEOUT_SECONDS = 10.0
+FIRST_TRY_SECONDS = 5.0  # the first request waits for ipykernel to be up, at most this long
 MAX_NAME = 200
 INTERRUPTED = (
     "Headroom interrupted this fit() to free memory{saved}. The kernel and its variables are "
@@ -124,6 +123,8 @@ def fit_fingerprint(model, arguments):
         "data": [_data_shape(arguments.get("x")), _data_shape(arguments.get("y"))],
     }
     text = json.dumps(_stable(what), sort_keys=True, separators=(",", ":"))
+    import hashlib  # at a fit, not at the kernel's start
+
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -164,6 +165,8 @@ class KernelSession(job.Session):
             extra = metadata.get("headroom")
             if isinstance(extra, dict) and extra.get("finished") is True:
                 # Done: running the cell again trains again, from the model as it is.
+                from . import training
+
                 training._drop_checkpoint(run.dir)
         self.send_state(IDLE)
 
@@ -229,6 +232,7 @@ def parse_adopted(result):
 
 def _connect(address, key, timeout):
     """An authenticated control connection; a handshake that hangs is cut after ``timeout``."""
+    import socket  # the Adopter's thread: after the kernel's start
     from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
     if sys.platform == "win32":  # pragma: no cover - Windows: a named pipe
@@ -253,6 +257,8 @@ def _connect(address, key, timeout):
 
 
 def _cut(sock):
+    import socket
+
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -304,6 +310,7 @@ class Adopter:
         self.refused = 0
         self._lost_since = None
         self._stop = threading.Event()
+        self.kernel_up = threading.Event()  # set when ipykernel serves (``when_kernel_up``)
 
     def start(self):
         start_small(threading.Thread(target=self._run, name="headroom-adopt", daemon=True))
@@ -312,6 +319,8 @@ class Adopter:
         self._stop.set()
 
     def _run(self):
+        # Off the kernel's start: Jupyter waits for the kernel, not for its registration.
+        self.kernel_up.wait(FIRST_TRY_SECONDS)
         delay = RETRY_SECONDS
         while not self._stop.is_set():
             if self.needed(time.monotonic()):
@@ -348,6 +357,25 @@ class Adopter:
         channel.start()
         old.close(timeout=0)
         return True
+
+
+def when_kernel_up(kernelapp, event):
+    """Set ``event`` when ipykernel's app (module ``kernelapp``, just imported) has bound its
+    sockets and starts serving; at once when that cannot be told."""
+    app = getattr(kernelapp, "IPKernelApp", None)
+    original = getattr(app, "start", None)
+    if not callable(original):
+        event.set()
+        return
+
+    def start(self, *args, **kwargs):
+        event.set()
+        return original(self, *args, **kwargs)
+
+    try:
+        app.start = start
+    except (AttributeError, TypeError):
+        event.set()
 
 
 # -- the entry point ------------------------------------------------------------------------------
@@ -394,9 +422,11 @@ def main(argv, bootstrap_file=None):
     session, connection = _start(argv, environ)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=session.forked)
-    hooks.ImportWatcher({"tensorflow": session.on_tensorflow, "keras": session.on_keras,
-                         "tf_keras": session.on_keras}).install()
     adopter = Adopter(session, adopt_args(session, environ, connection))
+    hooks.ImportWatcher({"tensorflow": session.on_tensorflow, "keras": session.on_keras,
+                         "tf_keras": session.on_keras,
+                         "ipykernel.kernelapp": lambda m: when_kernel_up(m, adopter.kernel_up),
+                         }).install()
     adopter.start()
     sys.argv = ["ipykernel_launcher"] + list(argv)
     if not getattr(sys.flags, "safe_path", False):

@@ -132,9 +132,38 @@ def actions_for(job: Optional[JobRecord]) -> Tuple[str, ...]:
     return JOB_ACTIONS.get(job.state, ())
 
 
+KERNEL = "kernel"  # a Jupyter kernel's job kind (trayapp.jobs.kernels.KIND)
+KERNEL_IDLE = "idle"  # its runner's word between fits (trayapp.jobs.kernels.IDLE)
+INTERRUPT_TEXT = "Interrupt fit"
+INTERRUPT_TIP = ("Interrupt the kernel's fit() at the next batch end (a checkpoint first, with a "
+                 "checkpoint folder); the kernel and its variables stay, the cell gets "
+                 "KeyboardInterrupt")
+
+
+def is_kernel(job: Optional[JobRecord]) -> bool:
+    return job is not None and job.kind == KERNEL
+
+
+def kernel_in_fit(job: JobRecord) -> bool:
+    """A kernel's fit() runs (there is a fit to interrupt), as the engine tells."""
+    return job.hooked and job.runner_state not in (None, KERNEL_IDLE)
+
+
+def action_words(job: Optional[JobRecord], action: str, text: str, tip: str) -> Tuple[str, str]:
+    """The button's text and tooltip for ``action`` on ``job``: a kernel's park interrupts
+    its fit."""
+    if action == A.PARK and is_kernel(job):
+        return INTERRUPT_TEXT, INTERRUPT_TIP
+    return text, tip
+
+
 def stop_question(job: JobRecord) -> str:
     """What the stop confirmation asks: what stop does to the checkpoint and to the script."""
     name = f"{job.name} ({job.id})"
+    if is_kernel(job):
+        return (f"Shut the kernel {name} down? Its variables are lost (a fit() running stops "
+                "at the next batch end, after a checkpoint with a checkpoint folder). Jupyter "
+                "may start the kernel again, empty.")
     if not job.hooked:
         return (f"Stop {name}? It is interrupted (as with Ctrl-C), then ended by force if it "
                 "does not end; the rest of its script does not run.")
@@ -276,6 +305,11 @@ def action_refusal(job: Optional[JobRecord], action: str) -> Optional[str]:
     button's tooltip while it is disabled), or None."""
     if job is None or action != A.PARK or action not in actions_for(job):
         return None
+    if is_kernel(job):
+        if kernel_in_fit(job):
+            return None
+        return ("The kernel runs no fit() that Headroom follows: there is no fit to "
+                "interrupt. Pause or stop it instead.")
     if not job.checkpoint_dir:
         return ("Park needs a checkpoint folder, and this job has none: its training progress "
                 "would be lost. Pause or stop it instead; launch it with a checkpoint folder "

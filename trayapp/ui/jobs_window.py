@@ -64,6 +64,7 @@ from trayapp.ui.job_rows import (
     RELAUNCH_CHOICES,
     SHOW_CHOICES,
     action_refusal,
+    action_words,
     actions_for,
     job_folder,
     later_checkpoints,
@@ -237,6 +238,7 @@ class JobsWindow(QWidget):
             b = QPushButton(text)
             b.setToolTip(tip)
             b.setProperty("tip", tip)
+            b.setProperty("text", text)
             b.setAccessibleName(f"{text} job")
             b.setAccessibleDescription(tip)
             b.setEnabled(False)
@@ -416,8 +418,14 @@ class JobsWindow(QWidget):
         for name in ACTIONS:
             refusal = action_refusal(job, name)
             button = self.buttons[name]
+            text, tip = action_words(job, name, str(button.property("text")),
+                                     str(button.property("tip")))
+            if button.text() != text:
+                button.setText(text)
+                button.setAccessibleName(f"{text} job")
+            button.setAccessibleDescription(tip)
             button.setEnabled(name in allowed and refusal is None)
-            button.setToolTip(refusal or str(button.property("tip")))
+            button.setToolTip(refusal or tip)
         if job is not None and self._error_state is not None and job.state != self._error_state:
             self._say_error(None)  # said of the job as it was: it has moved on (or ended)
         self.buttons["relaunch"].setEnabled(bool(job and job.spec))
