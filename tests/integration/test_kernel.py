@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
+import psutil
 import pytest
 
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -245,6 +246,41 @@ def test_a_process_cannot_claim_a_kernel_it_is_not(setup: Dict[str, Any]) -> Non
         done.stdout + done.stderr
 
 
+SELF_ADOPT = """
+import os, sys, time
+from trayapp.config import get_paths
+from trayapp.engine.client import EngineClient
+print(EngineClient(get_paths()).request('kernel_adopt', pid=os.getpid(), name='x')['job'],
+      flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_process_that_only_says_kernel_is_a_job_of_itself_and_stops_as_one(
+        setup: Dict[str, Any], client: EngineClient) -> None:
+    """Any process of the user whose command line has "--kernel" can make itself a kernel job
+    (it is the user's own, as ``headroom run`` would make it): the engine acts on the asking
+    process only, and a stop of it that no runner answers ends it with signals."""
+    proc = subprocess.Popen([sys.executable, "-c", SELF_ADOPT, "--kernel"],
+                            env={**os.environ, "HEADROOM_HOME": str(setup["home"])},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        job_id = (proc.stdout.readline() if proc.stdout else "").strip()
+        job = client.request("job_get", job=job_id)
+        assert job["kind"] == "kernel" and job["pid"] == proc.pid and not job["connected"]
+        with pytest.raises(EngineError, match="nothing to interrupt"):
+            client.request("job_action", job=job_id, action="park")
+        stopped = client.request("job_action", job=job_id, action="stop")
+        assert stopped["state"] == "stopped", stopped
+        assert proc.wait(timeout=10) != 0
+        assert client.request("status")["guard"]["state"] in ("ok", "warn", "pause", "park")
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
 def test_a_kernel_shut_down_by_jupyter_ends_its_job(setup: Dict[str, Any],
                                                     client: EngineClient) -> None:
     km = setup["km"]
@@ -268,6 +304,9 @@ def test_headroom_stop_ends_a_kernel_that_has_not_imported_keras(setup: Dict[str
         job = wait_for(lambda: kernel_job(client, pid).get("connected") and kernel_job(client, pid),
                        30, "the kernel's job")
         assert not job["hooked"]
+        worker = int(value(kc, "__import__('subprocess').Popen(['sleep', '300']).pid"))
+        wait_for(lambda: worker in kernel_job(client, pid).get("pids", ()), 30,
+                 "the engine to see the kernel's worker")
         done = run_cli("stop", job["id"], env={"HEADROOM_HOME": str(setup["home"])})
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.strip() == f"job {job['id']} ({job['name']}): stopped by you", \
@@ -277,6 +316,8 @@ def test_headroom_stop_ends_a_kernel_that_has_not_imported_keras(setup: Dict[str
         assert ended["state"] == "stopped" and ended["stopped_by"] == "user", ended
         # The runner ended it (signals would leave the exit status unknown: Jupyter's child).
         assert ended["exit_code"] == STOP_EXIT_CODE, ended
+        wait_for(lambda: not psutil.pid_exists(worker) or psutil.Process(worker).status()
+                 == psutil.STATUS_ZOMBIE, 15, "the kernel's worker to end with it")
     finally:
         close(km, kc)
 

@@ -372,6 +372,8 @@ class GuardService:
         if job is None or not job.pids:
             return None
         group = job.pids[0]  # jobs start in their own session: the root leads the group
+        if job.create_time is not None and same_process(group, job.create_time) is None:
+            return None  # an adopted root (a kernel) that has ended: its pid may be reused
         try:
             if os.getpgid(group) != group:
                 return None

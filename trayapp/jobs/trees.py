@@ -88,11 +88,8 @@ def suspend(job: Job) -> None:
 
 def resume(job: Job) -> None:
     """SIGCONT to the group and every process of the tree."""
-    if not WINDOWS and job.rec.pid:
-        try:
-            os.killpg(job.rec.pid, signal.SIGCONT)
-        except OSError:
-            pass
+    if not WINDOWS:
+        killpg(group(job), signal.SIGCONT)
     for p in tree(job):
         try:
             p.resume()
@@ -100,17 +97,41 @@ def resume(job: Job) -> None:
             pass
 
 
+def group(job: Job) -> int:
+    """The job's process group to signal (0: none). A job the engine started leads a group of
+    its own, whose id no new process gets while any of it lives. An adopted one (a Jupyter
+    kernel, a job of an earlier engine) is not the engine's child: its pid may lead no group,
+    or be another process's once it has ended and its parent collected it; its group is
+    signalled only while the job's own root leads it."""
+    pid = job.rec.pid or 0
+    if pid <= 1 or WINDOWS:
+        return 0
+    if job.popen is None:
+        try:
+            if same_process(pid, job.rec.create_time) is None or os.getpgid(pid) != pid:
+                return 0
+        except OSError:
+            return 0
+    return pid
+
+
 def signal_stage(job: Job, stage: Stage) -> None:
     """Send what stop step ``stage`` sends (asking the runner is not a signal: nothing)."""
     pid = job.rec.pid or 0
+    leads = group(job)
     if stage == Stage.INT:
         if WINDOWS:  # pragma: no cover - Windows only
             try:
                 os.kill(pid, signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined]
             except OSError:
                 pass
-        else:
-            killpg(pid, signal.SIGINT)
+        elif leads:
+            killpg(leads, signal.SIGINT)
+        elif job.process is not None:  # an adopted root that leads no group of its own
+            try:
+                job.process.send_signal(signal.SIGINT)  # psutil: not a reused pid
+            except psutil.Error:
+                pass
     elif stage == Stage.TERM:
         if WINDOWS:  # pragma: no cover - Windows only
             for p in tree(job, with_remnants=True):
@@ -119,11 +140,11 @@ def signal_stage(job: Job, stage: Stage) -> None:
                 except psutil.Error:
                     pass
         else:
-            killpg(pid, signal.SIGTERM)
+            killpg(leads, signal.SIGTERM)
             signal_tree(job, signal.SIGTERM)
     elif stage == Stage.KILL:
         if not WINDOWS:
-            killpg(pid, signal.SIGKILL)
+            killpg(leads, signal.SIGKILL)
         for p in tree(job, with_remnants=True):
             try:
                 p.kill()

@@ -159,6 +159,7 @@ class JobView:
     # training), without waiting for memory; None: it cannot shrink.
     shrinks_to: Optional[int] = None
     batch: Optional[int] = None  # the batch each update sees, when the runner said
+    create_time: Optional[float] = None  # of its root (pids[0]): a reused pid is not it
 
     @property
     def label(self) -> str:
@@ -182,7 +183,7 @@ class JobView:
             paused_by=job.paused_by,
             auto_resume=asked if isinstance(asked, bool) else job.auto_resume,
             parked_by=job.parked_by if job.state in PARKED_STATES else None,
-            shrinks_to=smaller_accumulation(job), batch=job.batch)
+            shrinks_to=smaller_accumulation(job), batch=job.batch, create_time=job.create_time)
 
     def budget(self, watch: Watch) -> Tuple[Optional[int], Optional[int]]:
         """(what it uses, its budget) of RAM or of VRAM."""
