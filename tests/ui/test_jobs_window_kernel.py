@@ -83,3 +83,4 @@ def test_the_window_interrupts_only_a_fit_and_says_a_refusal_in_one_line(  # typ
     said = window.action_error.text()
     assert "nothing to interrupt" in said and "\n" not in said, said
     assert window.buttons[A.STOP].text() == "Stop"
+    assert not window.buttons["relaunch"].isEnabled()  # Jupyter starts kernels

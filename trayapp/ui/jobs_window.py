@@ -66,6 +66,7 @@ from trayapp.ui.job_rows import (
     action_refusal,
     action_words,
     actions_for,
+    is_kernel,
     job_folder,
     later_checkpoints,
     relaunch_spec,
@@ -428,7 +429,8 @@ class JobsWindow(QWidget):
             button.setToolTip(refusal or tip)
         if job is not None and self._error_state is not None and job.state != self._error_state:
             self._say_error(None)  # said of the job as it was: it has moved on (or ended)
-        self.buttons["relaunch"].setEnabled(bool(job and job.spec))
+        # A kernel is started by Jupyter, not relaunched from a spec.
+        self.buttons["relaunch"].setEnabled(bool(job and job.spec) and not is_kernel(job))
         self.buttons["folder"].setEnabled(bool(job and job_folder(job)))
         if job is None:
             self.header_label.setText("Select a job to see its log, options, events, curves, "
