@@ -174,6 +174,11 @@ def test_pause_resume_and_interrupt_a_fit(setup: Dict[str, Any], client: EngineC
                      and kernel_job(client, pid), 30, "the kernel running again")
     assert after["checkpoint"]["path"].startswith(str(setup["checkpoints"]))
     assert value(kc, "marker") == "kept"
+    # The command says what happened to the fit, not only the state the kernel is back in.
+    said = done.stdout.strip()
+    assert said.startswith(f"kernel {job['id']} (") and "fit" in said and "interrupt" in said, said
+    assert "checkpoint" in said and "kernel and its variables are kept" in said or \
+        "at the next batch end" in said, said
     events = client.request("events", job=job["id"])
     assert any(e["kind"] == "job_interrupted" and "GPU memory" in e["message"] for e in events)
     setup["interrupted_at"] = after["checkpoint"]["epoch"]

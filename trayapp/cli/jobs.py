@@ -112,6 +112,19 @@ def describe(job: JobRecord) -> str:
     return f"job {job.id} ({job.name}): {state_text(job, reason=True)}"
 
 
+def describe_interrupt(job: JobRecord) -> str:
+    """A kernel's park is "interrupt the fit": what happened, and how to go on."""
+    head = f"kernel {job.id} ({job.name})"
+    if job.state == S.PARKING:
+        return f"{head}: its fit is interrupted at the next batch end (the kernel stays)"
+    if job.state in vocab.ENDED:
+        return describe(job)
+    point = (job.checkpoint or {}).get("path")
+    saved = f"; its checkpoint is in {point}" if point else " (no checkpoint folder: nothing saved)"
+    return (f"{head}: its fit was interrupted{saved}. The kernel and its variables are kept; run "
+            "the same fit() again to go on")
+
+
 def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
     # An engine is started when state exists: it adopts jobs left running and knows the parked.
     client = connect(paths, start=paths.db_file.exists(), demo=demo(args),
@@ -140,5 +153,7 @@ def cmd_action(args: argparse.Namespace, paths: Paths) -> int:
         job = client.job_action(args.job, args.command)
     finally:
         client.close()
-    print(describe(JobRecord.from_json(job)))
+    record = JobRecord.from_json(job)
+    kernel = args.command == "park" and record.kind == "kernel"
+    print(describe_interrupt(record) if kernel else describe(record))
     return EXIT_OK
