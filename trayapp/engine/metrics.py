@@ -179,7 +179,7 @@ class MetricsService:
         log.warning("metrics: %s; the engine goes on without them", self._error)
 
     def _stop_server(self) -> None:
-        server, self._server, self._held = self._server, None, None
+        server, self._server = self._server, None
         if server is not None:
             server.close()
             log.info("metrics: stopped serving on %s", self._serving[0])
