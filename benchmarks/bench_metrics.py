@@ -3,9 +3,10 @@ against the same engine without the exporter, and what one scrape costs.
 
     python benchmarks/bench_metrics.py [--seconds 180] [--json]
 
-Two engines run side by side over the same minutes (so a burst of something else on the
-machine falls on both): one without the exporter, one with `--metrics` on a free loopback port
-that a scraper hits every 5 s, as Prometheus would. Figures: each engine's CPU seconds per
+Three engines run side by side over the same minutes (so a burst of something else on the
+machine falls on all): one without the exporter, one with `--metrics` on a free loopback port
+that a scraper hits every 5 s, as Prometheus would, and a second one without it, a control
+for the difference two engines make by themselves. Figures: each engine's CPU seconds per
 minute over the whole run, their ratio (goal: at most 1.2x: the exporter does not slow the
 loop), their RSS, and a scrape's wall time (median of 300, from this process) and CPU time in
 the engine (300 scrapes back to back, less what the engine without the exporter spent in the
@@ -72,10 +73,9 @@ def cpu(p: psutil.Process) -> float:
     return t.user + t.system
 
 
-def side_by_side(plain: psutil.Process, exporting: psutil.Process, url: str,
-                 seconds: float) -> Tuple[float, float]:
-    """CPU seconds per minute of both engines over the same ``seconds``, a scrape every 5 s
-    of the second."""
+def side_by_side(procs: List[psutil.Process], url: str, seconds: float) -> List[float]:
+    """CPU seconds per minute of each engine over the same ``seconds``, with a scrape of
+    ``url`` every 5 s."""
     stop = threading.Event()
 
     def scraper() -> None:
@@ -85,10 +85,10 @@ def side_by_side(plain: psutil.Process, exporting: psutil.Process, url: str,
     thread = threading.Thread(target=scraper, daemon=True)
     thread.start()
     try:
-        a0, b0, t0 = cpu(plain), cpu(exporting), time.monotonic()
+        before, t0 = [cpu(p) for p in procs], time.monotonic()
         time.sleep(seconds)
         minutes = (time.monotonic() - t0) / 60
-        return (cpu(plain) - a0) / minutes, (cpu(exporting) - b0) / minutes
+        return [(cpu(p) - b) / minutes for p, b in zip(procs, before)]
     finally:
         stop.set()
         thread.join(10)
@@ -108,9 +108,10 @@ def one_scrape(exporting: psutil.Process, url: str, idle_per_s: float,
     return statistics.median(walls), max(0.0, spent) / n, size
 
 
-def results(plain: float, exporting: float, rss: Tuple[float, float],
+def results(plain: float, exporting: float, control: float, rss: Tuple[float, float],
             scrape_cost: Tuple[float, float, int]) -> List[Dict[str, Any]]:
     ratio = exporting / plain if plain > 0 else float("inf")
+    noise = control / plain if plain > 0 else float("inf")
     wall, spent, size = scrape_cost
     return [
         {"name": "engine without the exporter: CPU per minute", "value": round(plain, 4),
@@ -120,6 +121,9 @@ def results(plain: float, exporting: float, rss: Tuple[float, float],
         {"name": "the exporter's engine CPU against the engine without it (same minutes)",
          "value": round(ratio, 3), "unit": "x", "goal": RATIO_GOAL,
          "ratio": round(ratio / RATIO_GOAL, 3)},
+        {"name": "control: a second engine without the exporter against the first (same "
+                 "minutes; the difference two engines make by themselves)",
+         "value": round(noise, 3), "unit": "x"},
         {"name": "engine RSS with the exporter against without", "value":
          round(rss[1] / rss[0], 3), "unit": "x"},
         {"name": f"one scrape, wall time at the scraper (median of 300, {size} bytes)",
@@ -139,19 +143,20 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}/metrics"
     with tempfile.TemporaryDirectory(prefix="hr-bench-") as tmp:
         procs = [start_engine(Path(tmp) / "plain"),
-                 start_engine(Path(tmp) / "exporting", "--metrics", str(port))]
+                 start_engine(Path(tmp) / "exporting", "--metrics", str(port)),
+                 start_engine(Path(tmp) / "control")]
         try:
-            plain, exporting = (psutil.Process(p.pid) for p in procs)
+            plain, exporting, control = (psutil.Process(p.pid) for p in procs)
             time.sleep(args.warmup)
             scrape(url)
-            a, b = side_by_side(plain, exporting, url, args.seconds)
+            a, b, c = side_by_side([plain, exporting, control], url, args.seconds)
             rss = (plain.memory_info().rss / 2**20, exporting.memory_info().rss / 2**20)
             cost = one_scrape(exporting, url, a / 60)
         finally:
             for p in procs:
                 p.terminate()
                 p.wait(10)
-    out = results(a, b, rss, cost)
+    out = results(a, b, c, rss, cost)
     if args.json:
         print(json.dumps(out))
     else:

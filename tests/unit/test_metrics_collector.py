@@ -191,3 +191,9 @@ def test_a_wide_address_warns_and_serves_until_closed(caplog: pytest.LogCaptureF
         svc.close()
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_bad_address_handed_to_the_engine_is_its_error_not_a_crash() -> None:
+    svc = service("not an address")
+    state = svc.state_json()
+    assert state["listen"] is None and "not an address" in state["error"]
