@@ -188,15 +188,16 @@ def test_frozen_engine_serves_metrics(built: Built, frozen_home: Path, paths: An
     from tests.prometheus_server import free_port
 
     port = free_port()
+    log_path = frozen_home / "engine-stderr.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen([str(built.exe), "engine", "--stay", "--metrics", str(port)],
                             env=dict(os.environ, HEADROOM_HOME=str(frozen_home)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         deadline, text = time.monotonic() + 30, ""
         while time.monotonic() < deadline and "headroom_memory_available_bytes" not in text:
-            assert proc.poll() is None, proc.communicate()[1]
+            assert proc.poll() is None, log_path.read_text(errors="replace")
             try:
                 with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     text = r.read().decode()
@@ -206,6 +207,7 @@ def test_frozen_engine_serves_metrics(built: Built, frozen_home: Path, paths: An
     finally:
         proc.terminate()
         proc.wait(20)
+        log.close()
 
 
 KERAS_JOB = '''\
