@@ -117,6 +117,7 @@ def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
                     f"using the default {setting.default!r}"
                 ))
     _check_order(cfg)
+    _check_tls(cfg)
     return cfg
 
 
@@ -130,6 +131,16 @@ def _check_order(cfg: Config) -> None:
         return
     if not park <= pause <= warn:
         cfg.problems.append("config: guard thresholds should satisfy park <= pause <= warn")
+
+
+def _check_tls(cfg: Config) -> None:
+    """A certificate needs its key and a key its certificate; the exporter does not fall back
+    to plain HTTP, it stays off (and says so)."""
+    cert, key = cfg.values["metrics.tls_cert"], cfg.values["metrics.tls_key"]
+    if bool(cert) != bool(key):
+        given, missing = ("tls_cert", "tls_key") if cert else ("tls_key", "tls_cert")
+        cfg.problems.append(f"config: metrics.{given} is set but metrics.{missing} is not; "
+                            "the metrics exporter stays off until both are")
 
 
 CONFIG_MAX_BYTES = 1 << 20  # a settings file is a few KiB; more is not a settings file

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from trayapp.config.net import as_listen, as_path_text, as_url
 from trayapp.config.sizes import ConfigError, Threshold, _shown
 from trayapp.vocab import GuardAct, GuardMode
 
@@ -213,6 +214,27 @@ SETTINGS: Tuple[Setting, ...] = (
             "Most MB of output a job's log keeps: past it, the first eighth and the last half "
             "are kept, with a line saying how much was dropped between them.", 1, 1024 * 1024,
             label="Keep at most this much of a job's output", unit="MB"),
+    # [metrics]
+    Setting("metrics", "listen", "", as_listen,
+            "Serve Prometheus metrics at http://ADDRESS:PORT/metrics: \"9835\" listens on this "
+            "machine only (127.0.0.1), \"0.0.0.0:9835\" on every network (logged with a "
+            "warning; use TLS). Empty: off, nothing listens. `headroom engine --metrics` "
+            "overrides it.",
+            label="Serve Prometheus metrics at (empty: off)"),
+    Setting("metrics", "tls_cert", "", as_path_text,
+            "Certificate file (PEM) for serving the metrics over HTTPS; needs tls_key too.",
+            label="Metrics TLS certificate file"),
+    Setting("metrics", "tls_key", "", as_path_text,
+            "Private key file (PEM) of that certificate.",
+            label="Metrics TLS key file"),
+    # [machines]
+    Setting("machines", "prometheus", "", as_url,
+            "URL of a Prometheus server that scrapes the Headroom engines of your machines "
+            "(e.g. \"http://prometheus.lab:9090\"); the Machines window asks it. Empty: off.",
+            label="Prometheus server for the Machines window"),
+    Setting("machines", "refresh_seconds", 5.0, _as_float,
+            "Seconds between the Machines window's queries to Prometheus.", 1, 3600,
+            label="Refresh the Machines window every", unit="s"),
     # [ui]
     Setting("ui", "notifications", True, _as_bool, "Show desktop notifications.",
             label="Show desktop notifications"),
