@@ -54,7 +54,8 @@ def cmd_engine(args: argparse.Namespace, paths: Paths) -> int:
         say(f"refusing to start the engine: {e}")
         return EXIT_USAGE
     setup_logging(paths.log_file)
-    engine = Engine(paths, configmod.load(paths.config_file), demo=args.demo, stay=args.stay)
+    engine = Engine(paths, configmod.load(paths.config_file), demo=args.demo, stay=args.stay,
+                    metrics=args.metrics)
     return engine.run()
 
 

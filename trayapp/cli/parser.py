@@ -52,6 +52,18 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
                         help="use simulated GPUs (to try Headroom without an NVIDIA GPU)")
 
 
+def _listen(text: str) -> str:
+    from trayapp.config import ConfigError
+    from trayapp.config.net import parse_listen
+
+    try:
+        if parse_listen(text) is None:
+            raise ConfigError("it is empty")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(f"{one_line(text, limit=60)!r}: {e}") from None
+    return text.strip()
+
+
 _ACTION_HELP = {
     "pause": "pause a job (it stops growing; memory stays)",
     "resume": "resume a paused job, or continue a parked or stopped one from its checkpoint",
@@ -78,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(e, top=False)
     e.add_argument("--stay", action="store_true",
                    help="keep running with no clients and no jobs")
+    e.add_argument("--metrics", type=_listen, metavar="[ADDR:]PORT",
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics (a bare PORT "
+                        "listens on 127.0.0.1 only); overrides [metrics] listen in config.toml")
 
     s = sub.add_parser("status", help="RAM, swap, pressure, GPUs, the guard and the jobs")
     _common(s, top=False)

@@ -24,6 +24,7 @@ from trayapp.engine import checkpoints, protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.guarding import ConfigPolicy, GuardService
 from trayapp.engine.history import ConsumerScan, RecentHistory
+from trayapp.engine.metrics import MetricsService
 from trayapp.engine.parts import Parts
 from trayapp.engine.store import Store
 from trayapp.jobs.envfile import hide_stored
@@ -151,7 +152,7 @@ class Engine:
     def __init__(self, paths: Paths, config: Config, *, demo: bool = False, stay: bool = False,
                  memory_probe: Optional[Union[MemoryProbe, PsutilMemoryProbe]] = None,
                  gpu_backend: Optional[GpuBackend] = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, metrics: Optional[str] = None):
         self.paths = paths
         self.config = config
         self.demo = demo
@@ -179,6 +180,8 @@ class Engine:
         self._exit_reason = "stopped"
         self._store_error: Optional[str] = None
         self.config_watch = ConfigWatcher(self)
+        # The Prometheus exporter: ``metrics`` is --metrics's [ADDR:]PORT (over the setting).
+        self.metrics = MetricsService(lambda: self.config, metrics)
         self._parts = Parts(log)  # the parts of a tick, each on its own
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
@@ -253,6 +256,7 @@ class Engine:
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
                                         name="control", idle_timeout=channel.IDLE_SECONDS)
             self.server.start()
+            self.metrics.start(self.started)
             # The key is written only after the socket exists, so a client that finds the key
             # finds an engine behind it.
             configmod.atomic_write_bytes(self.paths.key_file, key, mode=0o600)
@@ -342,6 +346,7 @@ class Engine:
         if self.guard is not None:
             parts.run("the guard", self.guard.step, snap)
         # History keeps one sample a second; at the guard's fast rate the rest are not built.
+        parts.run("the metrics", self._publish_metrics, snap)
         if self.recent.due(snap.time):
             parts.run("history", self._record_sample, snap)
         mono = time.monotonic()
@@ -373,6 +378,13 @@ class Engine:
             raise LookupError("the engine has no history store yet")
         return self.store
 
+    def _publish_metrics(self, snap: Snapshot) -> None:
+        if not self.metrics.serving():
+            return
+        guard = self.guard.state_json() if self.guard is not None else {}
+        jobs = self.jobs.guard_jobs() if self.jobs is not None else []
+        self.metrics.publish(snap, guard, jobs)
+
     def _publish_snapshot(self) -> None:
         if self.server is not None:
             self.server.broadcast("snapshot", self.status())
@@ -392,6 +404,7 @@ class Engine:
 
     def _shutdown(self) -> None:
         try:
+            self.metrics.close()
             if self.server is not None:
                 self.server.close()
             try:
@@ -427,6 +440,7 @@ class Engine:
         if event is None:
             event = {"id": None, "time": self.clock(), "kind": kind, "level": level,
                      "message": message, "job_id": job_id, "data": data}
+        self.metrics.note_event(kind, data)
         log.log(logging.WARNING if level in ("warn", "error") else logging.INFO, "%s", message)
         if self.server is not None:
             self.server.broadcast("event", event)
@@ -463,6 +477,7 @@ class Engine:
                 "clients": self.server.client_count if self.server is not None else 0,
                 "store_error": getattr(self.store, "write_error", None),
                 "config_problems": shown_problems(self.config.problems),
+                "metrics": self.metrics.state_json(),
             },
         }
 
