@@ -13,10 +13,10 @@ import json
 import socket
 import threading
 import urllib.parse
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
-from contextlib import contextmanager
 
 from trayapp.ui.machines_query import SERIES_QUERY, UP_QUERY
 
@@ -73,9 +73,11 @@ class AnswerServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll: shutting down waits for it.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,),
+                                        daemon=True)
 
-    def __enter__(self) -> "AnswerServer":
+    def __enter__(self) -> AnswerServer:
         self._thread.start()
         return self
 
