@@ -1,4 +1,4 @@
-"""The settings window's Metrics & machines tab against a real engine: the exporter's address
+"""The settings window's Metrics and machines tab against a real engine: the exporter's address
 and TLS files, and the Prometheus server the Machines window asks."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_the_tab_holds_the_fleet_settings_and_saves_them(qtbot, paths,  # type: 
     start_engine()
     dialog = open_dialog(qtbot, paths)
     titles = [dialog.tabs.tabText(i) for i in range(dialog.tabs.count())]
-    page = dialog.tabs.widget(titles.index("Metrics & machines"))
+    page = dialog.tabs.widget(titles.index("Metrics and machines"))
     for name in FLEET:
         assert page.isAncestorOf(dialog.fields[name].widget), name
     listen = dialog.fields["metrics.listen"].widget

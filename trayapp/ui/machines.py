@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from trayapp.config import SETTINGS_BY_NAME
 from trayapp.ui.background import Background, shiboken_valid
-from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, WARNING_STYLE, escape_closes, window_title
+from trayapp.ui.forms import ERROR_STYLE, WARNING_STYLE, escape_closes, window_title
 from trayapp.ui.machines_query import Fleet, PrometheusError, fetch_fleet
 from trayapp.ui.machines_text import (
     COLUMNS,
@@ -166,7 +166,7 @@ class MachinesWindow(QWidget):
         bad = not self.url or self.error is not None or (
             self.fleet is not None and not self.fleet.machines)
         self.status_label.setStyleSheet(ERROR_STYLE if self.error else
-                                        WARNING_STYLE if bad else NOTE_STYLE)
+                                        WARNING_STYLE if bad else "")
         self._fill()
 
     def _fill(self) -> None:

@@ -122,8 +122,7 @@ def instant_query(base: str, promql: str,
     try:
         status, body = _read(url, timeout)
     except urllib.error.URLError as e:
-        reason = e.reason
-        raise PrometheusError(f"cannot reach it: {one_line(str(reason)).rstrip('.')}") from None
+        raise PrometheusError(f"cannot reach it: {_reason(e.reason)}") from None
     except (socket.timeout, TimeoutError):
         raise PrometheusError(f"no answer within {timeout:g} s") from None
     except (OSError, ValueError) as e:  # reset connections, bad status lines, bad URLs
@@ -143,6 +142,13 @@ def instant_query(base: str, promql: str,
         why = error if isinstance(error, str) else f"HTTP {status}"
         raise PrometheusError(f"it refused the query: {one_line(why)}")
     return _vector(answer.get("data"))
+
+
+def _reason(reason: Any) -> str:
+    """"connection refused", not "[Errno 111] Connection refused"."""
+    text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+    text = one_line(text).rstrip(".") or type(reason).__name__
+    return text[:1].lower() + text[1:]
 
 
 def _vector(data: Any) -> Tuple[Optional[float], List[Dict[str, Any]]]:

@@ -10,7 +10,7 @@ from trayapp.ui.machines_query import Fleet, Job, Machine
 
 COLUMNS = ("Machine / job", "RAM", "VRAM", "Guard / state", "Jobs / progress")
 GUARD_WORDS = {"ok": "ok", "warn": "warning", "pause": "pausing jobs", "park": "parking jobs"}
-NO_URL = ("No Prometheus server is set. Enter its URL in Settings › Metrics & machines; "
+NO_URL = ("No Prometheus server is set. Enter its URL in Settings › Metrics and machines; "
           "it must scrape each machine's Headroom exporter as the job \"headroom\".")
 NO_SETTINGS = "Reading the settings from the engine…"
 
@@ -22,7 +22,9 @@ def status_line(url: str, fleet: Optional[Fleet], error: Optional[str],
         return NO_URL
     every = f"{refresh_seconds:g} s"
     if error is not None:
-        return f"Prometheus at {url}: {error}. Trying again every {every}."
+        check = (" Is it running, and is its URL in Settings › Metrics and machines right?"
+                 if error.startswith(("cannot reach", "no answer")) else "")
+        return f"Prometheus at {url}: {error}.{check} Trying again every {every}."
     if fleet is None:
         return f"Asking Prometheus at {url}…"
     if not fleet.machines:
@@ -63,7 +65,7 @@ def machine_cells(m: Machine) -> List[str]:
 
 def gpu_cells(index: str, name: str, used: Optional[float], total: Optional[float]) -> List[str]:
     return [f"GPU {index}: {name}" if name else f"GPU {index}", "",
-            f"{format_bytes(used)} of {format_bytes(total)}", "", ""]
+            f"{format_bytes(used)} used of {format_bytes(total)}", "", ""]
 
 
 def job_cells(j: Job) -> List[str]:

@@ -60,7 +60,7 @@ TABS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                "guard.auto_resume")),
     ("General", ("engine.sample_interval", "ui.notifications", "ui.start_at_login",
                  "ui.show_dashboard_at_start", "history.raw_hours", "history.keep_days")),
-    ("Metrics & machines", ("metrics.listen", "metrics.tls_cert", "metrics.tls_key",
+    ("Metrics and machines", ("metrics.listen", "metrics.tls_cert", "metrics.tls_key",
                             "machines.prometheus", "machines.refresh_seconds")),
 )
 # What an empty text field shows, where an example says more than the label.
