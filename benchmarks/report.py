@@ -29,6 +29,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_tick": ([], ["--ticks", "500", "--rounds", "3"]),
     "bench_tree_memory": (["--seconds", "30"], ["--sizes", "1,20", "--seconds", "2"]),
     "bench_engine": (["--seconds", "60"], ["--seconds", "10"]),
+    "bench_metrics": (["--seconds", "180"], ["--seconds", "30"]),
     "bench_flood": ([], ["--tries", "5"]),
     "bench_store": ([], ["--hours", "2"]),
     "bench_guard": ([], ["--quick"]),

@@ -27,9 +27,8 @@ EXCLUDED_MODULES: List[str] = [
     # draws with use them (3 MB). numpy.ma stays: numpy's own functions (np.unique) use it.
     "numpy.random", "numpy.fft", "numpy.testing",
     "requests", "charset_normalizer", "urllib3", "idna", "certifi",
-    # No network but a local socket: without ssl and _hashlib OpenSSL stays out (5 MB);
-    # hashlib and hmac fall back to Python's built-in hashes, which is all the app uses.
-    "ssl", "_ssl", "_hashlib", "readline",
+    # ssl stays in: the metrics exporter serves HTTPS (and prometheus_client imports it).
+    "readline",
     # Qt modules the app does not use (PySide6-Essentials ships some of them).
     "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtQuickControls2", "PySide6.QtQuickWidgets",
     "PySide6.QtQuickTest", "PySide6.QtDesigner", "PySide6.QtHelp", "PySide6.QtUiTools",
@@ -41,8 +40,9 @@ EXCLUDED_MODULES: List[str] = [
 
 # Files dropped from the collected binaries and data (destination paths, "/" separated; Linux
 # wheels keep Qt under PySide6/Qt/, Windows wheels directly under PySide6/). Safe to drop: the
-# app is in English and uses no TLS, QML, SQL, printing, embedded-display platforms or GTK's
-# theme (whose plugin would drag in the build machine's GTK stack).
+# app is in English and uses no Qt TLS (the exporter's TLS is Python's ssl), QML, SQL,
+# printing, embedded-display platforms or GTK's theme (whose plugin would drag in the build
+# machine's GTK stack).
 DROPPED_FILES: Tuple[str, ...] = tuple(
     f"PySide6/{qt}{rest}"
     for qt in ("Qt/", "")

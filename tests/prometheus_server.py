@@ -67,7 +67,7 @@ class PrometheusServer:
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self._opener = _no_proxy_opener()
 
-    # -- starting and stopping --------------------------------------------------------------------
+    # -- starting and stopping ------------------------------------------------------------------
 
     def config(self) -> Dict[str, Any]:
         scrape: List[Dict[str, Any]] = []
@@ -84,7 +84,7 @@ class PrometheusServer:
                 "rule_files": [str(p) for p in self.rule_files],
                 "scrape_configs": scrape}
 
-    def start(self) -> "PrometheusServer":
+    def start(self) -> PrometheusServer:
         """Start it and wait until it answers ``/-/ready``. Raises PrometheusError (with its
         log's end) when it does not; nothing is left running then."""
         if not os.access(PROMETHEUS, os.X_OK):
@@ -147,7 +147,7 @@ class PrometheusServer:
             proc.kill()
             proc.wait(timeout=10)
 
-    def __enter__(self) -> "PrometheusServer":
+    def __enter__(self) -> PrometheusServer:
         try:
             return self.start()
         except BaseException:
@@ -165,7 +165,7 @@ class PrometheusServer:
         except OSError:
             return ""
 
-    # -- asking it ----------------------------------------------------------------------------------
+    # -- asking it ------------------------------------------------------------------------------
 
     def api(self, path: str, **params: str) -> Any:
         """GET ``/api/v1/<path>`` and return its ``data``; PrometheusError when it fails."""

@@ -181,6 +181,33 @@ def test_frozen_engine_starts_and_stops(built: Built, frozen_home: Path, paths: 
             c.ping()
 
 
+@packaging_only
+def test_frozen_engine_serves_metrics(built: Built, frozen_home: Path, paths: Any) -> None:
+    import urllib.request
+
+    from tests.prometheus_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([str(built.exe), "engine", "--stay", "--metrics", str(port)],
+                            env=dict(os.environ, HEADROOM_HOME=str(frozen_home)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        deadline, text = time.monotonic() + 30, ""
+        while time.monotonic() < deadline and "headroom_memory_available_bytes" not in text:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "headroom_memory_available_bytes" in text and "headroom_guard_state" in text
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
 KERAS_JOB = '''\
 import os, sys
 bundle = sys.argv[1]
@@ -469,3 +496,6 @@ def test_hidden_imports_cover_the_package_but_not_the_runner() -> None:
     names = bundle_filter.hidden_imports(REPO)
     assert {"trayapp", "trayapp.cli", "trayapp.engine.service", "trayapp.ui.app"} <= set(names)
     assert not [n for n in names if n.startswith("trayapp.runner")]
+    # The exporter is in the bundle, with what it needs (prometheus_client imports ssl).
+    assert "trayapp.engine.metrics_export" in names
+    assert not {"ssl", "_ssl", "prometheus_client"} & set(bundle_filter.EXCLUDED_MODULES)

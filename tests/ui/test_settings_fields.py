@@ -33,6 +33,8 @@ def test_each_field_shows_the_table_s_label_and_unit(qtbot, paths) -> None:  # t
             assert isinstance(w, QCheckBox) and w.text() == s.label
         elif s.kind == "threshold":
             assert isinstance(w, QLineEdit) and dialog.fields[s.name].preview is not None
+        elif s.kind == "text":
+            assert isinstance(w, QLineEdit) and dialog.fields[s.name].preview is None
         else:
             assert isinstance(w, QComboBox)
             assert [w.itemData(i) for i in range(w.count())] == list(s.choices)

@@ -72,7 +72,7 @@ def test_a_policy_takes_only_guard_settings_and_does_not_change() -> None:
 def test_every_setting_has_the_words_the_window_shows() -> None:
     for s in SETTINGS:
         assert s.label and s.label[0].isupper(), s.name
-        assert s.kind in ("bool", "choice", "threshold", "number"), s.name
+        assert s.kind in ("bool", "choice", "threshold", "number", "text"), s.name
         assert (s.kind == "choice") == bool(s.choices), s.name
         if s.kind != "number":
             assert s.unit == "", s.name

@@ -56,16 +56,13 @@ class ActionTally:
 def wanted(config: Config, flag: Optional[str]) -> Tuple[Wanted, Optional[str]]:
     """What to serve: ``--metrics`` when given, else ``metrics.listen``; and why it cannot be
     (a TLS file without the other), or None."""
-    listen: Optional[Listen]
-    if flag is not None:
-        listen = parse_listen(flag)  # checked when the command line was read
-    else:
-        try:
-            listen = parse_listen(config["metrics.listen"])
-        except ConfigError:  # pragma: no cover - the config's own check refuses it first
-            listen = None
-    cert, key = str(config["metrics.tls_cert"]), str(config["metrics.tls_key"])
+    listen: Optional[Listen] = None
     problem = None
+    try:  # both are checked where they are read (the command line, the file): this is a net
+        listen = parse_listen(flag if flag is not None else config["metrics.listen"])
+    except ConfigError as e:
+        problem = f"{one_line(str(flag), limit=60)!r}: {e}"
+    cert, key = str(config["metrics.tls_cert"]), str(config["metrics.tls_key"])
     if listen is not None and bool(cert) != bool(key):
         problem = "metrics.tls_cert and metrics.tls_key must both be set for TLS"
     return (listen, cert, key), problem
@@ -148,10 +145,10 @@ class MetricsService:
             self._stop_server()
             self._serving, self._error = want, None
             listen, cert, key = want
-            if listen is None:
-                return
             if problem is not None:
                 self._fail(listen, problem)
+                return
+            if listen is None:
                 return
             self._start_server(listen, cert, key)
 
@@ -174,12 +171,13 @@ class MetricsService:
                         "" if cert else " without TLS (anyone on the network can read the "
                         "machine's memory and jobs); set metrics.tls_cert and metrics.tls_key")
 
-    def _fail(self, listen: Listen, why: str) -> None:
-        self._error = f"cannot serve metrics on {listen}: {why}"
+    def _fail(self, listen: Optional[Listen], why: str) -> None:
+        self._error = f"cannot serve metrics on {listen}: {why}" if listen else \
+            f"cannot serve metrics: {why}"
         log.warning("metrics: %s; the engine goes on without them", self._error)
 
     def _stop_server(self) -> None:
-        server, self._server, self._held = self._server, None, None
+        server, self._server = self._server, None
         if server is not None:
             server.close()
             log.info("metrics: stopped serving on %s", self._serving[0])

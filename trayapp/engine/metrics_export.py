@@ -12,6 +12,7 @@ import socket
 import socketserver
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -31,6 +32,7 @@ JOBS_MAX = 100  # jobs in one scrape (newest first): the labels stay bounded wha
 LABEL_MAX = 64  # characters of a job's or a GPU's name in a label
 CONNECTIONS_MAX = 8  # scrapes served at once; more are closed at once
 REQUEST_TIMEOUT = 10.0  # seconds a connection may take to send its request (TLS included)
+IDLE_POLL = 3600.0  # seconds the serving thread sleeps between scrapes
 GUARD_ACTIONS = tuple(GUARD_EVENTS)  # warn, ok, pause, resume, park, stop
 
 
@@ -309,12 +311,30 @@ class MetricsServer:
             self.server.server_close()
             raise
         self.port = int(self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.2,),
+        # No polling between scrapes (an idle engine wakes for nothing); close() wakes it.
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(IDLE_POLL,),
                                        name="metrics", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
-        """Stop serving and free the port (waits for the serving thread, at most ~0.2 s)."""
-        self.server.shutdown()
+        """Stop serving and free the port. The serving thread sleeps in select(): it is woken
+        by connections of our own until it has seen the request to stop."""
+        stopper = threading.Thread(target=self.server.shutdown, name="metrics-stop",
+                                   daemon=True)
+        stopper.start()
+        deadline = time.monotonic() + 5
+        while stopper.is_alive() and time.monotonic() < deadline:
+            self._wake()
+            stopper.join(0.05)
         self.server.server_close()
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=1)
+
+    def _wake(self) -> None:
+        host, port = self.server.server_address[:2]
+        unspecified = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+        try:
+            with socket.socket(self.server.address_family, socket.SOCK_STREAM) as s:
+                s.settimeout(0.5)
+                s.connect((unspecified.get(str(host), str(host)), port))
+        except OSError:
+            pass

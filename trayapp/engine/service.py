@@ -256,7 +256,7 @@ class Engine:
             self.server = ChannelServer(self.paths.control_address, key, self._handle,
                                         name="control", idle_timeout=channel.IDLE_SECONDS)
             self.server.start()
-            self.metrics.start(self.started)
+            self._parts.run("the metrics", self.metrics.start, self.started)
             # The key is written only after the socket exists, so a client that finds the key
             # finds an engine behind it.
             configmod.atomic_write_bytes(self.paths.key_file, key, mode=0o600)
