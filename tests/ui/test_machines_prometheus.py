@@ -1,6 +1,7 @@
 """The Machines window against a real Prometheus scraping two real engines (two state folders,
-two exporter ports: two machines): each machine shows the values its own ``headroom status
---json`` gives, and a job that ends leaves the window."""
+two exporter ports: two machines) and a port with no engine: each machine shows the values its
+own ``headroom status --json`` gives, a job that ends leaves the window, and the shipped rules
+evaluate on what the engines serve."""
 
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ from trayapp.ui.machines_query import Machine
 
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
 TICKER = str(REPO / "tests" / "scripts" / "jobs" / "ticker.py")
+RULES = REPO / "resources" / "prometheus" / "headroom.rules.yml"
 
 
 class Fleet:
     """Two engines (A with simulated GPUs and a running job, B without GPUs) and Prometheus."""
 
     def __init__(self, homes: List[Path], instances: List[str], engines: List[EngineProcess],
-                 prom: PrometheusServer, job_id: str):
+                 prom: PrometheusServer, job_id: str, dead: str):
         self.homes, self.instances, self.engines = homes, instances, engines
-        self.prom, self.job_id = prom, job_id
+        self.prom, self.job_id, self.dead = prom, job_id, dead
 
     def status(self, i: int) -> Dict[str, Any]:
         done = run_cli("status", "--json", env={"HEADROOM_HOME": str(self.homes[i])})
@@ -54,9 +56,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             e.wait_ready()
         with engines[0].client() as c:
             job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
-        with PrometheusServer(instances) as prom:
-            prom.wait_up()
-            yield Fleet(homes, instances, engines, prom, job_id)
+        dead = f"127.0.0.1:{free_port()}"
+        with PrometheusServer([*instances, dead], rule_files=[RULES]) as prom:
+            prom.wait_for("up", lambda r: len(r) == 3)
+            yield Fleet(homes, instances, engines, prom, job_id, dead)
     finally:
         for e in engines:
             e.stop()
@@ -71,8 +74,9 @@ def shown(w: MachinesWindow) -> Dict[str, Machine]:
 def wait_for_fleet(qtbot: Any, w: MachinesWindow, fleet: Fleet, with_job: bool) -> None:
     def ready() -> bool:
         machines = shown(w)
-        if sorted(machines) != sorted(fleet.instances):
+        if sorted(machines) != sorted([*fleet.instances, fleet.dead]):
             return False
+        machines.pop(fleet.dead)
         a = machines[fleet.instances[0]]
         has_job = any(j.id == fleet.job_id and j.ram_bytes for j in a.jobs)
         return all(m.ram_available_bytes for m in machines.values()) and has_job == with_job
@@ -107,8 +111,9 @@ def test_both_machines_show_what_their_engines_say(qtbot: Any, fleet: Fleet) -> 
     rss = next(j["rss_bytes"] for j in fleet.status(0)["jobs"] if j["id"] == fleet.job_id)
     assert job.ram_bytes and abs(job.ram_bytes - rss) < max(rss, 1) * 0.5
     assert job.progress_ratio is None  # a plain script reports no training progress
+    assert machines[fleet.dead].up is False
     rows = w.rows()
-    assert w.status_label.text().startswith("2 machines, from Prometheus at ")
+    assert w.status_label.text().startswith("3 machines, 1 not answering, from Prometheus at ")
     assert any("ticker (job " in r[0] and r[3] == "running" for r in rows)
     assert [r[2] for r in rows if not r[0].startswith("  ")].count("no GPU") == 1
 
@@ -117,3 +122,23 @@ def test_both_machines_show_what_their_engines_say(qtbot: Any, fleet: Fleet) -> 
         c.job_action(fleet.job_id, "stop")
     wait_for_fleet(qtbot, w, fleet, with_job=False)
     assert not any("ticker (job " in r[0] for r in w.rows())
+
+
+def test_the_rules_evaluate_on_what_the_engines_serve(fleet: Fleet) -> None:
+    """The recording rules give one value per machine and the engine-down alert is pending
+    for the port with no engine (its ``for:`` is minutes): the rules' names and labels match
+    the exporter's, not only their syntax."""
+    prom = fleet.prom
+    ratios = prom.wait_for("instance:headroom_memory_available:ratio",
+                           lambda r: len(r) == 2, timeout=30)
+    assert all(0 < float(s["value"][1]) <= 1 for s in ratios)
+    levels = prom.wait_for("instance:headroom_guard_level:max", lambda r: len(r) == 2)
+    for s in levels:
+        i = fleet.instances.index(s["metric"]["instance"])
+        state = fleet.status(i)["guard"]["state"]
+        assert float(s["value"][1]) == ["ok", "warn", "pause", "park"].index(state)
+    gpus = prom.wait_for("instance:headroom_gpu_memory_used:ratio", lambda r: len(r) == 1)
+    assert gpus[0]["metric"]["instance"] == fleet.instances[0]
+    down = prom.wait_for('ALERTS{alertname="HeadroomEngineDown"}', lambda r: len(r) == 1)
+    assert down[0]["metric"]["instance"] == fleet.dead
+    assert down[0]["metric"]["alertstate"] == "pending"
