@@ -14,6 +14,7 @@ from unittest import mock
 import pytest
 
 from tests.conftest import REPO, EngineProcess, end_processes_of, run_cli
+from tests.integration.test_prometheus_files import DASHBOARD, dashboard_exprs, metric_names
 from tests.prometheus_server import PrometheusServer, free_port
 from trayapp.config import get_paths
 from trayapp.ui.machines import MachinesWindow
@@ -142,3 +143,17 @@ def test_the_rules_evaluate_on_what_the_engines_serve(fleet: Fleet) -> None:
     down = prom.wait_for('ALERTS{alertname="HeadroomEngineDown"}', lambda r: len(r) == 1)
     assert down[0]["metric"]["instance"] == fleet.dead
     assert down[0]["metric"]["alertstate"] == "pending"
+
+
+def test_the_dashboard_queries_run_on_what_the_engines_serve(fleet: Fleet) -> None:
+    """Every query of the Grafana dashboard, with its variables filled in as Grafana does,
+    parses in the real Prometheus; those about memory, GPUs and the guard give data."""
+    exprs = dashboard_exprs(json.loads(DASHBOARD.read_text()))
+    may_be_empty = ("headroom_job_", "headroom_guard_seconds_to_exhaustion")
+    for expr in exprs:
+        if expr.startswith("label_values("):
+            continue
+        query = expr.replace("$instance", ".+").replace("$__rate_interval", "1m")
+        result = fleet.prom.query(query)  # raises on a query Prometheus refuses
+        if not any(name.startswith(may_be_empty) for name in metric_names(expr)):
+            assert result, expr
