@@ -37,8 +37,9 @@ def test_menu_without_an_engine(qtbot) -> None:
     menu = open_menu(tray)
     top = actions(menu)
     assert list(top) == ["Dashboard", "Launch training...", "Jobs", "Pause all jobs", "Guard",
-                         "Settings...", "Quit"]
+                         "Machines...", "Settings...", "Quit"]
     assert top["Dashboard"].isEnabled() and top["Quit"].isEnabled()
+    assert top["Machines..."].isEnabled()  # it asks Prometheus, not the engine
     for text in ("Launch training...", "Pause all jobs", "Settings..."):
         assert not top[text].isEnabled(), text
     assert not submenu(menu, "Guard").isEnabled()

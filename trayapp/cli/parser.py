@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                 epilog="HEADROOM_HOME=DIR keeps all state (settings, history, jobs) under DIR.")
     p.add_argument("--version", action="version", version=f"headroom {__version__}")
     _common(p, top=True)
-    p.add_argument("--open", choices=("dashboard", "launch", "jobs", "settings"),
+    p.add_argument("--open", choices=("dashboard", "launch", "jobs", "settings", "machines"),
                    help="also open this window at start")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 

@@ -53,6 +53,7 @@ EXTERNAL_WINDOWS: Dict[str, tuple] = {
     "launch": ("trayapp.ui.launch", "LaunchDialog", "Launching training"),
     "jobs": ("trayapp.ui.jobs_window", "JobsWindow", "The jobs window"),
     "settings": ("trayapp.ui.settings", "SettingsDialog", "The settings dialog"),
+    "machines": ("trayapp.ui.machines", "MachinesWindow", "The Machines window"),
 }
 # How long quitting waits for the engine to stop the jobs or shut down before leaving anyway.
 QUIT_TIMEOUT_MS = 10_000

@@ -257,7 +257,9 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
     guard = MenuEntry("Guard", "guard", kind="submenu", enabled=live)
     for m in GUARD_MODES:
         guard.children.append(MenuEntry(GUARD_MODE_LABELS[m], f"guard:{m}", checked=mode == m))
-    entries += [guard, _sep(), MenuEntry("Settings...", "open:settings", enabled=live), _sep(),
+    # The Machines window asks Prometheus, not the engine: it opens without one.
+    entries += [guard, _sep(), MenuEntry("Machines...", "open:machines"),
+                MenuEntry("Settings...", "open:settings", enabled=live), _sep(),
                 MenuEntry("Quit", "quit")]
     return entries
 

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QLabel,
+    QLineEdit,
     QMessageBox,
     QPushButton,
     QTabWidget,
@@ -59,7 +60,16 @@ TABS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                "guard.auto_resume")),
     ("General", ("engine.sample_interval", "ui.notifications", "ui.start_at_login",
                  "ui.show_dashboard_at_start", "history.raw_hours", "history.keep_days")),
+    ("Metrics and machines", ("metrics.listen", "metrics.tls_cert", "metrics.tls_key",
+                            "machines.prometheus", "machines.refresh_seconds")),
 )
+# What an empty text field shows, where an example says more than the label.
+PLACEHOLDERS: Dict[str, str] = {
+    "metrics.listen": '"9835" (this machine only) or "0.0.0.0:9835" (every network)',
+    "metrics.tls_cert": "a PEM file, e.g. /etc/headroom/metrics.crt",
+    "metrics.tls_key": "a PEM file, e.g. /etc/headroom/metrics.key",
+    "machines.prometheus": "e.g. http://prometheus.lab:9090",
+}
 
 # -- the dialog -----------------------------------------------------------------------------------
 
@@ -159,6 +169,8 @@ class SettingsDialog(QDialog):
 
     def _add_field(self, form: QFormLayout, s: Setting) -> None:
         f, holder = make_field(s, self._changed)
+        if s.name in PLACEHOLDERS and isinstance(f.widget, QLineEdit):
+            f.widget.setPlaceholderText(PLACEHOLDERS[s.name])
         if s.kind == "bool":
             form.addRow(holder)  # the check box carries its label
         else:

@@ -18,7 +18,7 @@ from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 from trayapp.config import Paths
 
-WINDOWS = ("dashboard", "launch", "jobs", "settings")
+WINDOWS = ("dashboard", "launch", "jobs", "settings", "machines")
 
 
 def server_name(paths: Paths) -> str:
