@@ -133,6 +133,19 @@ def test_menu_entries_disable_pause_all_without_pausable_jobs() -> None:
     assert entries["jobs"].children[0].text == "No jobs running"
 
 
+def test_a_kernels_park_is_interrupt_fit_and_only_during_a_fit() -> None:
+    def park_entry(**fields: object) -> object:
+        status = make_status(jobs=[job("k1", "mnist.ipynb", S.RUNNING, kind="kernel",
+                                       hooked=True, **fields)])
+        jobs = {e.key: e for e in menu_entries(status, True)}["jobs"]
+        return {c.key: c for c in jobs.children[0].children}["job:k1:park"]
+
+    in_fit = park_entry(runner_state="running")
+    assert (in_fit.text, in_fit.enabled) == ("Interrupt fit", True)
+    idle = park_entry(runner_state="idle")
+    assert (idle.text, idle.enabled) == ("Interrupt fit", False)
+
+
 def test_notifications_for_the_kinds_that_matter(qtbot) -> None:
     def ev(kind: str, level: Optional[str] = None) -> dict:
         return {"id": 1, "time": 1.0, "kind": kind, "level": level, "message": f"{kind} says",

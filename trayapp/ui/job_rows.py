@@ -16,7 +16,7 @@ from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
-from trayapp.ui.model import JOB_ACTIONS, format_duration
+from trayapp.ui.model import INTERRUPT_TEXT, JOB_ACTIONS, format_duration, is_kernel, kernel_in_fit
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import JobState as S
 
@@ -132,21 +132,9 @@ def actions_for(job: Optional[JobRecord]) -> Tuple[str, ...]:
     return JOB_ACTIONS.get(job.state, ())
 
 
-KERNEL = "kernel"  # a Jupyter kernel's job kind (trayapp.jobs.kernels.KIND)
-KERNEL_IDLE = "idle"  # its runner's word between fits (trayapp.jobs.kernels.IDLE)
-INTERRUPT_TEXT = "Interrupt fit"
 INTERRUPT_TIP = ("Interrupt the kernel's fit() at the next batch end (a checkpoint first, with a "
                  "checkpoint folder); the kernel and its variables stay, the cell gets "
                  "KeyboardInterrupt")
-
-
-def is_kernel(job: Optional[JobRecord]) -> bool:
-    return job is not None and job.kind == KERNEL
-
-
-def kernel_in_fit(job: JobRecord) -> bool:
-    """A kernel's fit() runs (there is a fit to interrupt), as the engine tells."""
-    return job.hooked and job.runner_state not in (None, KERNEL_IDLE)
 
 
 def action_words(job: Optional[JobRecord], action: str, text: str, tip: str) -> Tuple[str, str]:

@@ -44,6 +44,20 @@ GUARD_MODE_LABELS = {"act": "Act (warn, pause, park)", "dry-run": "Dry run (only
                      "off": "Off (watch only)"}
 
 
+KERNEL = "kernel"  # a Jupyter kernel's job kind (trayapp.jobs.kernels.KIND)
+KERNEL_IDLE = "idle"  # its runner's word between fits (trayapp.jobs.kernels.IDLE)
+INTERRUPT_TEXT = "Interrupt fit"  # a kernel's park
+
+
+def is_kernel(job: Optional[JobRecord]) -> bool:
+    return job is not None and job.kind == KERNEL
+
+
+def kernel_in_fit(job: JobRecord) -> bool:
+    """A kernel's fit() runs (there is a fit to interrupt), as the engine tells."""
+    return job.hooked and job.runner_state not in (None, KERNEL_IDLE)
+
+
 def is_active_job(job: JobRecord) -> bool:
     """Whether the job still runs (or is paused): quitting must ask what to do with it."""
     return job.state not in ENDED_STATES
@@ -245,8 +259,11 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
         sub = MenuEntry(job_label(job.to_json()), f"job:{jid}", kind="submenu")
         actions = JOB_ACTIONS.get(job.state, ())
         for action in (A.PAUSE, A.RESUME, A.PARK, A.STOP):
-            sub.children.append(MenuEntry(action.capitalize(), f"job:{jid}:{action}",
-                                          enabled=action in actions))
+            enabled = action in actions
+            text = action.capitalize()
+            if action == A.PARK and is_kernel(job):  # a kernel's park interrupts its fit
+                text, enabled = INTERRUPT_TEXT, enabled and kernel_in_fit(job)
+            sub.children.append(MenuEntry(text, f"job:{jid}:{action}", enabled=enabled))
         job_menu.children.append(sub)
     job_menu.children += [_sep(), MenuEntry("All jobs...", "open:jobs", enabled=live)]
     entries.append(job_menu)
