@@ -286,6 +286,13 @@ def _app(registry: CollectorRegistry) -> Callable[..., Any]:
     return app
 
 
+def _no_passphrase() -> bytes:
+    """Called by OpenSSL for a key with a passphrase, which would otherwise be asked for on the
+    engine's terminal (the engine's start waiting there)."""
+    raise ValueError("the TLS key has a passphrase, which the engine cannot be given: write it "
+                     "without one (openssl pkey -in KEY -out KEY2) and keep that file 0600")
+
+
 class MetricsServer:
     """Serves ``families(held())`` at ``/metrics`` on ``listen`` (HTTPS with ``cert`` and
     ``key``), from threads of its own. The constructor binds: it raises OSError (a port in use,
@@ -303,7 +310,8 @@ class MetricsServer:
             if cert:
                 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
                 context.minimum_version = ssl.TLSVersion.TLSv1_2
-                context.load_cert_chain(certfile=cert, keyfile=key or None)
+                context.load_cert_chain(certfile=cert, keyfile=key or None,
+                                        password=_no_passphrase)
                 self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
                                                          do_handshake_on_connect=False)
             self.server.set_app(_app(registry))
