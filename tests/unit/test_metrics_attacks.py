@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import subprocess
 import sys
 import termios
 import textwrap
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -96,3 +98,31 @@ def test_a_key_with_a_passphrase_without_a_terminal_says_what_is_wrong(
     svc.start(started=1.0)
     error = svc.state_json()["error"]
     assert svc.port is None and "passphrase" in error, error
+
+
+# -- settings flipped quickly ---------------------------------------------------------------------
+
+
+def test_settings_flipped_quickly_end_where_the_last_one_says() -> None:
+    """Flips that come while a restart is under way (it holds the service's lock: closing a
+    server waits for its thread) queue restarts; the last setting must win, not the last
+    restart to get the lock."""
+    ports = [free_port(), free_port()]
+    current = [cfg.from_mapping({"metrics": {"listen": str(ports[0])}})]
+    svc = MetricsService(lambda: current[0])
+    svc.start(started=1.0)
+    try:
+        with svc._lock:  # a restart under way
+            for i in range(1, 43):  # ends on ports[0], where it serves now
+                current[0] = cfg.from_mapping({"metrics": {"listen": str(ports[i % 2])}})
+                svc.serving()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                t.name == "metrics-restart" for t in threading.enumerate()):
+            time.sleep(0.05)
+        assert svc.port == ports[0], svc.state_json()
+        assert scrape(ports[0]) == b""
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", ports[1])) != 0
+    finally:
+        svc.close()

@@ -81,6 +81,9 @@ class MetricsService:
         self._held: Optional[Held] = None
         self._server: Optional[MetricsServer] = None
         self._serving: Wanted = (None, "", "")
+        # What the settings ask for now, and why it cannot be: a restart applies this, the
+        # latest, not what was asked when it was queued (flips can overtake each other).
+        self._want: Tuple[Wanted, Optional[str]] = ((None, "", ""), None)
         self._error: Optional[str] = None
         self._seen: Optional[Config] = None
         self._host = socket.gethostname()
@@ -93,7 +96,8 @@ class MetricsService:
         self._started = started
         cfg = self._config()
         self._seen = cfg
-        self._apply(*wanted(cfg, self.flag))
+        self._want = wanted(cfg, self.flag)
+        self._apply()
 
     def serving(self) -> bool:
         """Whether a reading is wanted (the exporter is on). A changed setting restarts the
@@ -102,10 +106,11 @@ class MetricsService:
         cfg = self._config()
         if cfg is not self._seen:
             self._seen = cfg
-            want, problem = wanted(cfg, self.flag)
-            if want != self._serving or self._error is not None:
-                threading.Thread(target=self._apply, args=(want, problem),
-                                 name="metrics-restart", daemon=True).start()
+            want = wanted(cfg, self.flag)
+            if want != self._want or self._error is not None:
+                self._want = want
+                threading.Thread(target=self._apply, name="metrics-restart",
+                                 daemon=True).start()
         return self._server is not None
 
     def publish(self, snap: Snapshot, guard: Mapping[str, Any],
@@ -138,8 +143,9 @@ class MetricsService:
 
     # -- starting and stopping ------------------------------------------------------------------
 
-    def _apply(self, want: Wanted, problem: Optional[str]) -> None:
+    def _apply(self) -> None:
         with self._lock:
+            want, problem = self._want
             if want == self._serving and self._server is not None and problem is None:
                 return
             self._stop_server()
