@@ -15,13 +15,15 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, List
 
 import pytest
 
 from tests.prometheus_server import free_port
 from trayapp import config as cfg
+from trayapp.config.net import Listen
 from trayapp.engine.metrics import MetricsService
+from trayapp.engine.metrics_export import CONNECTIONS_MAX, MetricsServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,6 +100,51 @@ def test_a_key_with_a_passphrase_without_a_terminal_says_what_is_wrong(
     svc.start(started=1.0)
     error = svc.state_json()["error"]
     assert svc.port is None and "passphrase" in error, error
+
+
+# -- connections that hold a slot ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MetricsServer]:
+    s = MetricsServer(Listen("127.0.0.1", free_port()), lambda: None)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_slow_dripping_connections_do_not_blind_the_exporter(server: MetricsServer) -> None:
+    """A header a second on every slot (each under the per-read timeout) held them all: every
+    scrape was turned away for as long as it went on."""
+    held: List[socket.socket] = []
+    try:
+        for _ in range(CONNECTIONS_MAX * 2):
+            c = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            c.sendall(b"GET /metrics HTTP/1.1\r\n")
+            held.append(c)
+        for _ in range(3):
+            for c in held:
+                try:
+                    c.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            assert scrape(server.port) == b""  # served (nothing held yet: an empty page)
+    finally:
+        for c in held:
+            c.close()
+
+
+def test_a_flood_of_idle_connections_leaves_the_slots_bounded(server: MetricsServer) -> None:
+    before = threading.active_count()
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            for _ in range(100)]
+    try:
+        assert scrape(server.port) == b""
+        assert threading.active_count() - before <= CONNECTIONS_MAX + 2
+    finally:
+        for c in held:
+            c.close()
 
 
 # -- settings flipped quickly ---------------------------------------------------------------------

@@ -32,6 +32,7 @@ JOBS_MAX = 100  # jobs in one scrape (newest first): the labels stay bounded wha
 LABEL_MAX = 64  # characters of a job's or a GPU's name in a label
 CONNECTIONS_MAX = 8  # scrapes served at once; more are closed at once
 REQUEST_TIMEOUT = 10.0  # seconds a connection may take to send its request (TLS included)
+EVICT_WAIT = 1.0  # seconds a new connection waits for the slot of one cut to make room
 IDLE_POLL = 3600.0  # seconds the serving thread sleeps between scrapes
 GUARD_ACTIONS = tuple(GUARD_EVENTS)  # warn, ok, pause, resume, park, stop
 
@@ -234,6 +235,11 @@ class _Handler(WSGIRequestHandler):
         if isinstance(self.connection, ssl.SSLSocket):
             self.connection.do_handshake()  # here, in the connection's thread, under the timeout
 
+    def parse_request(self) -> bool:
+        parsed = bool(super().parse_request())  # the request line and the headers
+        self.server.request_read(self.request)  # type: ignore[attr-defined]
+        return parsed
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape a second would flood the log
 
@@ -242,10 +248,13 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 64  # a burst of connections waits to be taken, not refused by the system
 
     def __init__(self, address: Tuple[Any, ...], family: int):
         self.address_family = family
         self._slots = threading.BoundedSemaphore(CONNECTIONS_MAX)
+        self._waiting: Dict[Any, float] = {}  # connections yet to send their request: since
+        self._waiting_lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -255,12 +264,19 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         self.setup_environ()
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """A connection gets a slot; when all are taken, the one that has waited longest for
+        its request line is cut to make room (connections that send nothing, or a byte now
+        and then, cannot hold every slot: a scraper sends its request at once)."""
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            if not self._cut_oldest_waiting() or not self._slots.acquire(timeout=EVICT_WAIT):
+                self.shutdown_request(request)
+                return
+        with self._waiting_lock:
+            self._waiting[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.request_read(request)
             self._slots.release()
             raise
 
@@ -268,7 +284,25 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.request_read(request)
             self._slots.release()
+
+    def request_read(self, request: Any) -> None:
+        """``request`` has sent its request line (or is done): it is no longer cut for room."""
+        with self._waiting_lock:
+            self._waiting.pop(request, None)
+
+    def _cut_oldest_waiting(self) -> bool:
+        with self._waiting_lock:
+            if not self._waiting:
+                return False
+            oldest = min(self._waiting, key=self._waiting.__getitem__)
+            del self._waiting[oldest]
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)  # its thread reads the end and frees the slot
+        except OSError:
+            pass
+        return True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that hangs up or speaks no TLS is its own business: no traceback
