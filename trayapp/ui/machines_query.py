@@ -9,9 +9,12 @@ stopped answering still shows). ``parse_fleet`` turns the answers into one ``Fle
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import math
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,6 +31,8 @@ TIMEOUT_SECONDS = 5.0
 # An answer larger than this is not one a handful of machines give.
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 MAX_SERIES = 50_000
+MAX_LABELS = 64  # labels of one series kept (an exporter's have a handful)
+MAX_LABEL = 200  # characters of a label's name or value kept (one printable line)
 GUARD_LEVELS = ("ok", "warn", "pause", "park")
 
 
@@ -93,23 +98,90 @@ class Fleet:
 
 
 def query_url(base: str, promql: str) -> str:
-    """The instant-query URL of ``promql`` on the server at ``base`` (a path prefix is kept)."""
+    """The instant-query URL of ``promql`` on the server at ``base`` (a path prefix is kept;
+    a user name and password in ``base`` are not: they go in a header, ``credentials``)."""
     parts = urllib.parse.urlsplit(base.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PrometheusError(f"{base!r} is not an http:// or https:// URL")
+        raise PrometheusError(f"{shown_url(base)!r} is not an http:// or https:// URL")
     path = parts.path.rstrip("/") + "/api/v1/query"
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path,
+    return urllib.parse.urlunsplit((parts.scheme, _netloc(parts), path,
                                     urllib.parse.urlencode({"query": promql}), ""))
 
 
-def _read(url: str, timeout: float) -> Tuple[int, bytes]:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+def _netloc(parts: urllib.parse.SplitResult) -> str:
+    return parts.netloc.rpartition("@")[2]
+
+
+def shown_url(base: str) -> str:
+    """``base`` as the window and the log may show it: without a user name or password."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-            return response.status, response.read(MAX_ANSWER_BYTES + 1)
+        parts = urllib.parse.urlsplit(base.strip())
+    except ValueError:
+        return "(a URL that does not parse)"
+    if "@" not in parts.netloc:
+        return base.strip()
+    return urllib.parse.urlunsplit(parts._replace(netloc=_netloc(parts)))
+
+
+def credentials(base: str) -> Optional[str]:
+    """The ``Authorization`` header for a ``user:password@`` in ``base`` (basic auth, as
+    Prometheus's own web config and the proxies in front of it take it), or None."""
+    parts = urllib.parse.urlsplit(base.strip())
+    if "@" not in parts.netloc:
+        return None
+    userinfo = parts.netloc.rpartition("@")[0]
+    user, _, password = userinfo.partition(":")
+    pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+    return "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+
+
+class _SameServerOnly(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect on the same server only (``/prometheus`` -> ``/prometheus/``): not to
+    another host, port or scheme, which would get the password and answer for the server."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(
+            urllib.parse.urljoin(req.full_url, newurl))
+        if (old.scheme, old.hostname, old.port) != (new.scheme, new.hostname, new.port):
+            raise PrometheusError(f"it sends the query on to another server "
+                                  f"({one_line(shown_url(new.geturl()), limit=120)}); give "
+                                  "that server's URL instead")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_SameServerOnly())
+
+
+def _read(url: str, timeout: float, authorization: Optional[str] = None) -> Tuple[int, bytes]:
+    headers = {"Accept": "application/json"}
+    if authorization:
+        headers["Authorization"] = authorization
+    request = urllib.request.Request(url, headers=headers)
+    deadline = time.monotonic() + timeout
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            return response.status, _read_body(response, deadline, timeout)
     except urllib.error.HTTPError as e:  # 400/422/503 carry Prometheus's own reason
         with e:
-            return e.code, e.read(MAX_ANSWER_BYTES + 1)
+            return e.code, _read_body(e, deadline, timeout)
+
+
+def _read_body(response: Any, deadline: float, timeout: float) -> bytes:
+    """At most ``MAX_ANSWER_BYTES + 1`` bytes, all before ``deadline``: a server that sends a
+    byte now and then (under the socket's timeout) is given up on all the same."""
+    chunks: List[bytes] = []
+    size = 0
+    while size <= MAX_ANSWER_BYTES:
+        if time.monotonic() > deadline:
+            raise PrometheusError(f"no whole answer within {timeout:g} s")
+        chunk = response.read1(min(1 << 16, MAX_ANSWER_BYTES + 1 - size)) \
+            if hasattr(response, "read1") else response.read(MAX_ANSWER_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def instant_query(base: str, promql: str,
@@ -120,14 +192,15 @@ def instant_query(base: str, promql: str,
     error Prometheus reports, or an answer that is not a vector."""
     url = query_url(base, promql)
     try:
-        status, body = _read(url, timeout)
+        status, body = _read(url, timeout, credentials(base))
+    except PrometheusError:
+        raise
     except urllib.error.URLError as e:
         raise PrometheusError(f"cannot reach it: {_reason(e.reason)}") from None
     except (socket.timeout, TimeoutError):
         raise PrometheusError(f"no answer within {timeout:g} s") from None
-    except (OSError, ValueError) as e:  # reset connections, bad status lines, bad URLs
-        raise PrometheusError(f"cannot reach it: {one_line(str(e)) or type(e).__name__}") \
-            from None
+    except (OSError, ValueError, http.client.HTTPException) as e:  # resets, bad status lines
+        raise PrometheusError(f"cannot reach it: {_said(e, base)}") from None
     if len(body) > MAX_ANSWER_BYTES:
         raise PrometheusError("its answer is too large to be a Prometheus answer")
     try:
@@ -142,6 +215,15 @@ def instant_query(base: str, promql: str,
         why = error if isinstance(error, str) else f"HTTP {status}"
         raise PrometheusError(f"it refused the query: {one_line(why)}")
     return _vector(answer.get("data"))
+
+
+def _said(e: BaseException, base: str) -> str:
+    """What an error says, without the URL's password (http.client quotes the host part)."""
+    text = one_line(str(e)) or type(e).__name__
+    userinfo = urllib.parse.urlsplit(base.strip()).netloc.rpartition("@")[0]
+    for secret in {userinfo, userinfo.partition(":")[2]} - {""}:
+        text = text.replace(secret, "***")
+    return text
 
 
 def _reason(reason: Any) -> str:
@@ -166,7 +248,8 @@ def _vector(data: Any) -> Tuple[Optional[float], List[Dict[str, Any]]]:
         value = item.get("value")
         if not isinstance(value, list) or len(value) != 2:
             raise PrometheusError("its answer has a series without a value")
-        labels = {str(k): str(v) for k, v in item["metric"].items()
+        labels = {one_line(str(k), limit=MAX_LABEL): one_line(str(v), limit=MAX_LABEL)
+                  for k, v in list(item["metric"].items())[:MAX_LABELS]
                   if isinstance(v, (str, int, float))}
         samples.append({"metric": labels, "value": _number(value[1])})
         if isinstance(value[0], (int, float)) and not isinstance(value[0], bool):
@@ -268,4 +351,6 @@ def _machine_value(m: Machine, name: str, labels: Dict[str, str],
 
 
 def _gpu_order(index: str) -> Tuple[int, str]:
-    return (int(index), "") if index.isdigit() else (1 << 30, index)
+    if index.isascii() and index.isdigit() and len(index) <= 9:
+        return (int(index), "")
+    return (1 << 30, index)

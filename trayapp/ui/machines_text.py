@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from trayapp.formats import NA, clock, format_bytes, percent
-from trayapp.ui.machines_query import Fleet, Job, Machine
+from trayapp.ui.machines_query import Fleet, Job, Machine, shown_url
 
 COLUMNS = ("Machine / job", "RAM", "VRAM", "Guard / state", "Jobs / progress")
 GUARD_WORDS = {"ok": "ok", "warn": "warning", "pause": "pausing jobs", "park": "parking jobs"}
@@ -20,6 +20,7 @@ def status_line(url: str, fleet: Optional[Fleet], error: Optional[str],
     """One line above the table: where the numbers come from and when, or why there are none."""
     if not url:
         return NO_URL
+    url = shown_url(url)  # never the password of a user:password@ in it
     every = f"{refresh_seconds:g} s"
     if error is not None:
         check = (" Is it running, and is its URL in Settings › Metrics and machines right?"
