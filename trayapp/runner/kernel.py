@@ -225,7 +225,8 @@ def parse_adopted(result):
         return None
     job_id, key = _hex(result.get("job"), 32), _hex(result.get("key"), 512)
     address = result.get("address")
-    if not job_id or not key or not isinstance(address, str) or not 0 < len(address) <= 400:
+    if not job_id or not key or len(key) % 2 or not isinstance(address, str) or \
+            not 0 < len(address) <= 400 or not address.isprintable():
         return None
     return job_id, address, bytes.fromhex(key)
 
@@ -324,7 +325,7 @@ class Adopter:
         delay = RETRY_SECONDS
         while not self._stop.is_set():
             if self.needed(time.monotonic()):
-                delay = RETRY_SECONDS if self.try_once() else min(delay * 2, RETRY_MAX_SECONDS)
+                delay = RETRY_SECONDS if self._try() else min(delay * 2, RETRY_MAX_SECONDS)
             else:
                 delay = RETRY_SECONDS
             self._stop.wait(delay)
@@ -339,6 +340,17 @@ class Adopter:
         if self._lost_since is None:
             self._lost_since = now
         return now - self._lost_since >= REASK_SECONDS
+
+    def _try(self):
+        """``try_once``, never ending the thread: whatever an answer makes go wrong is a try
+        that failed (the kernel asks again, and registers once an engine answers right)."""
+        try:
+            return self.try_once()
+        except Exception as e:
+            self.refused += 1
+            sys.stderr.write(f"headroom: registering with the engine failed ({type(e).__name__}: "
+                             f"{str(e)[:200]}); trying again\n")
+            return False
 
     def try_once(self):
         adopted = parse_adopted(ask_engine(self.args, self.environ))
