@@ -92,3 +92,46 @@ def test_registration_survives_every_garbage_answer_then_registers(
         adopter.stop()
         session.channel.close(timeout=0)
         engine.listener.close()
+
+
+# -- where a kernel spec is written -------------------------------------------------------------
+
+
+def spec_data() -> dict:
+    return {"argv": ["python"], "display_name": "x", "language": "python",
+            "metadata": {"headroom": {"v": 1}}}
+
+
+def test_a_spec_is_not_written_where_another_user_could_swap_it(tmp_path: Path) -> None:
+    from trayapp.jobs import kernelspec as ks
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # a --prefix everyone can write (no sticky bit)
+    with pytest.raises(ks.KernelSpecError, match="every user"):
+        ks.install(spec_data(), "k", ks.prefix_kernels_dir(str(shared)), private=False)
+    assert not (shared / "share").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "k").symlink_to(elsewhere)  # a spec folder that points elsewhere
+    with pytest.raises(ks.KernelSpecError, match="symbolic link"):
+        ks.install(spec_data(), "k", kernels, private=True)
+    assert list(elsewhere.iterdir()) == []
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # as /tmp: others cannot replace what is this user's
+    done = ks.install(spec_data(), "k", sticky / "kernels", private=True)
+    assert done.path.is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="chown needs root")
+def test_a_spec_is_not_written_into_a_folder_of_another_user(tmp_path: Path) -> None:
+    from trayapp.jobs import kernelspec as ks
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ks.KernelSpecError, match="another user"):
+        ks.install(spec_data(), "k", theirs / "kernels", private=True)

@@ -465,8 +465,10 @@ def install(spec: Dict[str, Any], name: str, kernels_dir: Path, *, private: bool
         raise KernelSpecError(f"{folder} holds a kernel spec that Headroom did not write "
                               f"({old.display_name or name}); choose another --name, or give "
                               "--replace to replace it")
+    _check_trusted(folder)
     try:
         _make_dirs(folder, 0o700 if private else 0o755)
+        _check_trusted(folder)
         if old is not None and not old.headroom:
             _clear(folder)  # another kernel's logos and files are not this one's
         text = json.dumps(spec, indent=1, sort_keys=True) + "\n"
@@ -475,6 +477,31 @@ def install(spec: Dict[str, Any], name: str, kernels_dir: Path, *, private: bool
         raise KernelSpecError(f"cannot write the kernel spec in {folder}: "
                               f"{e.strerror or e}") from None
     return Installed(folder / SPEC_FILE, old)
+
+
+def _check_trusted(folder: Path) -> None:
+    """Refuse a spec folder that is a link, or that another user could change: one of the
+    folders it is in owned by someone else (root aside) or writable by all without the sticky
+    bit. Jupyter runs the spec's command as whoever starts the kernel, so a spec another user
+    can swap is their code run by this user."""
+    if folder.is_symlink():
+        raise KernelSpecError(f"{folder} is a symbolic link: the kernel spec is not written "
+                              "through it")
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for at in [folder, *folder.parents]:
+        try:
+            st = at.stat()
+        except OSError:
+            continue  # not made yet: made below, by this user
+        if uid is None:
+            break
+        if st.st_uid not in (uid, 0):
+            raise KernelSpecError(f"{at} belongs to another user, who could change the kernel "
+                                  "spec this user's notebooks run; choose a folder of your own")
+        if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+            raise KernelSpecError(f"{at} can be written by every user, who could change the "
+                                  "kernel spec this user's notebooks run; choose a folder of "
+                                  "your own")
 
 
 def _make_dirs(folder: Path, mode: int) -> None:
