@@ -262,6 +262,16 @@ def test_a_corrupt_kernel_json_is_an_entry_with_a_problem(tmp_path: Path, conten
     json.dumps(entry.to_json())
 
 
+def test_a_fifo_or_a_folder_as_kernel_json_does_not_hang_the_listing(tmp_path: Path) -> None:
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "kernel.json")  # no writer: a blocking open would hang
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "kernel.json").mkdir()
+    entries = {e.name: e for e in ks.list_kernels([tmp_path])}
+    assert "not a regular file" in (entries["fifo"].problem or "")
+    assert entries["dir"].problem
+
+
 def test_listing_flags_broken_specs_and_skips_what_is_not_a_spec(tmp_path: Path) -> None:
     ks.install(_data(), "ok", tmp_path, private=True)
     gone = _data("gone-python")

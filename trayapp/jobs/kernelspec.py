@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import site
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -383,7 +384,12 @@ def read_entry(folder: Path) -> KernelEntry:
     name = folder.name.lower()
     path = folder / SPEC_FILE
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO planted as kernel.json must not hang the listing (a regular file
+        # reads as ever); anything but a regular file is not a spec.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return KernelEntry(name, folder, problem=f"{path}: not a regular file")
             raw = f.read(MAX_SPEC_BYTES + 1)
         if len(raw) > MAX_SPEC_BYTES:
             return KernelEntry(name, folder, problem=f"{path}: larger than a kernel spec")
