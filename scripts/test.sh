@@ -10,4 +10,4 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
-exec .venv/bin/python -m pytest -n "${HEADROOM_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "${HEADROOM_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"

@@ -42,7 +42,7 @@ TRANSITIONS = [
     (S.PARKING, S.PARKED, True),
     (S.PARKING, S.STOPPING, True),
     (S.PARKING, S.LOST, True),  # an adopted job whose process is gone
-    (S.PARKING, S.RUNNING, False),
+    (S.PARKING, S.RUNNING, True),  # a kernel whose fit was interrupted runs on
     (S.STOPPING, S.STOPPED, True),
     (S.STOPPING, S.PARKED, True),
     (S.STOPPING, S.RUNNING, False),
