@@ -55,9 +55,17 @@ def progress_fraction(job: JobRecord) -> Optional[float]:
     return max(0.0, min(1.0, (epoch - 1) / epochs))
 
 
+def kernel_idle(job: JobRecord) -> bool:
+    """A live kernel between fits: the progress it reports is its last fit's."""
+    return is_kernel(job) and job.state not in FINISHED_STATES and not kernel_in_fit(job)
+
+
 def progress_text(job: JobRecord) -> str:
-    """``"epoch 2/5 · step 30/100"``, or "" without progress reports."""
+    """``"epoch 2/5 · step 30/100"``, or "" without progress reports; a kernel between fits:
+    ``"idle · last fit epoch 2/5"`` (or ``"idle"``), short enough for its bar."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    if kernel_idle(job):
+        return f"idle · last fit {parts[0]}" if parts else "idle"
     shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
     return " · ".join(parts + [shrunk] if shrunk else parts)
 
@@ -101,7 +109,9 @@ def cell_text(job: JobRecord, column: int, now: float) -> str:
         return loss_text(job)
     if name == "ETA":
         eta = job.eta_seconds
-        return "" if eta is None or job.state in FINISHED_STATES else format_duration(eta)
+        if eta is None or job.state in FINISHED_STATES or kernel_idle(job):
+            return ""
+        return format_duration(eta)
     if name in ("RAM", "VRAM"):
         value = job.rss_bytes if name == "RAM" else job.vram_bytes
         if value is None:
