@@ -178,6 +178,7 @@ def test_pause_resume_and_interrupt_a_fit(setup: Dict[str, Any], client: EngineC
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert "checkpoint" in reply["content"]["evalue"]
+    assert "or you (Interrupt fit, headroom park)" in reply["content"]["evalue"]
     after = wait_for(lambda: kernel_job(client, pid).get("state") == "running"
                      and kernel_job(client, pid), 30, "the kernel running again")
     assert after["checkpoint"]["path"].startswith(str(setup["checkpoints"]))
@@ -199,9 +200,12 @@ def test_a_later_fit_of_the_same_model_resumes_from_its_checkpoint(setup: Dict[s
     kc = setup["kc"]
     assert os.path.isdir(setup["checkpoint"])
     # A model made again (as after a restart: new layer names) and fit with the same arguments.
-    content, _ = run(kc, "model = make()\n" + FIT.format(epochs=EPOCHS).replace(
+    content, printed = run(kc, "model = make()\n" + FIT.format(epochs=EPOCHS).replace(
         "callbacks=[Slow()]", "callbacks=[]"), timeout=300)
     assert content["status"] == "ok", content
+    # The cell says why Keras starts at a later epoch.
+    said = f"goes on from its checkpoint at epoch {setup['interrupted_at'] + 1} "
+    assert said in printed, printed
     trained = int(value(kc, "len(history.history['loss'])"))
     assert trained == EPOCHS - setup["interrupted_at"], trained
     assert not os.path.exists(setup["checkpoint"])  # done: the cell run again trains afresh
