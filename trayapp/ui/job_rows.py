@@ -16,7 +16,14 @@ from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
-from trayapp.ui.model import INTERRUPT_TEXT, JOB_ACTIONS, format_duration, is_kernel, kernel_in_fit
+from trayapp.ui.model import (
+    INTERRUPT_TEXT,
+    JOB_ACTIONS,
+    format_duration,
+    is_kernel,
+    kernel_idle,
+    kernel_in_fit,
+)
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import JobState as S
 
@@ -53,11 +60,6 @@ def progress_fraction(job: JobRecord) -> Optional[float]:
         done = max(0.0, (epoch - 1) * steps + float(step or 0))
         return max(0.0, min(1.0, done / (epochs * steps)))
     return max(0.0, min(1.0, (epoch - 1) / epochs))
-
-
-def kernel_idle(job: JobRecord) -> bool:
-    """A live kernel between fits: the progress it reports is its last fit's."""
-    return is_kernel(job) and job.state not in FINISHED_STATES and not kernel_in_fit(job)
 
 
 def progress_text(job: JobRecord) -> str:
