@@ -149,6 +149,14 @@ def test_the_kernel_is_a_job_named_after_its_notebook(setup: Dict[str, Any],
     assert shown.returncode == 0 and "train.ipynb" in shown.stdout, shown.stdout
 
 
+def test_headroom_logs_says_a_kernels_output_is_in_its_notebook(setup: Dict[str, Any],
+                                                                client: EngineClient) -> None:
+    job = wait_for(lambda: kernel_job(client, setup["km"].provisioner.pid), 30, "the kernel")
+    done = run_cli("logs", job["id"], env={"HEADROOM_HOME": str(setup["home"])})
+    assert done.returncode == 0 and done.stdout == "", done.stdout
+    assert "Jupyter kernel" in done.stderr and "notebook" in done.stderr, done.stderr
+
+
 def test_pause_resume_and_interrupt_a_fit(setup: Dict[str, Any], client: EngineClient) -> None:
     kc, pid = setup["kc"], setup["km"].provisioner.pid
     run(kc, MODEL + "marker = 'kept'")
@@ -170,9 +178,12 @@ def test_pause_resume_and_interrupt_a_fit(setup: Dict[str, Any], client: EngineC
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert "checkpoint" in reply["content"]["evalue"]
+    assert "or you (Interrupt fit, headroom park)" in reply["content"]["evalue"]
     after = wait_for(lambda: kernel_job(client, pid).get("state") == "running"
                      and kernel_job(client, pid), 30, "the kernel running again")
     assert after["checkpoint"]["path"].startswith(str(setup["checkpoints"]))
+    shown = run_cli("jobs", env={"HEADROOM_HOME": str(setup["home"])}).stdout
+    assert "idle (last fit: epoch" in shown, shown  # not as if the fit went on
     assert value(kc, "marker") == "kept"
     # The command says what happened to the fit, not only the state the kernel is back in.
     said = done.stdout.strip()
@@ -189,9 +200,12 @@ def test_a_later_fit_of_the_same_model_resumes_from_its_checkpoint(setup: Dict[s
     kc = setup["kc"]
     assert os.path.isdir(setup["checkpoint"])
     # A model made again (as after a restart: new layer names) and fit with the same arguments.
-    content, _ = run(kc, "model = make()\n" + FIT.format(epochs=EPOCHS).replace(
+    content, printed = run(kc, "model = make()\n" + FIT.format(epochs=EPOCHS).replace(
         "callbacks=[Slow()]", "callbacks=[]"), timeout=300)
     assert content["status"] == "ok", content
+    # The cell says why Keras starts at a later epoch.
+    said = f"goes on from its checkpoint at epoch {setup['interrupted_at'] + 1} "
+    assert said in printed, printed
     trained = int(value(kc, "len(history.history['loss'])"))
     assert trained == EPOCHS - setup["interrupted_at"], trained
     assert not os.path.exists(setup["checkpoint"])  # done: the cell run again trains afresh
@@ -314,8 +328,9 @@ def test_headroom_stop_ends_a_kernel_that_has_not_imported_keras(setup: Dict[str
                  "the engine to see the kernel's worker")
         done = run_cli("stop", job["id"], env={"HEADROOM_HOME": str(setup["home"])})
         assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.strip() == f"job {job['id']} ({job['name']}): stopped by you", \
-            done.stdout
+        said = done.stdout.strip()
+        assert said.startswith(f"kernel {job['id']} ({job['name']}): stopped by you; "), said
+        assert "shut down" in said and "variables are lost" in said, said
         wait_for(lambda: not km.is_alive(), 10, "Jupyter to see the kernel gone")
         ended = next(j for j in client.request("jobs", all=True) if j["id"] == job["id"])
         assert ended["state"] == "stopped" and ended["stopped_by"] == "user", ended

@@ -161,6 +161,16 @@ def test_it_listens_only_where_told(exporting: Exporting) -> None:
         scrape(f"http://127.0.0.1:{port}/elsewhere")
 
 
+def test_metrics_given_to_a_second_engine_are_said_not_applied(exporting: Exporting) -> None:
+    other = free_port()
+    done = run_cli("engine", "--stay", "--metrics", str(other),
+                   env={"HEADROOM_HOME": str(exporting.paths.home)}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "already running" in done.stderr and "apply to a new engine only" in done.stderr
+    assert "[metrics] listen" in done.stderr and "Traceback" not in done.stderr
+    assert [a.port for a in listening(exporting.engine.proc.pid)] == [exporting.port]
+
+
 # -- engines of their own -------------------------------------------------------------------
 
 

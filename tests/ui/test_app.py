@@ -154,7 +154,7 @@ def test_settings_opened_at_a_cold_start_load_once_the_engine_answers(qtbot, app
                     timeout=15000)
     app.start()
     qtbot.waitUntil(lambda: dialog.loaded_ok, timeout=30000)  # type: ignore[attr-defined]
-    assert dialog.status_label.text().startswith("Saved by the engine to ")  # type: ignore
+    assert dialog.status_label.text().startswith("Settings file: ")  # type: ignore
     assert dialog.tabs.isEnabled()  # type: ignore[attr-defined]
     assert app.request_quit() is True
 

@@ -193,6 +193,11 @@ def test_the_jobs_strip_shows_progress_loss_and_eta(qtbot, tmp_path: Path) -> No
     assert rows["b2"]["step"].text() == "step n/a" and rows["b2"]["loss"].text() == "loss n/a"
     d.apply_snapshot(make_status(jobs=[job("a1", "mnist", epoch=3)]))
     assert d.jobs_strip.rows["a1"]["epoch"].value() == 3 and list(d.jobs_strip.rows) == ["a1"]
+    # A notebook's kernel between fits: its bars are the last fit's, with no time left.
+    d.apply_snapshot(make_status(jobs=[job("k1", "train.ipynb", kind="kernel", hooked=True,
+                                           runner_state="idle")]))
+    k = d.jobs_strip.rows["k1"]
+    assert k["name"].text() == "train.ipynb  (running, idle)" and k["eta"].text() == ""
     d.apply_snapshot(make_status(jobs=[]))
     assert d.jobs_strip.rows == {} and d.jobs_strip.empty.isVisible()
 

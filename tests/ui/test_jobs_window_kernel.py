@@ -13,7 +13,15 @@ from PySide6.QtCore import Qt
 
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.record import JobRecord, records
-from trayapp.ui.job_rows import INTERRUPT_TEXT, action_refusal, action_words, stop_question
+from trayapp.ui.job_rows import (
+    COLUMNS,
+    INTERRUPT_TEXT,
+    action_refusal,
+    action_words,
+    cell_text,
+    progress_text,
+    stop_question,
+)
 from trayapp.ui.jobs_window import JobsWindow
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import JobState as S
@@ -37,6 +45,18 @@ def test_a_kernels_park_is_the_interrupt_of_its_fit() -> None:
     script = JobRecord(id="j1", name="mnist", state=S.RUNNING, hooked=True, checkpoint_dir="/c")
     assert action_words(script, A.PARK, "Park", "park tip") == ("Park", "park tip")
     assert "variables are lost" in stop_question(idle)
+
+
+def test_a_kernel_between_fits_shows_its_last_fit_as_such() -> None:
+    fitting = JobRecord(id="k1", name="train.ipynb", kind="kernel", state=S.RUNNING,
+                        hooked=True, runner_state="running", epoch=172, epochs=400, step=1,
+                        steps=256, eta_seconds=600.0)
+    assert progress_text(fitting) == "epoch 172/400 · step 1/256"
+    idle = fitting.with_(runner_state="idle")
+    assert progress_text(idle) == "idle · last fit epoch 172/400"  # fits the Progress bar
+    eta = COLUMNS.index("ETA")
+    assert cell_text(idle, eta, 0.0) == "" and cell_text(fitting, eta, 0.0) == "10 min"
+    assert progress_text(JobRecord(id="k2", name="n", kind="kernel", state=S.RUNNING)) == "idle"
 
 
 @pytest.fixture
@@ -64,6 +84,9 @@ def test_the_window_interrupts_only_a_fit_and_says_a_refusal_in_one_line(  # typ
     qtbot.waitUntil(lambda: window.select_job(self_made_kernel), timeout=10000)
     qtbot.waitUntil(lambda: window.selected_id == self_made_kernel, timeout=10000)
     window.hide()  # no more polls: the record below stays as pinned
+    # Its "script" is Jupyter's connection file, and it has no log: both said in words.
+    assert "Jupyter kernel" in window.header_label.text()
+    assert "output is in its notebook" in window.log_view.placeholderText()
     button = window.buttons[A.PARK]
     assert button.text() == INTERRUPT_TEXT and button.accessibleName() == "Interrupt fit job"
     job = window.selected_job()

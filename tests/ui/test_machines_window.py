@@ -8,7 +8,7 @@ from typing import Any, Dict
 import pytest
 
 from tests.prometheus_answers import AnswerServer, closed_port, fleet_answers, recorded
-from trayapp.ui.machines import MachinesWindow
+from trayapp.ui.machines import MIN_COLUMN_WIDTH, MachinesWindow
 from trayapp.ui.machines_text import NO_URL
 
 pytestmark = pytest.mark.qt_log_ignore(
@@ -76,6 +76,9 @@ def test_an_unreachable_server_gives_one_line(qtbot: Any) -> None:
     assert text.startswith(f"Prometheus at {url}: cannot reach it: ")
     assert "refused" in text.lower() and "\n" not in text
     assert w.rows() == []
+    # An empty table keeps columns of a readable width, not squeezed to their titles.
+    header = w.tree.header()
+    assert all(header.sectionSize(c) >= MIN_COLUMN_WIDTH for c in range(header.count()))
 
 
 def test_an_empty_or_malformed_answer_gives_one_line(qtbot: Any) -> None:

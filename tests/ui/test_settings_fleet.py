@@ -4,7 +4,7 @@ and TLS files, and the Prometheus server the Machines window asks."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtWidgets import QLineEdit
+from PySide6.QtWidgets import QLabel, QLineEdit
 
 from tests.ui.test_settings import open_dialog
 from trayapp import config as configmod
@@ -26,6 +26,10 @@ def test_the_tab_holds_the_fleet_settings_and_saves_them(qtbot, paths,  # type: 
     listen = dialog.fields["metrics.listen"].widget
     assert isinstance(listen, QLineEdit) and "9835" in listen.placeholderText()
     assert dialog.fields["machines.refresh_seconds"].value() == 5
+    # Under the fields, in words: who can read the metrics, and how long they are served.
+    notes = [w.text() for w in page.findChildren(QLabel)
+             if w.accessibleName() == "About the Metrics and machines settings"]
+    assert len(notes) == 1 and "this machine only" in notes[0] and "--stay" in notes[0]
 
     url = dialog.fields["machines.prometheus"]
     url.widget.setText("prometheus.lab:9090")

@@ -10,7 +10,14 @@ from typing import Any, Dict, Optional
 import pytest
 
 from trayapp.cli.follow import exit_status
-from trayapp.cli.jobs import describe, format_jobs, progress_cell, progress_text, state_text
+from trayapp.cli.jobs import (
+    describe,
+    describe_kernel_stop,
+    format_jobs,
+    progress_cell,
+    progress_text,
+    state_text,
+)
 from trayapp.cli.status import format_job_line
 from trayapp.jobs.record import JobRecord
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
@@ -46,6 +53,34 @@ def test_the_progress_line(fields: Dict[str, Any], text: str) -> None:
 ])
 def test_the_progress_cell(fields: Dict[str, Any], cell: str) -> None:
     assert progress_cell(job(**fields)) == cell
+
+
+KERNEL = {"kind": "kernel", "hooked": True, "epoch": 29, "epochs": 400, "step": 256,
+          "steps": 256, "eta_seconds": 600, "metrics": {"loss": 0.5}}
+
+
+def test_a_kernel_between_fits_shows_its_last_fit_as_such() -> None:
+    idle = job(**KERNEL, runner_state="idle")
+    assert progress_cell(idle) == "idle (last fit: epoch 29/400, step 256/256)"
+    line = progress_text(idle)
+    assert "idle, last fit epoch 29/400 · step 256/256 · loss 0.5" in line
+    assert "ETA" not in line  # the last fit's estimate is no time left of anything now
+    assert progress_cell(job(kind="kernel")) == "idle"  # no fit() yet
+    # In a fit, and a script, read as before.
+    assert progress_cell(job(**KERNEL, runner_state="running")) == "epoch 29/400, step 256/256"
+    assert "ETA" in progress_text(job(**KERNEL, runner_state="running"))
+    assert progress_cell(job(**dict(KERNEL, kind="script"))) == "epoch 29/400, step 256/256"
+    # An ended kernel's last fit is simply where it got to.
+    assert progress_cell(job(**KERNEL, state="stopped")) == "epoch 29/400, step 256/256"
+
+
+def test_a_kernels_stop_says_the_kernel_and_its_variables_are_gone() -> None:
+    ended = describe_kernel_stop(job(kind="kernel", name="train.ipynb", state="stopped",
+                                     stopped_by="user"))
+    assert ended.startswith("kernel ab12 (train.ipynb): stopped by you; ")
+    assert "shut down" in ended and "variables are lost" in ended
+    stopping = describe_kernel_stop(job(kind="kernel", state="stopping", stopped_by="user"))
+    assert "next batch end" in stopping and "variables are lost" in stopping
 
 
 @pytest.mark.parametrize("fields, line", [

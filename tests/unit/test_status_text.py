@@ -64,3 +64,19 @@ def test_a_garbled_gpu_or_job_is_left_out_and_the_rest_shown() -> None:
     # A field of the wrong type is not known: the epoch under way reads 0 of 10.
     assert "mnist [ab12cd34] running · epoch 0/10 · step 50/100" in text
     assert "driver" not in text  # the GPU status could not be read
+
+
+def test_where_the_exporter_serves_or_why_not() -> None:
+    def shown(metrics: object) -> list:
+        text = format_status(dict(STATUS, engine={"running": True, "pid": 1, "metrics": metrics}))
+        return [line for line in text.splitlines() if line.startswith("Metrics")]
+
+    assert shown({"listen": "127.0.0.1:9835", "tls": False, "error": None}) == \
+        ["Metrics http://127.0.0.1:9835/metrics (for Prometheus)"]
+    assert shown({"listen": "0.0.0.0:9835", "tls": True, "error": None}) == \
+        ["Metrics https://0.0.0.0:9835/metrics (for Prometheus)"]
+    assert shown({"listen": None, "tls": False, "error":
+                  "cannot serve metrics on 127.0.0.1:9835: Address already in use"}) == \
+        ["Metrics ! cannot serve metrics on 127.0.0.1:9835: Address already in use"]
+    assert shown({"listen": None, "tls": False, "error": None}) == []  # off: not a word
+    assert shown(None) == []

@@ -18,6 +18,8 @@ from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.vocab import JobState as S
 
 NAME_WIDTH = 24  # a longer name is cut in the table
+KERNEL = "kernel"  # a Jupyter kernel's job kind (trayapp.jobs.kernels.KIND, not imported: heavy)
+KERNEL_IDLE = "idle"  # its runner's word between fits (trayapp.jobs.kernels.IDLE)
 # Ended states whose reason is shown after the state in an action's answer.
 _WITH_REASON = vocab.ENDED - {S.FINISHED.value} | vocab.PARKED
 
@@ -57,22 +59,37 @@ def state_text(job: JobRecord, reason: bool = False) -> str:
 def progress_text(job: JobRecord) -> str:
     """One line: state, epoch, step, loss, ETA, RAM, VRAM."""
     parts = [f"[{job.id}] {state_text(job)}"]
-    parts += formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    idle = kernel_idle(job)
+    position = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    if idle:  # what follows is the last fit's
+        position = ["idle, last fit " + " · ".join(position)] if position else ["idle"]
+    parts += position
     shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
     if shrunk:  # "" for a batch as the user gave it (accumulation 1)
         parts.append(shrunk)
     loss = job.metrics.get("loss")
     if loss is not None:
         parts.append(f"loss {formats.loss(loss)}")
-    if job.eta_seconds is not None:
+    if job.eta_seconds is not None and not idle:
         parts.append(f"ETA {formats.duration(job.eta_seconds, compact=True)}")
     parts.append(f"RAM {formats.format_bytes(job.rss_bytes)}")
     parts.append(f"VRAM {formats.format_bytes(job.vram_bytes)}")
     return " · ".join(parts)
 
 
+def is_kernel(job: JobRecord) -> bool:
+    return job.kind == KERNEL
+
+
+def kernel_idle(job: JobRecord) -> bool:
+    """A live kernel between fits: the progress it reports is its last fit's, not a fit now."""
+    return is_kernel(job) and job.is_live and not (job.hooked and job.runner_state not in
+                                                   (None, KERNEL_IDLE))
+
+
 def progress_cell(job: JobRecord) -> str:
-    """The table's progress: ``"epoch 3/10, step 50/100"``, an ended job's exit status."""
+    """The table's progress: ``"epoch 3/10, step 50/100"``, an ended job's exit status; a
+    kernel between fits: ``"idle (last fit: epoch 3/10, step 50/100)"``."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
     shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
     if shrunk:  # "" for a batch as the user gave it (accumulation 1)
@@ -80,6 +97,8 @@ def progress_cell(job: JobRecord) -> str:
     status = exit_text(job)
     if status:
         parts.append(status)
+    if kernel_idle(job):
+        return f"idle (last fit: {', '.join(parts)})" if parts else "idle"
     return ", ".join(parts) or "-"
 
 
@@ -125,6 +144,18 @@ def describe_interrupt(job: JobRecord) -> str:
             "the same fit() again to go on")
 
 
+def describe_kernel_stop(job: JobRecord) -> str:
+    """A kernel's stop shuts it down: what happened to it and to its variables."""
+    head = f"kernel {job.id} ({job.name})"
+    if job.state == S.STOPPING:
+        return (f"{head}: its fit stops at the next batch end (after a checkpoint, with a "
+                "checkpoint folder), then the kernel shuts down; its variables are lost")
+    if job.state in vocab.ENDED:
+        return (f"{head}: {state_text(job, reason=True)}; the kernel is shut down and its "
+                "variables are lost (Jupyter may start a fresh, empty kernel)")
+    return describe(job)
+
+
 def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
     # An engine is started when state exists: it adopts jobs left running and knows the parked.
     client = connect(paths, start=paths.db_file.exists(), demo=demo(args),
@@ -154,6 +185,10 @@ def cmd_action(args: argparse.Namespace, paths: Paths) -> int:
     finally:
         client.close()
     record = JobRecord.from_json(job)
-    kernel = args.command == "park" and record.kind == "kernel"
-    print(describe_interrupt(record) if kernel else describe(record))
+    if is_kernel(record) and args.command == "park":
+        print(describe_interrupt(record))
+    elif is_kernel(record) and args.command == "stop":
+        print(describe_kernel_stop(record))
+    else:
+        print(describe(record))
     return EXIT_OK

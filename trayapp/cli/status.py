@@ -32,6 +32,7 @@ def format_status(st: Dict[str, Any]) -> str:
     lines = _head_lines(st.get("engine") or {}, st.get("guard") or {})
     lines += _memory_lines(st.get("memory") or {})
     lines += _gpu_lines(st)
+    lines += _metrics_lines(st.get("engine") or {})
     jobs = records(st.get("jobs"))
     if not jobs:
         lines.append("Jobs   none")
@@ -55,6 +56,19 @@ def _head_lines(eng: Dict[str, Any], guard: Dict[str, Any]) -> List[str]:
     lines += [f"  ! {reason}" for reason in guard.get("reasons") or []]
     lines += [f"  ! {one_line(str(problem))}" for problem in eng.get("config_problems") or []]
     return lines
+
+
+def _metrics_lines(eng: Dict[str, Any]) -> List[str]:
+    """Where the Prometheus exporter serves, or why it does not; nothing when it is off."""
+    metrics = eng.get("metrics")
+    if not isinstance(metrics, dict):
+        return []
+    if metrics.get("error"):
+        return [f"Metrics ! {one_line(str(metrics['error']))}"]
+    if metrics.get("listen"):
+        scheme = "https" if metrics.get("tls") else "http"
+        return [f"Metrics {scheme}://{metrics['listen']}/metrics (for Prometheus)"]
+    return []
 
 
 def _memory_lines(m: Dict[str, Any]) -> List[str]:

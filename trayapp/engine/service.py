@@ -182,6 +182,7 @@ class Engine:
         self.config_watch = ConfigWatcher(self)
         # The Prometheus exporter: ``metrics`` is --metrics's [ADDR:]PORT (over the setting).
         self.metrics = MetricsService(lambda: self.config, metrics)
+        self.metrics_flag = metrics
         self._parts = Parts(log)  # the parts of a tick, each on its own
         self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
             "ping": self._op_ping,
@@ -246,6 +247,12 @@ class Engine:
             pid = self.lock.holder_pid()
             log.info("an engine is already running for %s%s", self.paths.home,
                      f" (pid {pid})" if pid else "")
+            if self.metrics_flag or self.stay:
+                # Not applied to the one running: said, or a user takes them for done.
+                log.warning("--metrics and --stay start no exporter and keep nothing running "
+                            "here: they apply to a new engine only. Set [metrics] listen in "
+                            "config.toml (the running engine applies it within seconds), or "
+                            "stop that engine and start this one again")
             return 0
         try:
             for note in harden_process():

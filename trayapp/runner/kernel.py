@@ -35,11 +35,12 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 FIRST_TRY_SECONDS = 5.0  # the first request waits for ipykernel to be up, at most this long
 MAX_NAME = 200
 INTERRUPTED = (
-    "Headroom interrupted this fit() to free memory{saved}. The kernel and its variables are "
-    "kept; TensorFlow keeps the GPU memory it holds until the kernel restarts. Run the same "
-    "fit() again (the same model and arguments, in this kernel or after a restart) to go on "
-    "from {where}."
+    "Headroom interrupted this fit(){saved}: the guard, as memory ran low, or you (Interrupt "
+    "fit, headroom park). The kernel and its variables are kept; TensorFlow keeps the GPU "
+    "memory it holds until the kernel restarts. Run the same fit() again (the same model and "
+    "arguments, in this kernel or after a restart) to go on from {where}."
 )
+CONTINUED = "Headroom: this fit() goes on from its checkpoint at epoch {epoch} ({folder})"
 _AUTO_MODEL_NAME = re.compile(r"^(sequential|functional|model)(_\d+)?$")
 _FIT_ARGS = ("epochs", "batch_size", "steps_per_epoch", "validation_split", "validation_steps",
              "initial_epoch", "shuffle")
@@ -157,6 +158,12 @@ class KernelSession(job.Session):
         self.last_run = run
         super().fit_started(run)
         self.send_state("running")
+        metadata = run.read_metadata() if run.dir else None
+        extra = (metadata or {}).get("headroom")
+        epoch = (metadata or {}).get("epoch")
+        if isinstance(extra, dict) and not extra.get("finished") and isinstance(epoch, int):
+            # Said in the cell: Keras's first line is then "Epoch 30/40", with no why.
+            print(CONTINUED.format(epoch=epoch + 1, folder=run.dir), flush=True)
 
     def fit_ended(self, run):
         super().fit_ended(run)

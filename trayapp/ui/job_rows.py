@@ -16,7 +16,14 @@ from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
-from trayapp.ui.model import INTERRUPT_TEXT, JOB_ACTIONS, format_duration, is_kernel, kernel_in_fit
+from trayapp.ui.model import (
+    INTERRUPT_TEXT,
+    JOB_ACTIONS,
+    format_duration,
+    is_kernel,
+    kernel_idle,
+    kernel_in_fit,
+)
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import JobState as S
 
@@ -56,8 +63,11 @@ def progress_fraction(job: JobRecord) -> Optional[float]:
 
 
 def progress_text(job: JobRecord) -> str:
-    """``"epoch 2/5 · step 30/100"``, or "" without progress reports."""
+    """``"epoch 2/5 · step 30/100"``, or "" without progress reports; a kernel between fits:
+    ``"idle · last fit epoch 2/5"`` (or ``"idle"``), short enough for its bar."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
+    if kernel_idle(job):
+        return f"idle · last fit {parts[0]}" if parts else "idle"
     shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
     return " · ".join(parts + [shrunk] if shrunk else parts)
 
@@ -101,7 +111,9 @@ def cell_text(job: JobRecord, column: int, now: float) -> str:
         return loss_text(job)
     if name == "ETA":
         eta = job.eta_seconds
-        return "" if eta is None or job.state in FINISHED_STATES else format_duration(eta)
+        if eta is None or job.state in FINISHED_STATES or kernel_idle(job):
+            return ""
+        return format_duration(eta)
     if name in ("RAM", "VRAM"):
         value = job.rss_bytes if name == "RAM" else job.vram_bytes
         if value is None:

@@ -82,6 +82,9 @@ log = logging.getLogger("headroom.ui")
 TRAINING_TAB, CHECKPOINTS_TAB = 3, 4  # the curves and memory; the checkpoints
 CURVES_SECONDS = 2.0  # a live job's curves are asked for this often while they show
 CHECKPOINTS_SECONDS = 5.0
+KERNEL_LOG = ("A Jupyter kernel's output is in its notebook: Headroom keeps no log of it. The "
+              "progress of its fit() is in the table above and under Curves and memory; what "
+              "the guard did to it is under Events.")
 
 
 def _select_data(box: QComboBox, data: Any) -> None:
@@ -438,12 +441,15 @@ class JobsWindow(QWidget):
             self.options_tree.clear()
             return
         self.header_label.setText(self._header(job))
+        self.log_view.setPlaceholderText(KERNEL_LOG if is_kernel(job) else "")
         fill_options(self.options_tree, job)
         self.checkpoint_pane.set_job(job)
 
     def _header(self, job: JobRecord) -> str:
         parts = [f"{job.name} ({job.id}) — {state_text(job)}"]
-        if job.script:
+        if is_kernel(job):  # its "script" is Jupyter's connection file: no help to anyone
+            parts.append("Jupyter kernel")
+        elif job.script:
             parts.append(job.script)
         if job.exit_code is not None and job.state in FINISHED_STATES:
             parts.append(f"exit status {job.exit_code}")

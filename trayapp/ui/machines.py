@@ -40,6 +40,7 @@ log = logging.getLogger("headroom.ui")
 
 DEFAULT_REFRESH = float(SETTINGS_BY_NAME["machines.refresh_seconds"].default)
 _GUARD_COLOURS = {"warn": "#a15c00", "pause": "#c0392b", "park": "#c0392b"}
+MIN_COLUMN_WIDTH = 110  # px: a column of an empty window still reads as a column
 
 
 class MachinesWindow(QWidget):
@@ -79,6 +80,8 @@ class MachinesWindow(QWidget):
         self.tree.setUniformRowHeights(True)
         self.tree.header().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.tree.header().setStretchLastSection(True)
+        # Empty (no server, or it cannot be reached), the columns would shrink to their titles.
+        self.tree.header().setMinimumSectionSize(MIN_COLUMN_WIDTH)
         layout.addWidget(self.tree)
         escape_closes(self)
         self._timer = QTimer(self)

@@ -58,6 +58,11 @@ def kernel_in_fit(job: JobRecord) -> bool:
     return job.hooked and job.runner_state not in (None, KERNEL_IDLE)
 
 
+def kernel_idle(job: JobRecord) -> bool:
+    """A live kernel between fits: the progress it reports is its last fit's."""
+    return is_kernel(job) and job.state not in vocab.ENDED and not kernel_in_fit(job)
+
+
 def is_active_job(job: JobRecord) -> bool:
     """Whether the job still runs (or is paused): quitting must ask what to do with it."""
     return job.state not in ENDED_STATES

@@ -71,6 +71,19 @@ PLACEHOLDERS: Dict[str, str] = {
     "machines.prometheus": "e.g. http://prometheus.lab:9090",
 }
 
+# What a tab says under its fields, where the fields alone would leave a user guessing.
+TAB_NOTES: Dict[str, str] = {
+    "Metrics and machines": (
+        "A bare port serves the metrics to this machine only (127.0.0.1). For a Prometheus on "
+        "another machine, give an address such as 0.0.0.0:9835, and then use TLS and a "
+        "firewall: the metrics tell how much memory is free and which jobs run.\n\n"
+        "The metrics are served while the engine runs. An engine the tray started exits a "
+        "minute after the tray and the last job have gone: on a machine Prometheus watches, "
+        "keep one running with the command headroom\u00a0engine\u00a0--stay.\n\n"
+        "The Machines window (tray menu › Machines...) asks the Prometheus server above about "
+        "every machine it scrapes."),
+}
+
 # -- the dialog -----------------------------------------------------------------------------------
 
 
@@ -164,6 +177,12 @@ class SettingsDialog(QDialog):
                                 "it (right); a tick marks each threshold.")
             self.order_label = message_label(WARNING_STYLE, "Threshold order")
             form.addRow("", self.order_label)
+        if title in TAB_NOTES:
+            note = QLabel(TAB_NOTES[title])
+            note.setWordWrap(True)
+            note.setAccessibleName(f"About the {title} settings")
+            layout.addSpacing(12)
+            layout.addWidget(note)
         layout.addStretch(1)
         self.tabs.addTab(page, title)
 
@@ -238,7 +257,8 @@ class SettingsDialog(QDialog):
             f.widget.blockSignals(False)
             set_message(f.error, None)
         path = config.get("path") or "config.toml"
-        self.status_label.setText(f"Saved by the engine to {path}")
+        # Before any Save the file may not exist yet: the line names it, it claims no save.
+        self.status_label.setText(f"Settings file: {path} (Save has the engine write it)")
         self.status_label.setStyleSheet(NOTE_STYLE)
         problems = [one_line(p) for p in config.get("problems") or []]
         set_message(self.problems_label, "\n".join(problems))
