@@ -85,7 +85,7 @@ def measure(rounds: int, epochs: int) -> List[Dict[str, Any]]:
     os.environ["HEADROOM_HOME"] = str(home)
     prefix = root / "prefix"
     subprocess.run([sys.executable, "-m", "trayapp", "kernel", "install", "--prefix",
-                    str(prefix), "--name", "headroom", "--threads", "2,1"], check=True,
+                    str(prefix), "--name", "headroom"], check=True,
                    cwd=str(REPO), capture_output=True)
     plain_spec(prefix)
     engine = EngineProcess(get_paths()).wait_ready()

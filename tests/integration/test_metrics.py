@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -215,6 +216,37 @@ def make_certificate(folder: Path) -> Any:
                    check=True, capture_output=True, timeout=60)
     os.chmod(key, 0o600)
     return cert, key
+
+
+def test_an_engine_serving_metrics_does_not_end_when_idle(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Without --stay an engine ends when it has no client and no job; serving metrics, it is
+    watched all the same, so it stays (and one without the exporter beside it ends)."""
+    with pytest.MonkeyPatch.context() as mp:
+        serving = new_home(tmp_path_factory, "idle-serving", mp)
+        quiet = new_home(tmp_path_factory, "idle-quiet", mp)
+    port = free_port()
+    idle = '[guard]\nmode = "dry-run"\n\n[engine]\nidle_exit_seconds = 1.0\n'
+    serving.config_file.write_text(idle + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    quiet.config_file.write_text(idle)
+    engines = [EngineProcess(serving, stay=False), EngineProcess(quiet, stay=False)]
+    try:
+        for engine in engines:
+            engine.wait_ready()
+        # The quiet one ends within its idle time (the test's own pings are its clients)...
+        assert engines[1].proc.wait(30) == 0
+        # ... and the one serving metrics outlives it by far (three idle times more), and
+        # still serves.
+        time.sleep(3.0)
+        assert engines[0].proc.poll() is None
+        wait_for(lambda: "headroom_memory_total_bytes" in scrape(f"http://127.0.0.1:{port}/metrics"),
+                 10, "a scrape of the idle engine")
+        assert engines[0].proc.poll() is None
+    finally:
+        for engine in engines:
+            engine.stop()
+        end_processes_of(serving.home)
+        end_processes_of(quiet.home)
 
 
 def test_tls_with_a_certificate_made_here(tmp_path_factory: pytest.TempPathFactory,

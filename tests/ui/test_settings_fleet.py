@@ -29,7 +29,7 @@ def test_the_tab_holds_the_fleet_settings_and_saves_them(qtbot, paths,  # type: 
     # Under the fields, in words: who can read the metrics, and how long they are served.
     notes = [w.text() for w in page.findChildren(QLabel)
              if w.accessibleName() == "About the Metrics and machines settings"]
-    assert len(notes) == 1 and "this machine only" in notes[0] and "--stay" in notes[0]
+    assert len(notes) == 1 and "this machine only" in notes[0] and "keeps running" in notes[0]
 
     url = dialog.fields["machines.prometheus"]
     url.widget.setText("prometheus.lab:9090")

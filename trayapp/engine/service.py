@@ -319,7 +319,8 @@ class Engine:
         return base
 
     def _should_exit_idle(self) -> bool:
-        if self.stay:
+        # An engine serving metrics is watched by Prometheus even with no client or job here.
+        if self.stay or self.metrics.serving():
             return False
         busy = (self.server is not None and self.server.client_count > 0) or \
             (self.jobs is not None and self.jobs.active_count() > 0)

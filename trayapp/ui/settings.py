@@ -77,9 +77,9 @@ TAB_NOTES: Dict[str, str] = {
         "A bare port serves the metrics to this machine only (127.0.0.1). For a Prometheus on "
         "another machine, give an address such as 0.0.0.0:9835, and then use TLS and a "
         "firewall: the metrics tell how much memory is free and which jobs run.\n\n"
-        "The metrics are served while the engine runs. An engine the tray started exits a "
-        "minute after the tray and the last job have gone: on a machine Prometheus watches, "
-        "keep one running with the command headroom\u00a0engine\u00a0--stay.\n\n"
+        "The metrics are served while the engine runs, and an engine serving them keeps "
+        "running when the tray and the last job have gone. After a reboot, the tray at login "
+        "or the command headroom\u00a0engine starts one again.\n\n"
         "The Machines window (tray menu › Machines...) asks the Prometheus server above about "
         "every machine it scrapes."),
 }
