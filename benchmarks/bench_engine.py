@@ -31,13 +31,16 @@ CPU_GOAL_PERCENT = 0.3
 RSS_GOAL_MB = 35.0
 
 
-def start_engine(home: Path, extra_env: dict | None = None) -> subprocess.Popen:
+def start_engine(home: Path, extra_env: dict | None = None,
+                 args: tuple = ()) -> subprocess.Popen:
+    """``headroom engine --stay ARGS`` on ``home``, once it answers a ping."""
     env = dict(os.environ, HEADROOM_HOME=str(home), **(extra_env or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "trayapp", "engine", "--stay"], env=env,
-                            cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "trayapp", "engine", "--stay", *args],
+                            env=env, cwd=str(REPO), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     os.environ["HEADROOM_HOME"] = str(home)
     paths = get_paths()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             with EngineClient(paths, timeout=2) as c:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,33 +30,15 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_engine import start_engine  # noqa: E402
 
 from tests.prometheus_server import free_port  # noqa: E402
-from trayapp.config import get_paths  # noqa: E402
-from trayapp.engine.client import EngineClient, EngineUnavailable  # noqa: E402
 
 RATIO_GOAL = 1.2
 SCRAPE_EVERY = 5.0
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def start_engine(home: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, HEADROOM_HOME=str(home))
-    proc = subprocess.Popen([sys.executable, "-m", "trayapp", "engine", "--stay", *extra],
-                            env=env, cwd=str(REPO), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    os.environ["HEADROOM_HOME"] = str(home)
-    paths = get_paths()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with EngineClient(paths, timeout=2) as c:
-                c.ping()
-            return proc
-        except EngineUnavailable:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("the engine did not start")
 
 
 def scrape(url: str) -> int:
@@ -143,7 +123,7 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}/metrics"
     with tempfile.TemporaryDirectory(prefix="hr-bench-") as tmp:
         procs = [start_engine(Path(tmp) / "plain"),
-                 start_engine(Path(tmp) / "exporting", "--metrics", str(port)),
+                 start_engine(Path(tmp) / "exporting", args=("--metrics", str(port))),
                  start_engine(Path(tmp) / "control")]
         try:
             plain, exporting, control = (psutil.Process(p.pid) for p in procs)

@@ -43,6 +43,7 @@ from trayapp.jobs.options import (
     SpecError,
     _check_writable,
     apply_preset,
+    check_python,
     resolve_python,
     spec_from_cli,
     validate,
@@ -164,11 +165,7 @@ def check_spec(spec: JobSpec, gpus: Sequence[GpuReading] = ()) -> List[str]:
     run, as ``validate`` does for ``headroom run``: the interpreter and the checkpoint folder are
     looked at on disk (a folder that holds a checkpoint is fine: a notebook resumes from it)."""
     warnings = validate(spec, gpus, check_paths=False)
-    python = spec.python or ""
-    if not os.path.exists(python):
-        raise SpecError(f"--python: not found: {python}", sv.PYTHON)
-    if os.path.isdir(python) or not os.access(python, os.X_OK):
-        raise SpecError(f"--python: not executable: {python}", sv.PYTHON)
+    check_python(spec.python or "")
     if spec.checkpoint_dir is not None:
         _check_writable(spec.checkpoint_dir)
     return warnings

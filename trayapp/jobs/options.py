@@ -304,6 +304,14 @@ def script_path(spec: JobSpec) -> str:
     return os.path.abspath(os.path.join(spec.cwd or os.getcwd(), spec.script))
 
 
+def check_python(python: str) -> None:
+    """Raise SpecError unless ``python`` is an executable file (``--python``)."""
+    if not os.path.exists(python):
+        raise SpecError(f"--python: not found: {python}", sv.PYTHON)
+    if os.path.isdir(python) or not os.access(python, os.X_OK):
+        raise SpecError(f"--python: not executable: {python}", sv.PYTHON)
+
+
 def validate(spec: JobSpec, gpus: Sequence[GpuReading] = (), check_paths: bool = True) -> List[str]:
     """Warnings (one line each) for a spec that can run; raises SpecError for one that cannot,
     with ``field`` set to the spec field it is about.
@@ -507,11 +515,7 @@ def _check_paths(spec: JobSpec) -> None:
     elif not os.path.isfile(path):
         raise SpecError(f"script not found: {spec.script}", sv.SCRIPT)
     if spec.python is not None:
-        python = resolve_python(spec.python)
-        if not os.path.exists(python):
-            raise SpecError(f"--python: not found: {python}", sv.PYTHON)
-        if os.path.isdir(python) or not os.access(python, os.X_OK):
-            raise SpecError(f"--python: not executable: {python}", sv.PYTHON)
+        check_python(resolve_python(spec.python))
     if spec.checkpoint_dir is not None:
         _check_writable(spec.checkpoint_dir)
     if spec.checkpoint_dir is not None and os.path.exists(spec.checkpoint_dir):
