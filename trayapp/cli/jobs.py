@@ -18,8 +18,6 @@ from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.vocab import JobState as S
 
 NAME_WIDTH = 24  # a longer name is cut in the table
-KERNEL = "kernel"  # a Jupyter kernel's job kind (trayapp.jobs.kernels.KIND, not imported: heavy)
-KERNEL_IDLE = "idle"  # its runner's word between fits (trayapp.jobs.kernels.IDLE)
 # Ended states whose reason is shown after the state in an action's answer.
 _WITH_REASON = vocab.ENDED - {S.FINISHED.value} | vocab.PARKED
 
@@ -59,7 +57,7 @@ def state_text(job: JobRecord, reason: bool = False) -> str:
 def progress_text(job: JobRecord) -> str:
     """One line: state, epoch, step, loss, ETA, RAM, VRAM."""
     parts = [f"[{job.id}] {state_text(job)}"]
-    idle = kernel_idle(job)
+    idle = job.kernel_idle
     position = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
     if idle:  # what follows is the last fit's
         position = ["idle, last fit " + " · ".join(position)] if position else ["idle"]
@@ -77,16 +75,6 @@ def progress_text(job: JobRecord) -> str:
     return " · ".join(parts)
 
 
-def is_kernel(job: JobRecord) -> bool:
-    return job.kind == KERNEL
-
-
-def kernel_idle(job: JobRecord) -> bool:
-    """A live kernel between fits: the progress it reports is its last fit's, not a fit now."""
-    return is_kernel(job) and job.is_live and not (job.hooked and job.runner_state not in
-                                                   (None, KERNEL_IDLE))
-
-
 def progress_cell(job: JobRecord) -> str:
     """The table's progress: ``"epoch 3/10, step 50/100"``, an ended job's exit status; a
     kernel between fits: ``"idle (last fit: epoch 3/10, step 50/100)"``."""
@@ -97,7 +85,7 @@ def progress_cell(job: JobRecord) -> str:
     status = exit_text(job)
     if status:
         parts.append(status)
-    if kernel_idle(job):
+    if job.kernel_idle:
         return f"idle (last fit: {', '.join(parts)})" if parts else "idle"
     return ", ".join(parts) or "-"
 
@@ -185,9 +173,9 @@ def cmd_action(args: argparse.Namespace, paths: Paths) -> int:
     finally:
         client.close()
     record = JobRecord.from_json(job)
-    if is_kernel(record) and args.command == "park":
+    if record.is_kernel and args.command == "park":
         print(describe_interrupt(record))
-    elif is_kernel(record) and args.command == "stop":
+    elif record.is_kernel and args.command == "stop":
         print(describe_kernel_stop(record))
     else:
         print(describe(record))

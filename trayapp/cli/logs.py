@@ -16,7 +16,7 @@ from typing import Any, Optional, TextIO
 
 from trayapp.cli.base import EXIT_INTERRUPTED, EXIT_NO_ENGINE, EXIT_OK, config_file, demo, say
 from trayapp.cli.follow import Follower
-from trayapp.cli.jobs import cmd_action, describe, is_kernel
+from trayapp.cli.jobs import cmd_action, describe
 from trayapp.cli.screen import Screen
 from trayapp.config import Paths
 from trayapp.engine.client import EngineBusy, EngineUnavailable, connect
@@ -93,7 +93,7 @@ def cmd_logs(args: argparse.Namespace, paths: Paths,
     screen = Screen(out, sys.stderr)
     try:
         job = JobRecord.from_json(client.job_get(args.job))
-        if is_kernel(job):
+        if job.is_kernel:
             say(f"job {job.id} ({job.name}) is a Jupyter kernel: its output is in its notebook, "
                 "and Headroom keeps no log of it ('headroom jobs' shows its fit's progress)")
             return EXIT_OK

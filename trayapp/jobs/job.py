@@ -116,7 +116,7 @@ def signal_name(code: int) -> str:
 
 def resumable_stop(rec: JobRecord, state: str) -> bool:
     """A stopped job with a checkpoint folder continues from it on ``resume``."""
-    return state == S.STOPPED and bool(rec.checkpoint_dir) and rec.kind != "kernel"
+    return state == S.STOPPED and bool(rec.checkpoint_dir) and not rec.is_kernel
 
 
 def budget_bytes(mb: Any) -> Optional[int]:

@@ -32,15 +32,13 @@ from trayapp.channel import Peer
 from trayapp.jobs.control import JobControl
 from trayapp.jobs.job import BY_USER, Job, budget_bytes, now
 from trayapp.jobs.options import JobSpec, SpecError
-from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record import KERNEL, JobRecord
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
 log = logging.getLogger("headroom.jobs")
 
-KIND = "kernel"
-IDLE = "idle"  # the runner's state between fits (trayapp.runner.kernel.IDLE)
 MAX_KERNELS = 64  # live kernel jobs at once: a flood of requests cannot grow the engine more
 MAX_NAME = 200
 KEY_BYTES = 32
@@ -116,16 +114,7 @@ def kernel_name(args: Dict[str, Any]) -> str:
     if not isinstance(name, str) or not name.strip():
         kernel = args.get("kernel")
         name = kernel.get("name") if isinstance(kernel, dict) else None
-    return one_line(name, MAX_NAME) if isinstance(name, str) and name.strip() else KIND
-
-
-def is_kernel(rec: JobRecord) -> bool:
-    return rec.kind == KIND
-
-
-def in_fit(rec: JobRecord) -> bool:
-    """A kernel's fit() is under way (there is a fit to pause at a batch or to interrupt)."""
-    return rec.hooked and rec.runner_state not in (None, IDLE)
+    return one_line(name, MAX_NAME) if isinstance(name, str) and name.strip() else KERNEL
 
 
 class KernelJobs(JobControl):
@@ -147,7 +136,7 @@ class KernelJobs(JobControl):
         with self._lock:
             job = self._kernel_job(proc.pid, create_time)
             if job is None:
-                live = sum(1 for j in self._jobs.values() if is_kernel(j.rec))
+                live = sum(1 for j in self._jobs.values() if j.rec.is_kernel)
                 if live >= MAX_KERNELS:
                     raise ValueError(f"kernel_adopt: {live} kernels are watched already, the "
                                      "most the engine takes")
@@ -163,13 +152,13 @@ class KernelJobs(JobControl):
         if fresh:
             self._emit(E.JOB_ADOPTED, f"kernel {rec.id} ({rec.name}) is a job now "
                        f"(pid {rec.pid}): the guard watches it", job_id=rec.id,
-                       data={"pid": rec.pid, "kind": KIND})
+                       data={"pid": rec.pid, "kind": KERNEL})
         return answer
 
     def _kernel_job(self, pid: int, create_time: float) -> Optional[Job]:
         for job in self._jobs.values():
             rec = job.rec
-            if is_kernel(rec) and rec.pid == pid and rec.state in vocab.LIVE and \
+            if rec.is_kernel and rec.pid == pid and rec.state in vocab.LIVE and \
                     rec.create_time is not None and abs(rec.create_time - create_time) < 0.01:
                 if job.server is None:
                     self._open_channel(job)
@@ -200,7 +189,7 @@ class KernelJobs(JobControl):
             raise ValueError(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
         connection = args.get("connection_file")
         rec = JobRecord(
-            id=job_id, name=kernel_name(args), state=S.STARTING.value, kind=KIND,
+            id=job_id, name=kernel_name(args), state=S.STARTING.value, kind=KERNEL,
             pid=proc.pid, pids=(proc.pid,), create_time=create_time, started=now(),
             spec=spec_data, script=one_line(connection, 1000) if isinstance(connection, str)
             else "", checkpoint_dir=str(applied.checkpoint_dir) if applied.checkpoint_dir
@@ -227,7 +216,7 @@ class KernelJobs(JobControl):
         """As for a script; a kernel between fits is suspended at once (nothing to wait for)."""
         with self._lock:
             job = self._find(job_ref)
-            idle = isinstance(job, Job) and is_kernel(job.rec) and not in_fit(job.rec)
+            idle = isinstance(job, Job) and job.rec.is_kernel and not job.rec.kernel_in_fit
         return super().pause(job_ref, by=by, reason=reason, deadline=0 if idle else deadline)
 
     def park(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
@@ -235,7 +224,7 @@ class KernelJobs(JobControl):
         """A kernel is not parked: its fit is interrupted (``interrupt``)."""
         with self._lock:
             job = self._find(job_ref)
-            kernel = isinstance(job, Job) and is_kernel(job.rec)
+            kernel = isinstance(job, Job) and job.rec.is_kernel
         if kernel:
             return self.interrupt(job_ref, by=by, reason=reason)
         return super().park(job_ref, by=by, reason=reason, smaller=smaller)
@@ -252,7 +241,7 @@ class KernelJobs(JobControl):
             rec = job.rec
             if job.state == S.PARKING:
                 return rec.to_json()
-            if not in_fit(rec) or job.peer is None:
+            if not rec.kernel_in_fit or job.peer is None:
                 raise ValueError(f"kernel {job.id} runs no fit() that Headroom follows: there "
                                  "is nothing to interrupt (pause or stop it instead)")
             if rec.pause_mode == "suspended":
@@ -270,7 +259,7 @@ class KernelJobs(JobControl):
         """A connected kernel ends itself on a stop, Keras or not: at once between fits, at the
         next batch end in one. (Signals are slow on a kernel: ipykernel takes SIGINT as an
         interrupt of the cell, so the stop would wait for SIGTERM.)"""
-        if is_kernel(job.rec) and job.peer is not None:
+        if job.rec.is_kernel and job.peer is not None:
             return True
         return super()._stops_itself(job)
 
@@ -298,7 +287,7 @@ class KernelJobs(JobControl):
         with self._lock:
             found = self._find(job_ref)
         rec = found.rec if isinstance(found, Job) else found
-        if is_kernel(rec) and rec.state in vocab.ENDED:
+        if rec.is_kernel and rec.state in vocab.ENDED:
             raise ValueError(f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
                              "there and run the fit() again: it goes on from its checkpoint)")
         return super().resume(job_ref, by=by, reason=reason)

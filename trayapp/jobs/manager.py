@@ -403,7 +403,7 @@ def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
         by, why = stop_note
         reason = f"stopped by {by}" + (f": {why}" if why else "")
         message = f"{head} {reason}"
-        if rec.checkpoint_dir and rec.kind != "kernel":
+        if rec.checkpoint_dir and not rec.is_kernel:
             message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
         return Ending(S.STOPPED, reason, E.JOB_STOPPED, "info", message)
     if code is None:

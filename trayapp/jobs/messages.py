@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
+from trayapp.jobs import record
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -39,7 +40,7 @@ RUNNER_RUNNING = "running"
 RUNNER_PAUSED = "paused"
 RUNNER_PARKING = "parking"
 RUNNER_STOPPING = "stopping"
-RUNNER_IDLE = "idle"  # a kernel between fit() calls
+RUNNER_IDLE = record.RUNNER_IDLE  # a kernel between fit() calls
 RUNNER_STATES = frozenset({RUNNER_RUNNING, "pausing", RUNNER_PAUSED, "checkpointing",
                            RUNNER_PARKING, RUNNER_STOPPING, "stopped", RUNNER_IDLE})
 NOTE_INFO = "info"

@@ -17,6 +17,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from trayapp import vocab
 from trayapp.vocab import JobState
 
+KERNEL = "kernel"  # the kind of a Jupyter kernel adopted as a job (trayapp.jobs.kernels)
+RUNNER_IDLE = "idle"  # a kernel's runner between fit() calls (trayapp.runner.kernel.IDLE)
+
 # Fields renamed since: read the old name when the new one is absent.
 _OLD_NAMES = {"parked_by": "park_by", "stopped_by": "stop_by"}
 
@@ -29,7 +32,7 @@ class JobRecord:
     id: str
     name: str = ""
     state: str = JobState.STARTING.value
-    kind: str = "script"  # "script" (launched by Headroom) or "kernel" (adopted: jobs.kernels)
+    kind: str = "script"  # "script" (launched by Headroom) or KERNEL (adopted: jobs.kernels)
     pid: Optional[int] = None
     pids: Tuple[int, ...] = ()
     create_time: Optional[float] = None
@@ -97,6 +100,21 @@ class JobRecord:
     @property
     def is_parked(self) -> bool:
         return self.state in vocab.PARKED
+
+    @property
+    def is_kernel(self) -> bool:
+        return self.kind == KERNEL
+
+    @property
+    def kernel_in_fit(self) -> bool:
+        """A kernel's fit() is under way, as its runner says (a fit to pause at a batch end or
+        to interrupt)."""
+        return self.hooked and self.runner_state not in (None, RUNNER_IDLE)
+
+    @property
+    def kernel_idle(self) -> bool:
+        """A live kernel between fits: the progress it reports is its last fit's."""
+        return self.is_kernel and self.is_live and not self.kernel_in_fit
 
     def moved(self, new: str, **changes: Any) -> JobRecord:
         """This record in state ``new`` (and with ``changes``). A change of state that

@@ -198,7 +198,7 @@ class RunnerLink(JobTable):
             elif job.state == S.STARTING:
                 job.move(S.RUNNING)
                 self._save(job)
-        elif state == messages.RUNNER_IDLE and job.rec.kind == "kernel":
+        elif state == messages.RUNNER_IDLE and job.rec.is_kernel:
             self.kernel_idle(job, events)  # an interrupted fit has ended (jobs.kernels)
         elif state == messages.RUNNER_PARKING and job.state in (S.RUNNING, S.PAUSING, S.PAUSED):
             job.move(S.PARKING)

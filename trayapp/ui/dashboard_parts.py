@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 from trayapp import formats, series
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
-from trayapp.ui.model import format_duration, kernel_idle, status_jobs
+from trayapp.ui.model import format_duration, status_jobs
 from trayapp.ui.timeline import Table
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardLevel as L
@@ -164,7 +164,7 @@ class JobsStrip(QWidget):
             bar.setFormat(f"{what} n/a")
 
     def _fill(self, row: Dict[str, Any], job: JobRecord) -> None:
-        idle = kernel_idle(job)  # the bars and numbers below are its last fit's
+        idle = job.kernel_idle  # the bars and numbers below are its last fit's
         row["name"].setText(f"{job.name or job.id}  ({job.state}{', idle' if idle else ''})")
         self._bar(row["epoch"], "epoch", job.epoch, job.epochs)
         self._bar(row["step"], "step", job.step, job.steps)

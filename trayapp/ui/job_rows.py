@@ -20,9 +20,6 @@ from trayapp.ui.model import (
     INTERRUPT_TEXT,
     JOB_ACTIONS,
     format_duration,
-    is_kernel,
-    kernel_idle,
-    kernel_in_fit,
 )
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import JobState as S
@@ -66,7 +63,7 @@ def progress_text(job: JobRecord) -> str:
     """``"epoch 2/5 · step 30/100"``, or "" without progress reports; a kernel between fits:
     ``"idle · last fit epoch 2/5"`` (or ``"idle"``), short enough for its bar."""
     parts = formats.progress_parts(job.epoch, job.epochs, job.step, job.steps)
-    if kernel_idle(job):
+    if job.kernel_idle:
         return f"idle · last fit {parts[0]}" if parts else "idle"
     shrunk = formats.batch(job.batch, job.micro_batch, job.accumulation)
     return " · ".join(parts + [shrunk] if shrunk else parts)
@@ -111,7 +108,7 @@ def cell_text(job: JobRecord, column: int, now: float) -> str:
         return loss_text(job)
     if name == "ETA":
         eta = job.eta_seconds
-        if eta is None or job.state in FINISHED_STATES or kernel_idle(job):
+        if eta is None or job.state in FINISHED_STATES or job.kernel_idle:
             return ""
         return format_duration(eta)
     if name in ("RAM", "VRAM"):
@@ -152,7 +149,7 @@ INTERRUPT_TIP = ("Interrupt the kernel's fit() at the next batch end (a checkpoi
 def action_words(job: Optional[JobRecord], action: str, text: str, tip: str) -> Tuple[str, str]:
     """The button's text and tooltip for ``action`` on ``job``: a kernel's park interrupts
     its fit."""
-    if action == A.PARK and is_kernel(job):
+    if action == A.PARK and job is not None and job.is_kernel:
         return INTERRUPT_TEXT, INTERRUPT_TIP
     return text, tip
 
@@ -160,7 +157,7 @@ def action_words(job: Optional[JobRecord], action: str, text: str, tip: str) -> 
 def stop_question(job: JobRecord) -> str:
     """What the stop confirmation asks: what stop does to the checkpoint and to the script."""
     name = f"{job.name} ({job.id})"
-    if is_kernel(job):
+    if job.is_kernel:
         return (f"Shut the kernel {name} down? Its variables are lost (a fit() running stops "
                 "at the next batch end, after a checkpoint with a checkpoint folder). Jupyter "
                 "may start the kernel again, empty.")
@@ -305,8 +302,8 @@ def action_refusal(job: Optional[JobRecord], action: str) -> Optional[str]:
     button's tooltip while it is disabled), or None."""
     if job is None or action != A.PARK or action not in actions_for(job):
         return None
-    if is_kernel(job):
-        if kernel_in_fit(job):
+    if job.is_kernel:
+        if job.kernel_in_fit:
             return None
         return ("The kernel runs no fit() that Headroom follows: there is no fit to "
                 "interrupt. Pause or stop it instead.")

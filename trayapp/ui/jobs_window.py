@@ -66,7 +66,6 @@ from trayapp.ui.job_rows import (
     action_refusal,
     action_words,
     actions_for,
-    is_kernel,
     job_folder,
     later_checkpoints,
     relaunch_spec,
@@ -433,7 +432,7 @@ class JobsWindow(QWidget):
         if job is not None and self._error_state is not None and job.state != self._error_state:
             self._say_error(None)  # said of the job as it was: it has moved on (or ended)
         # A kernel is started by Jupyter, not relaunched from a spec.
-        self.buttons["relaunch"].setEnabled(bool(job and job.spec) and not is_kernel(job))
+        self.buttons["relaunch"].setEnabled(bool(job and job.spec and not job.is_kernel))
         self.buttons["folder"].setEnabled(bool(job and job_folder(job)))
         if job is None:
             self.header_label.setText("Select a job to see its log, options, events, curves, "
@@ -441,13 +440,13 @@ class JobsWindow(QWidget):
             self.options_tree.clear()
             return
         self.header_label.setText(self._header(job))
-        self.log_view.setPlaceholderText(KERNEL_LOG if is_kernel(job) else "")
+        self.log_view.setPlaceholderText(KERNEL_LOG if job.is_kernel else "")
         fill_options(self.options_tree, job)
         self.checkpoint_pane.set_job(job)
 
     def _header(self, job: JobRecord) -> str:
         parts = [f"{job.name} ({job.id}) — {state_text(job)}"]
-        if is_kernel(job):  # its "script" is Jupyter's connection file: no help to anyone
+        if job.is_kernel:  # its "script" is Jupyter's connection file: no help to anyone
             parts.append("Jupyter kernel")
         elif job.script:
             parts.append(job.script)

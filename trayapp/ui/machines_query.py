@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.text import one_line
+from trayapp.vocab import GuardLevel
 
 # What the engines are scraped as (the rules, the dashboard and the scrape example agree).
 SCRAPE_JOB = "headroom"
@@ -33,7 +34,7 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024
 MAX_SERIES = 50_000
 MAX_LABELS = 64  # labels of one series kept (an exporter's have a handful)
 MAX_LABEL = 200  # characters of a label's name or value kept (one printable line)
-GUARD_LEVELS = ("ok", "warn", "pause", "park")
+GUARD_LEVELS = frozenset(level.value for level in GuardLevel)  # the exporter's state set
 
 
 class PrometheusError(Exception):

@@ -44,23 +44,7 @@ GUARD_MODE_LABELS = {"act": "Act (warn, pause, park)", "dry-run": "Dry run (only
                      "off": "Off (watch only)"}
 
 
-KERNEL = "kernel"  # a Jupyter kernel's job kind (trayapp.jobs.kernels.KIND)
-KERNEL_IDLE = "idle"  # its runner's word between fits (trayapp.jobs.kernels.IDLE)
 INTERRUPT_TEXT = "Interrupt fit"  # a kernel's park
-
-
-def is_kernel(job: Optional[JobRecord]) -> bool:
-    return job is not None and job.kind == KERNEL
-
-
-def kernel_in_fit(job: JobRecord) -> bool:
-    """A kernel's fit() runs (there is a fit to interrupt), as the engine tells."""
-    return job.hooked and job.runner_state not in (None, KERNEL_IDLE)
-
-
-def kernel_idle(job: JobRecord) -> bool:
-    """A live kernel between fits: the progress it reports is its last fit's."""
-    return is_kernel(job) and job.state not in vocab.ENDED and not kernel_in_fit(job)
 
 
 def is_active_job(job: JobRecord) -> bool:
@@ -266,8 +250,8 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
         for action in (A.PAUSE, A.RESUME, A.PARK, A.STOP):
             enabled = action in actions
             text = action.capitalize()
-            if action == A.PARK and is_kernel(job):  # a kernel's park interrupts its fit
-                text, enabled = INTERRUPT_TEXT, enabled and kernel_in_fit(job)
+            if action == A.PARK and job.is_kernel:  # a kernel's park interrupts its fit
+                text, enabled = INTERRUPT_TEXT, enabled and job.kernel_in_fit
             sub.children.append(MenuEntry(text, f"job:{jid}:{action}", enabled=enabled))
         job_menu.children.append(sub)
     job_menu.children += [_sep(), MenuEntry("All jobs...", "open:jobs", enabled=live)]

@@ -177,8 +177,8 @@ class JobView:
             pids=job.pids or ((job.pid,) if job.pid else ()),
             rss_bytes=job.rss_bytes, vram_bytes=job.vram_bytes, hooked=job.hooked,
             # A kernel's fit can be interrupted (its "park") whenever one runs.
-            checkpoint=job.hooked and job.runner_state not in (None, "idle")
-            if job.kind == "kernel" else bool(job.checkpoint_dir) and job.hooked,
+            checkpoint=job.kernel_in_fit if job.is_kernel
+            else bool(job.checkpoint_dir) and job.hooked,
             ram_budget_bytes=job.ram_budget_bytes, vram_budget_bytes=job.vram_budget_bytes,
             paused_by=job.paused_by,
             auto_resume=asked if isinstance(asked, bool) else job.auto_resume,
