@@ -16,23 +16,22 @@ ends the kernel. The job ends when the kernel's process exits.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
-import secrets
 import socket
 import struct
 from typing import Any, Dict, Optional, Tuple
 
 import psutil
 
-from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.jobs.control import JobControl
-from trayapp.jobs.job import BY_USER, Job, budget_bytes, now
+from trayapp.jobs.job import BY_USER, Job
 from trayapp.jobs.options import JobSpec, SpecError
-from trayapp.jobs.record import KERNEL, JobRecord
+from trayapp.jobs.record import KERNEL
+from trayapp.jobs.starting import remove_folder
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -41,7 +40,6 @@ log = logging.getLogger("headroom.jobs")
 
 MAX_KERNELS = 64  # live kernel jobs at once: a flood of requests cannot grow the engine more
 MAX_NAME = 200
-KEY_BYTES = 32
 KERNEL_MARK = "--kernel"  # in the command line of a kernel run by the runner
 INTERRUPT_SETTLE_SECONDS = 45.0
 
@@ -174,37 +172,23 @@ class KernelJobs(JobControl):
         except SpecError as e:
             log.warning("a kernel's preset was not applied (%s)", one_line(e))
             applied = spec
-        job_id = self._new_id()
-        folder = self.paths.jobs_dir / job_id
-        folder.mkdir(parents=True, exist_ok=False, mode=0o700)
-        key = secrets.token_bytes(KEY_BYTES)
+        spec_data = {k: v for k, v in spec.to_json().items() if k not in ("script", "args")}
         try:
-            configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
-            spec_data = {k: v for k, v in spec.to_json().items() if k not in ("script", "args")}
-            configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+            job_id, folder, key = self._new_folder(spec_data)
         except OSError as e:
-            from trayapp.jobs.starting import remove_folder
-
-            remove_folder(folder)
             raise ValueError(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
         connection = args.get("connection_file")
-        rec = JobRecord(
-            id=job_id, name=kernel_name(args), state=S.STARTING.value, kind=KERNEL,
-            pid=proc.pid, pids=(proc.pid,), create_time=create_time, started=now(),
-            spec=spec_data, script=one_line(connection, 1000) if isinstance(connection, str)
-            else "", checkpoint_dir=str(applied.checkpoint_dir) if applied.checkpoint_dir
-            else None, ram_budget_bytes=budget_bytes(applied.ram_budget_mb),
-            vram_budget_bytes=budget_bytes(applied.vram_budget_mb),
-            auto_resume=applied.auto_resume if applied.auto_resume is not None
-            else bool(self._setting("guard.auto_resume", True)))
+        rec = dataclasses.replace(
+            self._new_record(job_id, applied, spec_data, folder, []),
+            name=kernel_name(args), kind=KERNEL, pid=proc.pid, pids=(proc.pid,),
+            create_time=create_time, log_path=None,  # a kernel's output is in its notebook
+            script=one_line(connection, 1000) if isinstance(connection, str) else "")
         job = Job(rec, key)
         job.process = proc
         job.known = {proc.pid: proc}
         try:
             self._open_channel(job)
         except ValueError:
-            from trayapp.jobs.starting import remove_folder
-
             remove_folder(folder)
             raise
         return job

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psutil
 
@@ -101,15 +101,10 @@ class Launching(RunnerLink):
     def _new_job(self, spec: JobSpec, applied: JobSpec, environ: Optional[Dict[str, Any]],
                  spec_warnings: List[str]) -> Job:
         """The job's folder and files, its channel and its process (under the lock)."""
-        job_id = self._new_id()
-        folder = self.paths.jobs_dir / job_id
-        folder.mkdir(parents=True, exist_ok=False, mode=0o700)
-        key = secrets.token_bytes(KEY_BYTES)
-        configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
         # The spec as kept and shown names its --env variables without their values; those
         # (and the shell's environment) are kept for a relaunch in one private file.
         spec_data = envfile.hide(spec.to_json())
-        configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+        job_id, folder, key = self._new_folder(spec_data)
         envfile.save(folder, environ, spec.env)
         job = Job(self._new_record(job_id, applied, spec_data, folder, spec_warnings), key)
         try:
@@ -120,6 +115,21 @@ class Launching(RunnerLink):
             remove_folder(folder)
             raise
         return job
+
+    def _new_folder(self, spec_data: Dict[str, Any]) -> Tuple[str, Path, bytes]:
+        """A new job's id, its private folder, its key and its spec.json (under the lock).
+        Raises OSError when a file cannot be written (the folder is then removed)."""
+        job_id = self._new_id()
+        folder = self.paths.jobs_dir / job_id
+        folder.mkdir(parents=True, exist_ok=False, mode=0o700)
+        key = secrets.token_bytes(KEY_BYTES)
+        try:
+            configmod.atomic_write_bytes(folder / "key", key, mode=0o600)
+            configmod.atomic_write(folder / "spec.json", json.dumps(spec_data, indent=2) + "\n")
+        except OSError:
+            remove_folder(folder)
+            raise
+        return job_id, folder, key
 
     def _env_folder(self, env_from: Optional[str]) -> Optional[Path]:
         """The folder of the job ``env_from`` names (None: no such job, or none named)."""
