@@ -7,12 +7,14 @@ a certificate made here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -295,3 +297,55 @@ def test_a_non_loopback_address_is_said_with_a_warning(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_guard_pauses_a_hog_while_the_exporter_is_attacked(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """Connections that drip a byte now and then, and scrapers that never rest, cost the
+    engine's loop nothing that matters: the guard pauses a job over its budget all the same,
+    the exporter still answers, and nothing in the engine fails."""
+    from tests.integration.test_boundary_properties import hog_is_paused_by_the_guard
+
+    with pytest.MonkeyPatch.context() as mp:
+        paths = new_home(tmp_path_factory, "attacked", mp)
+    port = free_port()
+    paths.config_file.write_text(f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    url = f"http://127.0.0.1:{port}/metrics"
+    engine = EngineProcess(paths).wait_ready()
+    done = threading.Event()
+    drips: List[socket.socket] = []
+
+    def drip() -> None:
+        while not done.is_set():
+            for s in list(drips):
+                with contextlib.suppress(OSError):
+                    s.send(b"X")
+            done.wait(0.5)
+
+    def hammer() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                scrape(url)
+
+    workers = [threading.Thread(target=drip, daemon=True)] + \
+        [threading.Thread(target=hammer, daemon=True) for _ in range(2)]
+    try:
+        wait_for(lambda: "headroom_memory_total_bytes" in scrape(url), 20, "the exporter")
+        for _ in range(16):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.send(b"GET /metrics HTTP/1.1\r\n")
+            drips.append(s)
+        for w in workers:
+            w.start()
+        hog_is_paused_by_the_guard({"engine": engine}, tmp_path)
+        assert "headroom_guard_state" in scrape(url)
+        assert engine.proc.poll() is None
+        assert "Traceback" not in engine.stderr, engine.stderr[-5000:]
+    finally:
+        done.set()
+        for w in workers:
+            w.join(15)
+        for s in drips:
+            s.close()
+        engine.stop()
+        end_processes_of(paths.home)
