@@ -607,7 +607,6 @@ class LaunchDialog(LaunchForm):
         super().done(result)
 
 
-
 def install_kernel_spec(spec: JobSpec, gpus: Sequence[Any], ram_total_bytes: Optional[int],
                         process: planmod.JobProcess,
                         environ: Dict[str, str]) -> Tuple[bool, str]:
