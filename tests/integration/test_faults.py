@@ -89,6 +89,45 @@ def fill(folder: Path) -> Path:
     return filler
 
 
+ADOPT_ME = """
+import os
+from trayapp.config import get_paths
+from trayapp.engine.client import EngineClient, EngineError
+try:
+    print("job", EngineClient(get_paths()).request("kernel_adopt", pid=os.getpid(), name="nb")
+          ["job"], flush=True)
+except EngineError as e:
+    print("refused", e, flush=True)
+"""
+
+
+def adopt_me(home: Path) -> str:
+    """What the engine answers a process (one that says --kernel) asking to be a kernel job."""
+    r = subprocess.run([sys.executable, "-c", ADOPT_ME, "--kernel"], capture_output=True,
+                       text=True, timeout=60, cwd=str(REPO),
+                       env={**os.environ, "HEADROOM_HOME": str(home)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    return r.stdout.strip()
+
+
+def test_a_kernel_asking_on_a_full_disk_is_refused_in_one_line_and_leaves_nothing(
+        small_disk: Path) -> None:
+    engine = EngineProcess(get_paths()).wait_ready()
+    jobs_dir = engine.paths.jobs_dir
+    try:
+        before = set(os.listdir(jobs_dir))
+        filler = fill(small_disk)
+        answer = adopt_me(small_disk)
+        assert answer.startswith("refused") and "cannot keep the job" in answer, answer
+        assert "\n" not in answer
+        assert set(os.listdir(jobs_dir)) == before  # no half-made job folder left behind
+        filler.unlink()  # room again: the same request is taken
+        assert adopt_me(small_disk).startswith("job "), "not adopted once there was room"
+        assert engine.proc.poll() is None, engine.stderr
+    finally:
+        engine.stop()
+    assert "Traceback" not in engine.stderr
+
 def test_a_full_disk_warns_once_and_the_guard_keeps_working(small_disk: Path,
                                                              tmp_path: Path) -> None:
     (small_disk / "config.toml").write_text('[guard]\nmode = "act"\n')
