@@ -368,13 +368,13 @@ class Adopter:
         if adopted == self.adopted:
             return True
         job_id, address, key = adopted
-        self.adopted = adopted
         old = self.session.channel
         self.session.job_id = job_id
         channel = Channel(address, key, self.session.on_command, self.session.hello)
         self.session.channel = channel
         channel.start()
         old.close(timeout=0)
+        self.adopted = adopted  # last: registered means the new channel is the session's
         return True
 
 
