@@ -27,6 +27,9 @@ MISSING = [pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None]
 
 pytestmark = [
     pytest.mark.desktop,
+    # A click on a real tray must open its menu within seconds: not beside another test's
+    # build or Keras job on a 2-core machine.
+    pytest.mark.alone,
     pytest.mark.skipif(bool(MISSING), reason="needs a virtual desktop; install the Debian "
                                              f"packages {' '.join(MISSING)}"),
 ]
