@@ -4,6 +4,7 @@ included; and ``headroom logs`` / ``attach`` / ``resume --follow`` on real jobs.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -15,7 +16,7 @@ from typing import Any, Iterator, List
 
 import pytest
 
-from tests.conftest import REPO, headroom_cmd, run_cli
+from tests.conftest import REPO, headroom_cmd, run_cli, wait_for
 
 SCRIPTS = REPO / "tests" / "scripts" / "jobs"
 CONFIG = '[guard]\nmode = "off"\n\n[engine]\nidle_exit_seconds = 5.0\n'
@@ -144,20 +145,30 @@ def test_logs_tail_and_follow_until_the_job_ends(home: Path, paths: Any) -> None
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def runner_said(jobs: Any, state: str) -> bool:
+    """Whether the runner of the one job listed has said ``state`` (it took a request)."""
+    return len(jobs) == 1 and jobs[0].get("runner_state") == state
+
+
 def test_attach_after_a_resume_follows_the_relaunched_job(home: Path, tmp_path: Path) -> None:
     (home / "config.toml").write_text(CONFIG)
     ckpt = tmp_path / "ckpt"
     err = tmp_path / "err"
+    gate = tmp_path / "gate"  # the first epoch holds until the park has reached the runner
     with open(err, "w") as e:
         run = subprocess.Popen(
             headroom_cmd("run", "--name", "kt", "--checkpoint-dir", str(ckpt),
-                         str(SCRIPTS / "keras_train.py"), "3", "30", "0.05"),
+                         str(SCRIPTS / "keras_train.py"), "3", "30", "0.05", str(gate)),
             cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=e, text=True)
     try:
-        deadline = time.monotonic() + 90
-        while "epoch 1/3" not in err.read_text() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert run_cli("park", "kt", timeout=60).returncode == 0
+        wait_for(lambda: Path(f"{gate}.held").exists(), 120, "the job's first epoch")
+        # park's answer waits for the job to get there: the gate opens meanwhile.
+        park = subprocess.Popen(headroom_cmd("park", "kt"), cwd=str(REPO),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: runner_said(json.loads(run_cli("jobs", "--json").stdout), "parking"),
+                 60, "the runner to take the park")
+        gate.touch()
+        assert park.wait(60) == 0
         assert run.wait(60) == 75
     finally:
         if run.poll() is None:

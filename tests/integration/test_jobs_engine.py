@@ -187,14 +187,15 @@ def test_refusals_are_one_line(client: EngineClient, tmp_path: Path) -> None:
     assert "cannot be paused" in str(e.value)
 
 
-def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any,
+def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any, tmp_path: Path,
                                                   start_engine: Callable[..., EngineProcess]
                                                   ) -> None:
     (home / "config.toml").write_text(QUIET_CONFIG)
     first = start_engine()
     t_start = time.time()
+    gate = tmp_path / "gate"  # the job ticks until the test has seen it adopted
     with first.client() as c:
-        job = c.job_start(spec("ticker.py", 70, 0.1, 5))
+        job = c.job_start(spec("ticker.py", 0, 0.1, 5, gate))
         wait_for(lambda: job_in(c, job["id"], "running"), 20, "the runner's hello")
     time.sleep(2.5)  # some history, flushed or not, before the crash
     t_kill = time.time()
@@ -204,7 +205,7 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any,
     assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     log = paths.jobs_dir / job["id"] / "log"
     size = log.stat().st_size
-    wait_for(lambda: log.stat().st_size > size, 5, "output while no engine runs")
+    wait_for(lambda: log.stat().st_size > size, 30, "output while no engine runs")
 
     time.sleep(1.0)
     second = start_engine()
@@ -213,12 +214,13 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any,
         adopted = c.job_get(job["id"])
         assert adopted["state"] == "running" and adopted["pid"] == job["pid"]
         assert job["id"] in [j["id"] for j in c.jobs()]
-        wait_for(lambda: c.job_get(job["id"])["connected"], 15, "the runner to reconnect")
-        done = wait_for(lambda: job_in(c, job["id"], "failed", "finished", "lost"), 20,
+        wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the runner to reconnect")
+        gate.touch()
+        done = wait_for(lambda: job_in(c, job["id"], "failed", "finished", "lost"), 60,
                         "the adopted job to end")
         # Not the new engine's child: the status comes from the runner's bye.
         assert done["state"] == "failed" and done["exit_code"] == 5
-        assert "tick 70\ndone\n" in log_text(c, job["id"])
+        assert "gate open\ndone\n" in log_text(c, job["id"])
         kinds = [e["kind"] for e in c.events(job=job["id"])]
         assert "job_adopted" in kinds
         # The history has no hole beyond the time no engine ran (samples of the killed engine

@@ -74,13 +74,21 @@ def job_state(eng: EngineProcess, job_id: str) -> Dict[str, Any]:
 def test_stop_checkpoints_skips_the_rest_and_resume_continues(
         eng: EngineProcess, start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
     ckpt, out = tmp_path / "ckpt", tmp_path / "run"
-    cli = start_run("--checkpoint-dir", str(ckpt), *job_args(out), log=tmp_path / "run.err")
+    gate = tmp_path / "gate"  # epoch 4 (index 3) holds at its first batch until the stop is in
+    cli = start_run("--checkpoint-dir", str(ckpt), *job_args(out), "--hold-epoch", "3",
+                    "--gate", str(gate), log=tmp_path / "run.err")
     try:
         job = wait_for(lambda: (listed(eng) or [None])[0], 60, "the job")
         jid = job["id"]
-        wait_for(lambda: (job_state(eng, jid).get("epoch") or 0) >= 4, 120, "epoch 4")
-        r = run_cli("stop", jid, timeout=60)
-        assert r.returncode == 0, r.stderr
+        wait_for(lambda: Path(str(out) + ".held").exists(), 120, "epoch 4")
+        # stop's answer waits for the job to get there: the gate opens meanwhile.
+        stop = subprocess.Popen(headroom_cmd("stop", jid), cwd=str(REPO),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: job_state(eng, jid).get("runner_state") == "stopping", 60,
+                 "the runner to take the stop")
+        gate.touch()
+        said = stop.communicate(timeout=60)[1]
+        assert stop.returncode == 0, said
         code = cli.wait(60)
     finally:
         if cli.poll() is None:

@@ -1,6 +1,12 @@
 """A small Keras model trained on random data: EPOCHS epochs of STEPS batches, each batch made
-slower by DELAY seconds so the tests can pause, park and stop it mid-epoch."""
+slower by DELAY seconds so the tests can pause, park and stop it mid-epoch.
 
+With a fifth argument GATE (a file), the first epoch holds at its second batch end until GATE
+exists (it writes GATE.held when it starts waiting): a test asks for a pause, park or stop
+while it holds, then opens the gate, and the request lands mid-epoch whatever the machine's
+load. A run that finds GATE already there (a resumed one) does not hold."""
+
+import os
 import sys
 import time
 
@@ -10,10 +16,20 @@ import numpy as np
 epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 delay = float(sys.argv[3]) if len(sys.argv) > 3 else 0.02
+gate = sys.argv[4] if len(sys.argv) > 4 else None
 
 
 class Slow(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = 0
+
     def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if gate and self.batches == 2 and not os.path.exists(gate):
+            open(gate + ".held", "w").close()
+            while not os.path.exists(gate):
+                time.sleep(0.02)
         time.sleep(delay)
 
 

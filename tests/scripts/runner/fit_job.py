@@ -1,10 +1,13 @@
 """A small Keras job for the runner's tests: reports what it sees inside TensorFlow.
 
 usage: fit_job.py OUT [--epochs N] [--fits N] [--steps N] [--sleep SECONDS] [--exit CODE]
+                  [--hold-epoch N --gate FILE]
 
 Writes OUT.json at the end (dtype policy, thread counts, XLA, environment, argv, epochs and
 batches its own callback saw, the optimizer's step count); appends each epoch it begins to
-OUT.epochs and each batch it ends to OUT.batches as it goes; OUT.after-fit once fit() returned.
+OUT.epochs and each batch it ends to OUT.batches as it goes; OUT.after-fit once fit() returned. With --gate, the first batch of
+epoch --hold-epoch waits until FILE exists (OUT.held is written when it starts waiting): a test
+asks for a stop or park while it holds, then opens the gate, whatever the machine's load.
 """
 
 import argparse
@@ -22,6 +25,8 @@ parser.add_argument("--fits", type=int, default=1)
 parser.add_argument("--steps", type=int, default=10, help="batches an epoch")
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--exit", type=int, default=0)
+parser.add_argument("--hold-epoch", type=int, default=None)
+parser.add_argument("--gate", default=None)
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -52,6 +57,11 @@ class Witness(keras.callbacks.Callback):
             f.write(f"{epoch}\n")
 
     def on_train_batch_end(self, batch, logs=None):
+        if args.gate and self.epochs[-1:] == [args.hold_epoch] and batch == 0 \
+                and not os.path.exists(args.gate):
+            open(args.out + ".held", "w").close()
+            while not os.path.exists(args.gate):
+                time.sleep(0.02)
         self.batches += 1
         with open(args.out + ".batches", "a") as f:
             f.write("1\n")
