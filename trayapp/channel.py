@@ -53,6 +53,10 @@ IDLE_SECONDS = 30.0
 ACCEPTS_PER_CLIENT = 8  # new connections taken per second, per client place
 BACKLOG = 512  # connections the kernel queues until they are taken
 REFUSALS_LOG_SECONDS = 1.0
+# What the engine tells a job goes through the job's outbox, written by a thread of its own:
+# a peer whose write has not gone through in this long does not read, and is cut off.
+WRITE_SECONDS = 5.0
+OUTBOX_SIZE = 16  # messages waiting for a peer at once (commands coalesce by their kind)
 
 
 
@@ -97,6 +101,10 @@ class Peer:
         self.context: Dict[str, Any] = {}  # free for the handler (e.g. the job id)
         self._send_lock = threading.Lock()
         self._queue: Optional[queue.Queue[Optional[bytes]]] = None
+        self.writing_since: Optional[float] = None  # a write under way (the reaper's watch)
+        self.cut_off = False  # closed because it did not read (see ``post``)
+        self._outbox: Optional[Outbox] = None
+        self._outbox_lock = threading.Lock()  # never held over I/O (the send lock may be)
 
     def send(self, obj: Any) -> bool:
         return self.send_bytes(encode(obj))
@@ -106,11 +114,44 @@ class Peer:
             return False
         try:
             with self._send_lock:
-                self.conn.send_bytes(data)
+                self.writing_since = time.monotonic()
+                try:
+                    self.conn.send_bytes(data)
+                finally:
+                    self.writing_since = None
             return True
-        except (OSError, EOFError, ValueError):
+        except (OSError, EOFError, ValueError, TypeError):  # TypeError: closed mid-write
             self.close()
             return False
+
+    def post(self, obj: Any, key: Optional[str] = None) -> bool:
+        """Queue ``obj`` for this peer's own writer thread and return at once: the caller may
+        hold any lock. A message with the same ``key`` still waiting is replaced (one pending
+        "park", not 500). False when the peer is closed, or its outbox is full (its writer is
+        stuck on a peer that does not read: the reaper cuts it off once its write has not gone
+        through in ``WRITE_SECONDS``, and ``cut_off`` says so)."""
+        if self.closed:
+            return False
+        if self._outbox is None:
+            with self._outbox_lock:
+                if self._outbox is None:
+                    self._outbox = Outbox(OUTBOX_SIZE)
+                    threading.Thread(target=self._write_outbox, name=f"outbox-{self.id}",
+                                     daemon=True).start()
+        return self._outbox.put(encode(obj), key)
+
+    def cut(self) -> None:
+        """Close a peer that does not read."""
+        self.cut_off = True
+        self.close()
+
+    def _write_outbox(self) -> None:
+        box = self._outbox
+        assert box is not None
+        while not self.closed:
+            data = box.get()
+            if data is None or not self.send_bytes(data):
+                return
 
     def subscribe(self, kinds: set, queue_size: int = 256) -> None:
         """Receive pushes of ``kinds``. Raises ChannelFull when the channel already has its
@@ -144,6 +185,8 @@ class Peer:
         if self.closed:
             return
         self.closed = True
+        if self._outbox is not None:
+            self._outbox.close()
         if self._queue is not None:
             try:
                 self._queue.put_nowait(None)
@@ -160,6 +203,53 @@ class Peer:
             self.conn.close()
         except OSError:
             pass
+
+
+class Outbox:
+    """A small bounded queue of encoded messages for one peer. A message put with the key of
+    one still waiting replaces it and goes to the end: the latest of each kind, in the order
+    they were last given (pause, resume, pause leaves resume, pause). ``get`` blocks until
+    there is one, or returns None once closed."""
+
+    def __init__(self, size: int):
+        self.size = max(1, size)
+        self._items: List[List[Any]] = []  # [key, data]
+        self._cond = threading.Condition()
+        self._closed = False
+        self.coalesced = 0  # messages replaced by a newer one of the same key
+
+    def put(self, data: bytes, key: Optional[str] = None) -> bool:
+        """Queue ``data``; False (nothing queued) when the box is full or closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            if key is not None:
+                before = len(self._items)
+                self._items = [item for item in self._items if item[0] != key]
+                self.coalesced += before - len(self._items)
+            if len(self._items) >= self.size:
+                return False
+            self._items.append([key, data])
+            self._cond.notify()
+            return True
+
+    def get(self) -> Optional[bytes]:
+        with self._cond:
+            while not self._items and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            return self._items.pop(0)[1]
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._cond.notify_all()
 
 
 Handler = Callable[[Peer, bytes], Optional[Any]]
@@ -518,4 +608,8 @@ class ChannelServer:
                 elif p.busy_since is not None and now - p.busy_since > self.stall_timeout:
                     self._tally.note("clients cut (stalled in the middle of a message)")
                     p.close()
+                elif p.writing_since is not None and now - p.writing_since > WRITE_SECONDS:
+                    # shutdown() in close() ends the blocked write with an error.
+                    self._tally.note("clients cut (they do not read what they are sent)")
+                    p.cut()
             self._tally.flush()

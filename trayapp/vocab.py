@@ -11,6 +11,7 @@ Job states and how a job moves between them (``TRANSITIONS``)::
 
     (new) -> starting -> running <-> pausing -> paused -> running
     any live state -> parking -> parked -> starting (resumed from the checkpoint)
+    parking -> paused (suspended: a job that does not answer cannot park)
     any live state -> stopping -> stopped (-> starting, when it has a checkpoint folder)
     any live state -> finished | failed | lost
 
@@ -80,7 +81,8 @@ TRANSITIONS: Mapping[Optional[JobState], FrozenSet[JobState]] = {
     S.RUNNING: frozenset({S.PAUSING, S.PAUSED, S.PARKING, S.STOPPING}) | _ENDS,
     S.PAUSING: frozenset({S.RUNNING, S.PAUSED, S.PARKING, S.STOPPING}) | _ENDS,
     S.PAUSED: frozenset({S.RUNNING, S.PARKING, S.STOPPING}) | _ENDS,
-    S.PARKING: frozenset({S.STOPPING, S.RUNNING}) | _ENDS,  # running: a kernel's interrupt
+    # running: a kernel's interrupt; paused: a job that does not answer cannot park (suspended)
+    S.PARKING: frozenset({S.STOPPING, S.RUNNING, S.PAUSED}) | _ENDS,
     S.STOPPING: frozenset({S.STOPPED, S.PARKED}),  # the runner's bye may say it parked
     S.PARKED: frozenset({S.STARTING, S.STOPPED}),  # relaunched, or closed for good
     S.STOPPED: frozenset({S.STARTING}),  # relaunched from its checkpoint

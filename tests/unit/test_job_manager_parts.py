@@ -48,7 +48,14 @@ USER, GUARD = ("user", ""), ("guard", "memory")
 @pytest.mark.parametrize("state, bye, code, gone, expected", [
     (S.PARKING, None, rp.PARK_EXIT_CODE, False, (S.PARKED, "parked by guard: memory",
                                                  E.JOB_PARKED, "info")),
-    (S.RUNNING, {"reason": "parked"}, None, False, (S.PARKED, "parked by guard: memory",
+    # A park the engine did not ask for is the job's claim, not a park (nobody parked it).
+    (S.RUNNING, {"reason": "parked"}, None, False,
+     (S.LOST, "the process ended (exit status unknown); it said it parked, which Headroom had "
+      "not asked", E.JOB_LOST, "warn")),
+    (S.RUNNING, {"reason": "parked"}, rp.PARK_EXIT_CODE, False,
+     (S.FAILED, "exit status 75; it said it parked, which Headroom had not asked", E.JOB_FAILED,
+      "error")),
+    (S.PARKING, {"reason": "parked"}, None, False, (S.PARKED, "parked by guard: memory",
                                                     E.JOB_PARKED, "info")),
     (S.PARKING, None, 1, False, (S.FAILED, "exit status 1", E.JOB_FAILED, "error")),
     (S.STOPPING, None, -2, False, (S.STOPPED, "stopped by user", E.JOB_STOPPED, "info")),

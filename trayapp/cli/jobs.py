@@ -51,6 +51,8 @@ def state_text(job: JobRecord, reason: bool = False) -> str:
         # "parked by guard" of a record without parked_by is not said twice.
         end = job.end_reason
         text = end if end.startswith(f"{job.state} ") else f"{text} ({end})"
+    if job.is_live and not job.answering:
+        text += ", not answering"  # its channel was cut: handled by signals
     return text
 
 

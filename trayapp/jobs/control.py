@@ -177,7 +177,8 @@ class JobControl(Launching):
             k = smaller_accumulation(rec) if smaller else None
             sent = self._send(job, rp.PARK, accumulation=k) if k else self._send(job, rp.PARK)
             if not sent:
-                raise ValueError(f"job {job.id} did not take the request (its channel closed)")
+                raise ValueError(f"job {job.id} did not take the request (its channel closed, "
+                                 "or it does not answer)")
             job.park_note = (by, reason)
             job.smaller = k
             job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)

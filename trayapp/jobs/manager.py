@@ -42,6 +42,7 @@ from trayapp.jobs.kernels import KernelJobs
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.runner_link import Rate
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -75,6 +76,7 @@ class JobManager(KernelJobs):
                          runner_dir=runner_dir, wake=wake)
         self.subreaper = trees.become_subreaper() if subreaper else False
         self.curves = Curves()  # each job's loss and metrics, for the jobs window
+        self._rate = Rate()  # the messages each job may send a second
         # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
         self._log_keeper = LogKeeper(self._running_logs)
         self._log_keeper.start()
@@ -239,12 +241,28 @@ class JobManager(KernelJobs):
         if t >= job.next_sample:
             job.next_sample = t + SAMPLE_INTERVAL
             trees.sample(job, gpus)
+        if not job.rec.answering:
+            self._without_runner(job, t, events)
         if job.state == S.PAUSING and job.pause_deadline is not None and t >= job.pause_deadline:
             self._suspend(job, events, why="the pause deadline passed")
         if job.state == S.STOPPING:
             self._advance_stop(job, t)
         if job.dirty and t - job.last_saved >= SAVE_INTERVAL:
             self._save(job)
+
+    def _without_runner(self, job: Job, t: float, events: List[Event]) -> None:
+        """A job that does not answer gets what was asked of its runner by signals: a pause
+        or a park under way becomes a suspend of its tree (a park needs the runner), a stop
+        goes on to its signals."""
+        if job.state == S.PAUSING:
+            self._suspend(job, events, why="it does not answer")
+        elif job.state == S.PARKING and not job.rec.is_kernel:
+            by, why = job.park_note
+            job.change(paused_by=by, pause_reason=why or None, paused_at=now())
+            job.smaller = None
+            self._suspend(job, events, why="it does not answer, so it cannot park")
+        elif job.state == S.STOPPING and job.stop_stage == Stage.ASK:
+            self._take_step(job, ladder.step(Stage.INT, t))
 
     def _poll_exit(self, job: Job) -> Tuple[Optional[int], bool]:
         """(exit code or None when unknown, whether the root process is gone)."""
@@ -393,7 +411,8 @@ def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
     bye = rec.bye or {}
     said = bye.get("reason")
     head = f"job {rec.id} ({rec.name})"
-    if (rec.state == S.PARKING or said == messages.BYE_PARKED) and \
+    # Parked only when the engine asked for it: a job that says "parked" unasked exited.
+    if rec.state == S.PARKING and \
             (code == rp.PARK_EXIT_CODE or (code is None and said == messages.BYE_PARKED)):
         by, why = park_note
         reason = f"parked by {by}" + (f": {why}" if why else "")
@@ -406,14 +425,18 @@ def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
         if rec.checkpoint_dir and not rec.is_kernel:
             message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
         return Ending(S.STOPPED, reason, E.JOB_STOPPED, "info", message)
+    # The job's own word, where it claimed a park it was not asked for: kept, not believed.
+    claim = "; it said it parked, which Headroom had not asked" \
+        if said == messages.BYE_PARKED else ""
     if code is None:
         reason = "the process ended while no engine watched it (exit status unknown)" \
             if adopted_gone else "the process ended (exit status unknown)"
-        return Ending(S.LOST, reason, E.JOB_LOST, "warn", f"{head}: {reason}")
+        return Ending(S.LOST, reason + claim, E.JOB_LOST, "warn", f"{head}: {reason}{claim}")
     if code == 0:
         return Ending(S.FINISHED, S.FINISHED.value, E.JOB_FINISHED, "info", f"{head} finished")
     reason = f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
-    return Ending(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed ({reason})")
+    return Ending(S.FAILED, reason + claim, E.JOB_FAILED, "error",
+                  f"{head} failed ({reason}{claim})")
 
 
 def _bye_code(rec: JobRecord) -> Optional[int]:

@@ -58,6 +58,9 @@ class JobRecord:
     exit_code: Optional[int] = None
     hooked: bool = False  # the runner said hello: pause and park go through it
     connected: bool = False
+    # False once its channel was cut because it did not read what the engine sent: the job is
+    # then handled by signals, as one without a runner, until its process is launched again.
+    answering: bool = True
     runner_state: Optional[str] = None  # the runner's own word (trayapp.runner.protocol)
     hello: Optional[Mapping[str, Any]] = None
     bye: Optional[Mapping[str, Any]] = None
@@ -250,7 +253,7 @@ _READERS: Dict[str, Any] = {
     "metrics": _metrics, "eta_seconds": _opt(_float), "tf_memory": _opt(_mappings),
     "started": _opt(_float), "ended": _opt(_float), "end_reason": _opt(_str),
     "exit_code": _opt(_int), "hooked": _bool, "connected": _bool,
-    "runner_state": _opt(_str), "hello": _opt(_mapping), "bye": _opt(_mapping),
+    "answering": _bool, "runner_state": _opt(_str), "hello": _opt(_mapping), "bye": _opt(_mapping),
     "spec": _mapping, "script": _str, "cwd": _opt(_str), "argv": _strs,
     "checkpoint_dir": _opt(_str), "checkpoint": _opt(_mapping), "log_path": _opt(_str),
     "process": _opt(_mapping),

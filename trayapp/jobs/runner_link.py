@@ -8,6 +8,7 @@ send anything on its channel. What does not pass is counted and said at a bounde
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -36,12 +37,53 @@ MAX_FIT_ANSWERS = 8  # --fit-batch answers a job gets (one a fit; a job that ask
 # and never reads would fill its channel until the engine's writes block)
 MAX_FORECAST_EVENTS = 8  # a job's forecasts said as events (one a fit and micro-batch)
 MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
+# Messages a job may send a second (on average; BURST at once). A runner sends a few: progress
+# is throttled on its side. The excess is dropped before it is parsed, and counted, so that a
+# job sending without end costs the engine little and never slows the guard's tick
+# (benchmarks/bench_job_flood.py measures the rate the engine takes).
+MESSAGES_PER_SECOND = 500.0
+MESSAGES_BURST = 1000
+
+
+class Rate:
+    """A token bucket per job: ``take`` says whether one more message may be handled now and
+    counts those that may not (``excess`` hands the count over once)."""
+
+    def __init__(self, rate: float = MESSAGES_PER_SECOND, burst: int = MESSAGES_BURST):
+        self.rate, self.burst = rate, burst
+        self._lock = threading.Lock()
+        self._buckets: Dict[str, List[float]] = {}  # job id -> [tokens, at, dropped]
+
+    def take(self, job_id: str) -> bool:
+        t = time.monotonic()
+        with self._lock:
+            b = self._buckets.setdefault(job_id, [float(self.burst), t, 0.0])
+            b[0] = min(float(self.burst), b[0] + (t - b[1]) * self.rate)
+            b[1] = t
+            if b[0] >= 1.0:
+                b[0] -= 1.0
+                return True
+            b[2] += 1
+            return False
+
+    def excess(self, job_id: str) -> int:
+        with self._lock:
+            b = self._buckets.get(job_id)
+            if b is None or not b[2]:
+                return 0
+            n, b[2] = int(b[2]), 0.0
+            return n
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._buckets.pop(job_id, None)
 
 
 class RunnerLink(JobTable):
     """The job manager's side of each job's channel."""
 
     curves: Curves  # each job's loss and metrics (the manager's)
+    _rate: Rate  # the messages each job may send (the manager's)
 
     def kernel_idle(self, job: Job, events: List[Event]) -> None:
         """A kernel's runner says no fit runs (``jobs.kernels`` does something with it)."""
@@ -68,11 +110,17 @@ class RunnerLink(JobTable):
         job.change(connected=False)
 
     def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
+        if not self._rate.take(job_id):
+            return None  # over the rate: dropped unread, counted, said with a later one
         msg: Optional[messages.JobMessage]
         try:
             msg, dropped = messages.parse(data)
         except rp.ProtocolError as e:
             msg, dropped = None, [f"a message: {one_line(e, 200)}"]
+        over = self._rate.excess(job_id)
+        count = len(dropped) + over  # each message over the rate counts as one dropped
+        if over:
+            dropped.append(f"{over} messages over {MESSAGES_PER_SECOND:g} a second")
         events: List[Event] = []
         with self._lock:
             job = self._jobs.get(job_id)
@@ -86,14 +134,16 @@ class RunnerLink(JobTable):
                         log.exception("job %s: handling a message failed", job_id)
                     dropped.append(f"{type(msg).__name__.lower()}: handling it failed")
             if dropped:
-                self._note_dropped(job, dropped, events)
+                self._note_dropped(job, dropped, events, count)
         self._flush_events(events)
         return None
 
-    def _note_dropped(self, job: Job, dropped: List[str], events: List[Event]) -> None:
-        """Count what was dropped from a job's messages; say so the first time, then at most
-        once a minute (the log and the job's events)."""
-        due = self._drops.add(job.id, len(dropped))
+    def _note_dropped(self, job: Job, dropped: List[str], events: List[Event],
+                      count: Optional[int] = None) -> None:
+        """Count what was dropped from a job's messages (``count``, default one for each line
+        of ``dropped``); say so the first time, then at most once a minute (the log and the
+        job's events)."""
+        due = self._drops.add(job.id, len(dropped) if count is None else count)
         job.change(dropped_fields=self._drops.count(job.id))
         job.dirty = True
         if due is None:
@@ -200,9 +250,6 @@ class RunnerLink(JobTable):
                 self._save(job)
         elif state == messages.RUNNER_IDLE and job.rec.is_kernel:
             self.kernel_idle(job, events)  # an interrupted fit has ended (jobs.kernels)
-        elif state == messages.RUNNER_PARKING and job.state in (S.RUNNING, S.PAUSING, S.PAUSED):
-            job.move(S.PARKING)
-            self._save(job)
         elif state == messages.RUNNER_STOPPING and job.state == S.STOPPING:
             # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
             due = grace(job.stop_stage, job.stop_next, time.monotonic(),
@@ -258,9 +305,19 @@ class RunnerLink(JobTable):
                        job.id, {**verdict.to_json(), "batch": msg.batch, "how": msg.how}))
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
+        events: List[Event] = []
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is not None and job.peer is peer:
+            if job is None:
+                return
+            if peer.cut_off and job.rec.answering:
+                self._not_answering(job, peer)
+                events.append((E.JOB_NOTE, "warn", f"job {job.id} ({job.rec.name}) does not "
+                               "read what Headroom sends it: not answering; the guard acts on "
+                               "it by signals (suspend, stop) until it is launched again",
+                               job.id, {"answering": False}))
+            elif job.peer is peer:
                 job.peer = None
                 job.change(connected=False)
                 job.dirty = True
+        self._flush_events(events)

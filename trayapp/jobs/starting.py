@@ -200,7 +200,7 @@ class Launching(RunnerLink):
         job.move(S.STARTING, pid=popen.pid, pids=(popen.pid,), create_time=create_time,
                  argv=tuple(plan.argv), cwd=str(plan.cwd) if plan.cwd else None,
                  exit_code=None, ended=None, end_reason=None, bye=None, hooked=False,
-                 runs=rec.runs + 1, eta_seconds=None, resumable=False,
+                 answering=True, runs=rec.runs + 1, eta_seconds=None, resumable=False,
                  paused_by=None, pause_reason=None, pause_mode=None, paused_at=None,
                  process={"nice": process.nice, "oom_score_adj": process.oom_score_adj,
                           "log_max_bytes": process.log_max_bytes},

@@ -148,10 +148,27 @@ class JobTable:
             self._emit(kind, message, level=level, job_id=job_id, data=data)
 
     def _send(self, job: Job, kind: str, **fields: Any) -> bool:
+        """Give the runner a command without waiting on it: it goes into the job's outbox,
+        which its own thread writes (the caller may hold the lock that the tick needs). One
+        command of a kind waits at a time (the latest). False when there is no runner to
+        tell: none connected, or one that does not answer (its channel was cut)."""
         peer = job.peer
-        if peer is None or peer.closed:
+        if peer is None or peer.closed or not job.rec.answering:
             return False
-        return peer.send(rp.make(kind, **fields))
+        # A peer that does not read is cut by its channel; on_close marks it not answering.
+        return peer.post(rp.make(kind, **fields), key=kind)
+
+    def _not_answering(self, job: Job, peer: Any) -> None:
+        """The runner does not read what it is sent: its channel is cut, and the job is
+        handled by signals from now on (``answering`` False) until it is launched again."""
+        if job.peer is peer:
+            job.peer = None
+        if not job.rec.answering:
+            return
+        job.change(answering=False, connected=False)
+        self._save(job)
+        log.warning("job %s (%s) does not read what the engine sends; cut off: the guard "
+                    "acts on it by signals", job.id, one_line(job.rec.name, 80))
 
     def _pause_deadline(self, deadline: Optional[float]) -> float:
         if deadline is not None:

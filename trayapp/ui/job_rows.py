@@ -82,7 +82,13 @@ def elapsed_seconds(job: JobRecord, now: float) -> Optional[float]:
 
 def state_text(job: JobRecord) -> str:
     """The state with why: ``"paused by the guard: RAM low"``, ``"parked by you"``,
-    ``"failed (exit status 1)"``."""
+    ``"failed (exit status 1)"``; ``", not answering"`` after a live job's whose channel was
+    cut (it did not read what Headroom sent it)."""
+    text = _state_why(job)
+    return text + ", not answering" if job.is_live and not job.answering else text
+
+
+def _state_why(job: JobRecord) -> str:
     state = job.state
     by, why = (job.paused_by, job.pause_reason) if state in PAUSE_STATES else \
         (job.parked_by, job.park_reason) if state in vocab.PARKED else \
