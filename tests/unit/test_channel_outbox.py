@@ -91,3 +91,21 @@ def test_a_peer_that_reads_gets_what_was_posted_in_order(server: Any) -> None:
         assert not peer.cut_off and not peer.closed
     finally:
         conn.close()
+
+
+def test_a_jobs_messages_over_its_rate_are_counted_and_handed_over_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trayapp.jobs import runner_link
+
+    clock = [100.0]
+    monkeypatch.setattr(runner_link.time, "monotonic", lambda: clock[0])
+    rate = runner_link.Rate(rate=10.0, burst=5)
+    assert [rate.take("a") for _ in range(8)] == [True] * 5 + [False] * 3
+    assert rate.take("b")  # each job has its own
+    assert rate.excess("a") == 3 and rate.excess("a") == 0
+    clock[0] += 0.25  # 2.5 messages' worth
+    assert [rate.take("a") for _ in range(3)] == [True, True, False]
+    clock[0] += 100.0  # never more than the burst saved up
+    assert sum(rate.take("a") for _ in range(20)) == 5
+    rate.forget("a")
+    assert rate.excess("a") == 0

@@ -106,6 +106,7 @@ class RunnerLink(JobTable):
         if job.server is not None:
             job.server.close()
             job.server = None
+        self._rate.forget(job.id)
         job.peer = None
         job.change(connected=False)
 
