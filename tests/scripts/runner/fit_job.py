@@ -5,9 +5,10 @@ usage: fit_job.py OUT [--epochs N] [--fits N] [--steps N] [--sleep SECONDS] [--e
 
 Writes OUT.json at the end (dtype policy, thread counts, XLA, environment, argv, epochs and
 batches its own callback saw, the optimizer's step count); appends each epoch it begins to
-OUT.epochs and each batch it ends to OUT.batches as it goes; OUT.after-fit once fit() returned. With --gate, the first batch of
-epoch --hold-epoch waits until FILE exists (OUT.held is written when it starts waiting): a test
-asks for a stop or park while it holds, then opens the gate, whatever the machine's load.
+OUT.epochs and each batch it ends to OUT.batches as it goes; OUT.after-fit once fit() returned.
+With --gate, the first batch of epoch --hold-epoch waits until FILE exists (OUT.held is written
+when it starts waiting): a test asks for a stop or park while it holds, then opens the gate,
+whatever the machine's load.
 """
 
 import argparse
