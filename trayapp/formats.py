@@ -16,20 +16,35 @@ NA = "n/a"
 RECENT_SECONDS = 20 * 3600
 
 
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+# No memory holds this much (2**70): a larger figure is a bad one, never printed in full.
+BYTES_SHOWN_MAX = 1024.0 ** len(_UNITS)
+
+
 def format_bytes(n: Optional[float], digits: int = 1) -> str:
-    """Bytes in binary units (``1536`` -> ``"1.5 KiB"``); ``None`` reads "n/a"."""
+    """Bytes in binary units (``1536`` -> ``"1.5 KiB"``), up to EiB; ``None`` (or a float that
+    is not finite) reads "n/a", a size of 1024 EiB or more "over 1024 EiB" (a negative one
+    "under -1024 EiB")."""
     if n is None:
         return NA
-    n = float(n)
+    try:
+        n = float(n)
+    except OverflowError:  # an integer beyond any float
+        n = BYTES_SHOWN_MAX if n > 0 else -BYTES_SHOWN_MAX
+    if not math.isfinite(n):
+        return NA
+    if abs(n) >= BYTES_SHOWN_MAX:
+        return "over 1024 EiB" if n > 0 else "under -1024 EiB"
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{sign}{int(n)} B"
-            return f"{sign}{n:.{digits}f} {unit}"
+    for unit in _UNITS:
+        if n < 1024 or unit == _UNITS[-1]:
+            break
         n /= 1024
-    return f"{sign}{n:.{digits}f} TiB"  # pragma: no cover
+    if unit == "B":
+        return f"{sign}{int(n)} B"
+    # At most four digits before the point (1023.96 KiB reads "1024.0 KiB").
+    return f"{sign}{n:.{digits}f} {unit}"
 
 
 def percent(part: Optional[float], whole: Optional[float]) -> str:

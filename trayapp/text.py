@@ -1,13 +1,24 @@
-"""What a user reads in a terminal or a log line: one line, whatever the input held.
+"""What a user reads in a terminal, a log line, a window or a notification: whatever the input
+held, nothing in it can move the cursor, retitle the terminal, reorder the line or add markup.
 
-A value a user typed (an argument, a path, a key in ``config.toml``) can hold a carriage return,
-a newline or an escape sequence; echoed as it is, it would break the message over several lines
-or move the cursor. Such characters are shown as Python escapes (``\\r``, ``\\x1b``) instead.
+A value a user typed (an argument, a path, a key in ``config.toml``) or a job sent (its name,
+its script's file name, a note) can hold a carriage return, a newline, an escape sequence, a
+bell or a bidi override; shown as it is, it would break the message over several lines, clear
+the screen or make the line read backwards. Such characters are shown as Python escapes
+(``\\r``, ``\\x1b``, ``\\u202e``) instead: every character that ``str.isprintable`` refuses
+(Unicode's control, format, surrogate, private-use, unassigned and separator characters, so C0,
+DEL, C1, the bidi embeddings, overrides, isolates and marks, U+2028 and U+2029), except the
+plain space. Every other character is kept as it is.
+
+``one_line`` is the one function every exit uses; ``lines`` is the same for a multi-line view,
+``notice`` adds markup escaping for a notification, ``LogFormatter`` applies it to log records.
 """
 
 from __future__ import annotations
 
-from typing import Union
+import html
+import logging
+from typing import Any, Union
 
 
 def _escape(ch: str) -> str:
@@ -24,3 +35,31 @@ def one_line(value: Union[str, BaseException], limit: int = 0) -> str:
     if not text.isprintable():
         text = "".join(_escape(ch) for ch in text)
     return text[:limit] if limit > 0 else text
+
+
+def lines(text: str) -> str:
+    """A multi-line view (a table, a report) with each line escaped as ``one_line`` does: the
+    newlines between its lines are kept, any other control character in them is not."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
+
+
+def notice(value: Union[str, BaseException], limit: int = 0) -> str:
+    """``one_line(value)`` for a desktop notification's body, which notification daemons may
+    render as markup: ``&``, ``<`` and ``>`` escaped, so a job's text cannot show a link or an
+    image (``limit`` cuts before the markup is escaped)."""
+    return html.escape(one_line(value, limit), quote=False)
+
+
+class LogFormatter(logging.Formatter):
+    """A log line per record whatever its message held: the line escaped as ``one_line`` does
+    (so a job's name cannot break it or reach the terminal that tails the log), a traceback
+    below it escaped line by line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return one_line(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return lines(super().formatStack(stack_info))

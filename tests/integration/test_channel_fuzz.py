@@ -144,3 +144,19 @@ def test_a_pickle_is_never_unpickled(fuzz_engine: EngineProcess, tmp_path: Path)
     finally:
         c.close()
     assert not marker.exists()
+
+
+def test_a_number_of_4400_digits_is_answered_as_out_of_range(fuzz_engine: EngineProcess) -> None:
+    """Python refuses to convert an integer of more than 4300 digits: the request is JSON all
+    the same, and the answer says what is wrong with it."""
+    for number in ("9" * 4400, "-" + "1" * 5000):
+        c = _conn(fuzz_engine)
+        try:
+            c.send_bytes(b'{"id": 7, "op": "history", "args": {"start": ' + number.encode()
+                         + b"}}")
+            answer = json.loads(c.recv_bytes())
+        finally:
+            c.close()
+        assert answer["ok"] is False
+        assert answer["error"] == "request holds a number out of range", answer
+    _still_answers(fuzz_engine)

@@ -4,6 +4,7 @@ sentence against what is free and the job's budgets."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -200,10 +201,42 @@ def test_a_bad_forecast_field_is_dropped_and_counted(field: str, value: Any) -> 
     assert field not in msg.given
 
 
-def test_a_forecast_with_huge_but_valid_numbers_reads_as_a_sentence() -> None:
-    msg = forecast_of([rf.device(rf.RAM, 2**59, 2**59, 2**59, 2**53)], batch=2**53)
+def test_a_forecast_with_huge_but_possible_numbers_reads_as_a_sentence() -> None:
+    # Each figure fits the machine (24 GiB of RAM); the need at a batch of 2**53 does not.
+    msg = forecast_of([rf.device(rf.RAM, GiB, GiB, 2 * GiB, 1)], batch=2**53)
     said: Optional[forecasts.Judgement] = forecasts.judge(msg, record(), snapshot(8 * GiB), 8)
-    assert said is not None and said.accumulation == 0 and "TiB of RAM" in said.text
+    assert said is not None and said.accumulation == 0
+    assert said.text.startswith("needs over 1024 EiB of RAM at batch 9007199254740992;")
+
+
+def test_a_forecast_above_what_the_machine_can_hold_is_dropped_and_said() -> None:
+    """A job's forecast of 2**60 bytes a sample (2**113 at its batch) was never measured on a
+    machine of 24 GiB of RAM and no swap: it is dropped, not judged, and said in one line."""
+    absurd = forecast_of([rf.device(rf.RAM, GiB, 2**60, 2 * GiB, 64)], batch=2**53)
+    kept, dropped = forecasts.bounded(absurd, record(), snapshot(8 * GiB))
+    assert kept.devices == () and dropped == [
+        "forecast: ram above the machine's RAM and swap (24.0 GiB)"]
+    assert forecasts.judge(absurd, record(), snapshot(8 * GiB), 8) is None
+    # Swap counts: the same RAM with 2 EiB of swap could hold it.
+    roomy = snapshot(8 * GiB)
+    roomy = Snapshot(0.0, dataclasses.replace(roomy.memory, swap_total_bytes=2**61), (),
+                     GpuStatus("nvml"))
+    assert forecasts.bounded(absurd, record(), roomy) == (absurd, [])
+
+
+def test_a_gpu_figure_above_that_gpus_total_is_dropped_and_the_rest_kept() -> None:
+    snap = snapshot(16 * GiB, (gpu(0, 10 * GiB),))  # a GPU of 12 GiB
+    msg = forecast_of([device(), rf.device("GPU:0", GiB, MiB, 13 * GiB, 64),
+                       device("GPU:1")])  # GPU:1: not this machine's, nothing to bound it by
+    msg = dataclasses.replace(msg, accumulators=(("GPU:0", 20 * GiB), (rf.RAM, GiB)))
+    kept, dropped = forecasts.bounded(msg, record(), snap)
+    assert [d.device for d in kept.devices] == [rf.RAM, "GPU:1"]
+    assert kept.accumulators == ((rf.RAM, GiB),)
+    assert dropped == ["forecast: GPU:0 above the machine's GPU 0's total (12.0 GiB)"] * 2
+    # What is within the machine passes as it came.
+    fine = forecast_of([device(), device("GPU:0", fixed=2 * GiB, per_sample=32 * MiB)])
+    assert forecasts.bounded(fine, record(), snap) == (fine, [])
+    assert forecasts.bounded(msg, record(), None) == (msg, [])  # no reading: nothing to say
 
 
 class Shaped:

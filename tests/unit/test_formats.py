@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Optional
 
@@ -23,12 +24,25 @@ KiB, MiB, GiB = 1024, 1024**2, 1024**3
     (3 * GiB, 1, "3.0 GiB"),
     (int(2.25 * GiB), 2, "2.25 GiB"),
     (5 * 1024 * GiB, 1, "5.0 TiB"),
-    (5000 * 1024 * GiB, 1, "5000.0 TiB"),
+    (5000 * 1024 * GiB, 1, "4.9 PiB"),
+    (2**60, 1, "1.0 EiB"),
     (-2 * MiB, 1, "-2.0 MiB"),
+    # No memory holds 1024 EiB: a figure above it is a bad one, never printed in full.
+    (2**113, 1, "over 1024 EiB"), (2**70, 1, "over 1024 EiB"), (10**400, 1, "over 1024 EiB"),
+    (-(2**80), 1, "under -1024 EiB"),
+    (float("inf"), 1, "n/a"), (float("nan"), 1, "n/a"),
 ])
 def test_sizes(n: Optional[float], digits: int, text: str) -> None:
     assert formats.format_bytes(n, digits) == text
     assert config_format_bytes(n, digits) == text  # the settings' name for it
+
+
+@pytest.mark.parametrize("power", range(0, 400, 3))
+def test_a_size_never_reads_with_more_than_four_digits_before_its_point(power: int) -> None:
+    for n in (2**power, 2**power - 1, -(2**power)):
+        text = formats.format_bytes(n)
+        assert re.fullmatch(r"-?\d{1,4}(\.\d)? (B|[KMGTPE]iB)|over 1024 EiB|under -1024 EiB",
+                            text), text
 
 
 @pytest.mark.parametrize("part, whole, text", [

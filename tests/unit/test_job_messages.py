@@ -255,6 +255,8 @@ def test_a_failing_part_is_logged_once_then_quietly_and_the_next_part_runs(
     (b'{"id":' + str(2**63).encode() + b',"op":"ping"}', "out of range"),
     (b'{"id":1,"op":"events","args":{"after_id":' + str(-(2**64)).encode() + b"}}",
      "out of range"),
+    # More digits than Python converts: JSON all the same, a number out of range.
+    (b'{"id":1,"op":"history","args":{"start":' + b"9" * 4400 + b"}}", "out of range"),
     (b'{"id":1,"op":"history","args":{"start":1e400}}', "not finite"),
     (b'{"id":1,"op":"history","args":{"start":NaN}}', "not finite"),
     (b'{"id":1,"op":"job_start","args":{"spec":{"args":[' + b"[" * 40 + b"]" * 40 + b"]}}}",

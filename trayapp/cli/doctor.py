@@ -8,7 +8,7 @@ import json
 import os
 from typing import Tuple
 
-from trayapp.cli.base import EXIT_FAILED, EXIT_OK, UsageError, demo
+from trayapp.cli.base import EXIT_FAILED, EXIT_OK, UsageError, demo, show
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
 from trayapp.jobs import doctor, interpreters
@@ -60,5 +60,5 @@ def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
         print(json.dumps({"python": interp.to_json(), "verdict": verdict,
                           "checks": [c.to_json() for c in checks]}))
     else:
-        print(doctor.format_report(checks), end="")
+        show(doctor.format_report(checks), end="")
     return EXIT_FAILED if verdict == "fail" else EXIT_OK

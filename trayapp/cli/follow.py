@@ -273,7 +273,7 @@ class Follower:
             if now - self.last_progress < PROGRESS_TTY_SECONDS and self.screen.status_shown:
                 return
             with self._said:
-                if self.screen.status(text):
+                if self.screen.status(one_line(text)):
                     self.last_progress = now
             return
         # Plain output: a line when the state or the epoch changed (not at every step: a

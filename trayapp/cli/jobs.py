@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 from trayapp import formats, vocab
-from trayapp.cli.base import EXIT_OK, config_file, demo
+from trayapp.cli.base import EXIT_OK, config_file, demo, show
 from trayapp.config import Paths
 from trayapp.engine.client import connect
 from trayapp.jobs.job import COOPERATIVE, SUSPENDED, who
 from trayapp.jobs.record import JobRecord, records
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
+from trayapp.text import one_line
 from trayapp.vocab import JobState as S
 
 NAME_WIDTH = 24  # a longer name is cut in the table
@@ -105,11 +106,13 @@ def exit_text(job: JobRecord) -> str:
 def format_jobs(jobs: Iterable[JobRecord]) -> str:
     """The jobs as a table: id, name, state, progress, RAM, VRAM, started."""
     head = ("ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED")
-    rows = [head]
+    rows: List[Tuple[str, ...]] = [head]
     for j in jobs:
-        rows.append((j.id, j.name[:NAME_WIDTH], state_text(j), progress_cell(j),
-                     formats.format_bytes(j.rss_bytes), formats.format_bytes(j.vram_bytes),
-                     formats.started(j.started)))
+        # Escaped before the columns are measured, so that they line up.
+        rows.append(tuple(one_line(cell) for cell in (
+            j.id, one_line(j.name)[:NAME_WIDTH], state_text(j), progress_cell(j),
+            formats.format_bytes(j.rss_bytes), formats.format_bytes(j.vram_bytes),
+            formats.started(j.started))))
     if len(rows) == 1:
         return "no jobs"
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -161,7 +164,7 @@ def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
         print("no running, paused or parked jobs ('headroom jobs --all' lists the ended ones, "
               "stopped included)")
     else:
-        print(format_jobs(records(jobs)))
+        show(format_jobs(records(jobs)))
     return EXIT_OK
 
 
@@ -176,9 +179,9 @@ def cmd_action(args: argparse.Namespace, paths: Paths) -> int:
         client.close()
     record = JobRecord.from_json(job)
     if record.is_kernel and args.command == "park":
-        print(describe_interrupt(record))
+        show(describe_interrupt(record))
     elif record.is_kernel and args.command == "stop":
-        print(describe_kernel_stop(record))
+        show(describe_kernel_stop(record))
     else:
-        print(describe(record))
+        show(describe(record))
     return EXIT_OK

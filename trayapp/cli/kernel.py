@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from trayapp import config as configmod
-from trayapp.cli.base import EXIT_OK, EXIT_USAGE, UsageError, demo, say
+from trayapp.cli.base import EXIT_OK, EXIT_USAGE, UsageError, demo, say, show
 from trayapp.cli.run import local_gpus
 from trayapp.config import Paths
 from trayapp.jobs import kernelspec as ks
@@ -77,28 +77,28 @@ def _install(args: argparse.Namespace, paths: Paths) -> int:
     for w in warnings:
         say(f"warning: {w}")
     if args.dry_run:
-        print(f"# {folder / name / ks.SPEC_FILE} (not written: --dry-run)")
+        show(f"# {folder / name / ks.SPEC_FILE} (not written: --dry-run)")
         print(json.dumps(data, indent=1, sort_keys=True))
         return EXIT_OK
     private = not (args.prefix or args.sys_prefix)
     done = ks.install(data, name, folder, private=private, replace_other=args.replace)
     old = done.replaced
     if old is None:
-        print(f"Installed the kernel spec {name} in {done.path.parent}")
+        show(f"Installed the kernel spec {name} in {done.path.parent}")
     elif old.headroom:
-        print(f"Replaced the kernel spec {name} in {done.path.parent} (it was installed before; "
-              "it now has these options)")
+        show(f"Replaced the kernel spec {name} in {done.path.parent} (it was installed before; "
+             "it now has these options)")
     elif old.problem:
-        print(f"Replaced the kernel spec {name} in {done.path.parent} (the one before was "
-              f"broken: {old.problem})")
+        show(f"Replaced the kernel spec {name} in {done.path.parent} (the one before was "
+             f"broken: {old.problem})")
     else:
-        print(f"Replaced the kernel spec {name} in {done.path.parent} (Headroom did not write "
-              f"the one before: {old.display_name or name})")
-    print(f"  Jupyter lists it as \"{data['display_name']}\"; its kernel runs {python} "
-          "under Headroom's guard")
+        show(f"Replaced the kernel spec {name} in {done.path.parent} (Headroom did not write "
+             f"the one before: {old.display_name or name})")
+    show(f"  Jupyter lists it as \"{data['display_name']}\"; its kernel runs {python} "
+         "under Headroom's guard")
     if not private:
-        print(f"  Jupyter finds it when run from {folder.parent.parent.parent}, or with "
-              f"JUPYTER_PATH={folder.parent}")
+        show(f"  Jupyter finds it when run from {folder.parent.parent.parent}, or with "
+             f"JUPYTER_PATH={folder.parent}")
     return EXIT_OK
 
 
@@ -114,9 +114,9 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps({"kernels": [e.to_json() for e in entries]}))
         return EXIT_OK
     if not entries:
-        print("No Headroom kernel specs (install one with 'headroom kernel install').")
+        show("No Headroom kernel specs (install one with 'headroom kernel install').")
         return EXIT_OK
-    print(format_list(entries), end="")
+    show(format_list(entries), end="")
     return EXIT_OK
 
 
@@ -128,7 +128,7 @@ def format_list(entries: Sequence[ks.KernelEntry]) -> str:
         options = " ".join(e.options) or ("-" if e.headroom else "?")
         if len(options) > OPTIONS_WIDTH:
             options = options[:OPTIONS_WIDTH - 3] + "..."
-        rows.append((e.name, one_line(e.display_name) or "?", one_line(e.python) or "?",
+        rows.append((one_line(e.name), one_line(e.display_name) or "?", one_line(e.python) or "?",
                      one_line(options)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = []
@@ -147,5 +147,5 @@ def format_list(entries: Sequence[ks.KernelEntry]) -> str:
 def _remove(args: argparse.Namespace) -> int:
     removed = ks.remove(args.kernel, _search(args))
     for folder in removed:
-        print(f"Removed the kernel spec {folder.name} from {folder.parent}")
+        show(f"Removed the kernel spec {folder.name} from {folder.parent}")
     return EXIT_OK

@@ -14,7 +14,15 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-from trayapp.cli.base import EXIT_INTERRUPTED, EXIT_NO_ENGINE, EXIT_OK, config_file, demo, say
+from trayapp.cli.base import (
+    EXIT_INTERRUPTED,
+    EXIT_NO_ENGINE,
+    EXIT_OK,
+    config_file,
+    demo,
+    say,
+    show,
+)
 from trayapp.cli.follow import Follower
 from trayapp.cli.jobs import cmd_action, describe
 from trayapp.cli.screen import Screen
@@ -157,5 +165,5 @@ def cmd_resume(args: argparse.Namespace, paths: Paths) -> int:
     except BaseException:
         client.close()
         raise
-    print(describe(job), flush=True)
+    show(describe(job))
     return attach(client, paths, job, args, offset=offset)

@@ -8,7 +8,7 @@ import os
 from typing import Tuple
 
 from trayapp import config as configmod
-from trayapp.cli.base import EXIT_OK, UsageError, config_file, demo, say
+from trayapp.cli.base import EXIT_OK, UsageError, config_file, demo, say, show
 from trayapp.cli.follow import Follower
 from trayapp.config import Paths
 from trayapp.engine.client import connect
@@ -75,5 +75,5 @@ def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
                             log_path=str(folder / "log"))
     except ValueError as e:
         raise UsageError(one_line(e)) from None
-    print(format_plan(plan, guard_lines(spec, config.values)))
+    show(format_plan(plan, guard_lines(spec, config.values)))
     return EXIT_OK

@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from trayapp import __version__, formats
-from trayapp.cli.base import EXIT_OK, demo, say
+from trayapp.cli.base import EXIT_OK, demo, say, show
 from trayapp.cli.jobs import exit_text, progress_text
 from trayapp.config import Paths
 from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable, UnsafeState
@@ -18,6 +18,7 @@ from trayapp.jobs.record import JobRecord, records
 from trayapp.probes.gpu import make_backend
 from trayapp.probes.memory import make_memory_probe
 from trayapp.probes.snapshot import GpuStatus, Snapshot, gpu_readings
+from trayapp.text import lines as escaped_lines
 from trayapp.text import one_line
 from trayapp.vocab import GuardLevel
 
@@ -28,7 +29,8 @@ _fmt = formats.format_bytes
 
 
 def format_status(st: Dict[str, Any]) -> str:
-    """The status object as a compact, glanceable text (one block per part)."""
+    """The status object as a compact, glanceable text (one block per part), each line
+    escaped as ``text.one_line`` does."""
     lines = _head_lines(st.get("engine") or {}, st.get("guard") or {})
     lines += _memory_lines(st.get("memory") or {})
     lines += _gpu_lines(st)
@@ -38,7 +40,8 @@ def format_status(st: Dict[str, Any]) -> str:
         lines.append("Jobs   none")
     for jb in jobs:
         lines.append("Job    " + format_job_line(jb))
-    return "\n".join(lines)
+    # Each line escaped: jobs' names, GPU processes' names and the guard's reasons are shown.
+    return escaped_lines("\n".join(lines))
 
 
 def _head_lines(eng: Dict[str, Any], guard: Dict[str, Any]) -> List[str]:
@@ -168,7 +171,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
                     sys.stdout.write(CLEAR_SCREEN + text + "\n")
                     sys.stdout.flush()
                 else:
-                    print(text, flush=True)
+                    show(text)
             if not args.watch:
                 return EXIT_OK
             time.sleep(args.watch)

@@ -60,10 +60,23 @@ REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
 }
 
 
+class _NumberOutOfRange(Exception):
+    pass
+
+
+def _parse_int(digits: str) -> int:
+    try:
+        return int(digits)
+    except ValueError:  # more digits than Python converts (4300 by default): JSON all the same
+        raise _NumberOutOfRange from None
+
+
 def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
     """Bytes -> (id, op, args); raises ProtocolError with a one-line reason."""
     try:
-        msg = json.loads(data.decode("utf-8"))
+        msg = json.loads(data.decode("utf-8"), parse_int=_parse_int)
+    except _NumberOutOfRange:
+        raise ProtocolError("request holds a number out of range") from None
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("request is not JSON") from None
     except RecursionError:

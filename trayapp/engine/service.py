@@ -37,7 +37,7 @@ from trayapp.probes.processes import ProcessSampler
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.series import memory_only, pid_owners, process_values
 from trayapp.series import sample_values as series_values
-from trayapp.text import one_line
+from trayapp.text import LogFormatter, one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardLevel
 
@@ -436,7 +436,9 @@ class Engine:
     def emit_event(self, kind: str, message: str, *, level: str = "info",
                    job_id: Optional[str] = None, data: Optional[Dict[str, Any]] = None) -> \
             Dict[str, Any]:
-        """Record an event in the store and push it to subscribers; returns the event."""
+        """Record an event in the store and push it to subscribers; returns the event (its
+        message escaped to one line: it often names a job, and every client shows it)."""
+        message = one_line(str(message))
         event = None
         if self.store is not None:
             try:
@@ -579,7 +581,8 @@ def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.I
     logging.raiseExceptions = False
     root = logging.getLogger("headroom")
     root.setLevel(level)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Escaped: a job's name or note in a message cannot break the line or reach a terminal.
+    fmt = LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     for h in list(root.handlers):
         root.removeHandler(h)
     try:

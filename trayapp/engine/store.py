@@ -404,7 +404,7 @@ class Store:
             "time": self._clock() if when is None else when,
             "kind": str(kind),
             "level": str(level),
-            "message": str(message),
+            "message": one_line(str(message)),  # it may name a job: one printable line
             "job_id": None if job_id is None else str(job_id),
             "data": data,
         }

@@ -5,20 +5,25 @@ against what is free there and the job's budgets, in one sentence, and the micro
 "Free" for a device is what is available now plus what the job itself holds there (the forecast
 is of the job's whole memory), capped by the job's budget and, on a GPU, by the limit TensorFlow
 was given (``--vram-limit`` / ``--vram-reserve``).
+
+What a forecast says it measured is bounded by the machine (``bounded``): a figure above the
+machine's RAM and swap, or above its GPU's total, was not measured and is dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from trayapp.formats import format_bytes
+from trayapp.formats import BYTES_SHOWN_MAX, format_bytes
 from trayapp.jobs.gpu_choice import selected_gpus
 from trayapp.jobs.messages import Forecast
 from trayapp.jobs.options import JobSpec, SpecError
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import forecast as rf
+from trayapp.text import one_line
 
 MiB = 1024 * 1024
 
@@ -87,9 +92,51 @@ def rooms(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Room]:
     return out
 
 
+def most_bytes(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Tuple[int, str]]:
+    """{device: (the most bytes it can hold, what bounds it)}: RAM by the machine's RAM and
+    swap, each of the job's GPUs by its total; {} without a reading."""
+    if snapshot is None:
+        return {}
+    mem = snapshot.memory
+    # The host's RAM when a cgroup limit is what total_bytes says: the larger one, to be safe.
+    ram = max(mem.total_bytes, mem.host_total_bytes or 0) + max(0, mem.swap_total_bytes)
+    out = {rf.RAM: (ram, "RAM and swap")}
+    for i, gpu in enumerate(_job_gpus(rec, snapshot.gpus)):
+        if gpu.memory_total_bytes:
+            out[f"GPU:{i}"] = (gpu.memory_total_bytes, f"GPU {gpu.index}'s total")
+    return out
+
+
+def bounded(msg: Forecast, rec: JobRecord,
+            snapshot: Optional[Snapshot]) -> Tuple[Forecast, List[str]]:
+    """``msg`` without what no device of this machine can hold: a device whose fixed, per-sample
+    or peak bytes, or an accumulator whose bytes, are above the device's ``most_bytes``. Returns
+    (the forecast kept, what was dropped: one line each, as ``messages.parse`` says it)."""
+    most = most_bytes(rec, snapshot)
+    dropped: List[str] = []
+
+    def over(device: str, *figures: Optional[int]) -> bool:
+        bound = most.get(device)
+        if bound is None or max(f or 0 for f in figures) <= bound[0]:
+            return False
+        dropped.append(f"forecast: {one_line(device, 40)} above the machine's {bound[1]} "
+                       f"({format_bytes(bound[0])})")
+        return True
+
+    devices = tuple(d for d in msg.devices
+                    if not over(d.device, d.fixed_bytes, d.per_sample_bytes, d.peak_bytes))
+    accumulators = tuple((name, size) for name, size in msg.accumulators
+                         if not over(name, size))
+    if not dropped:
+        return msg, []
+    return dataclasses.replace(msg, devices=devices, accumulators=accumulators), dropped
+
+
 def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
           floor: int) -> Optional[Judgement]:
-    """The sentence and the choice for a forecast; None when nothing of it can be compared."""
+    """The sentence and the choice for a forecast; None when nothing of it can be compared.
+    A figure above what the machine can hold is not judged (``bounded``)."""
+    msg, _ = bounded(msg, rec, snapshot)
     batch = msg.batch or msg.micro_batch
     if not batch:
         return None
@@ -114,7 +161,8 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
     r = space[tight["device"]]
     need = rf.need(tight, batch, 1)
     bound = f" within {r.bound}" if r.bound else ""
-    text = (f"needs about {format_bytes(need)} of {r.label} at batch {batch}; "
+    about = "" if need >= BYTES_SHOWN_MAX else "about "  # not "about over 1024 EiB"
+    text = (f"needs {about}{format_bytes(need)} of {r.label} at batch {batch}; "
             f"{format_bytes(r.free)} is free{bound}")
     outcome = _outcome(chosen, batch, k_now, rec.shrinkable, floor) if not fits_now else \
         ": it fits" if k_now == 1 else \

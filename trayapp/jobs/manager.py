@@ -35,7 +35,7 @@ from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.config import Paths
-from trayapp.jobs import ladder, logpages, messages, trees
+from trayapp.jobs import forecasts, ladder, logpages, messages, trees
 from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
 from trayapp.jobs.kernels import KernelJobs
@@ -194,6 +194,17 @@ class JobManager(KernelJobs):
             job.stop_note = (rec.stopped_by or BY_USER, rec.stop_reason or "")
             self._take_step(job, ladder.step(Stage.INT, time.monotonic()))
         return True
+
+    # -- a job's forecast ---------------------------------------------------------------------
+
+    def _on_forecast(self, job: Job, msg: messages.Forecast, events: List[Event]) -> None:
+        # Bounded by the machine here, where its latest reading is kept (the parse knows no
+        # machine): a figure none of its devices can hold is dropped and counted like a field
+        # that fails its check, then the rest is judged as the runner link does.
+        msg, dropped = forecasts.bounded(msg, job.rec, self._snapshot)
+        if dropped:
+            self._note_dropped(job, dropped, events)
+        super()._on_forecast(job, msg, events)
 
     # -- the loop -----------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.jobs.record import JobRecord
 from trayapp.private import UnsafePath
-from trayapp.text import one_line
+from trayapp.text import LogFormatter, one_line
 from trayapp.ui.data import load_range
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs
@@ -235,8 +235,9 @@ class HeadroomApp(QObject):
             self.tray.message(title, text, level)
         else:
             box = QMessageBox(QMessageBox.Icon.Information if level == "info"
-                              else QMessageBox.Icon.Warning, title, text,
+                              else QMessageBox.Icon.Warning, title, one_line(text),
                               QMessageBox.StandardButton.Ok, self._dashboard)
+            box.setTextFormat(Qt.TextFormat.PlainText)  # an engine's error may quote a job
             box.setModal(False)
             box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
             box.open()
@@ -401,7 +402,8 @@ def setup_logging(paths: Paths) -> None:
     logger.propagate = False
     for h in list(logger.handlers):
         logger.removeHandler(h)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Escaped: a job's name or note in a message cannot break the line or reach a terminal.
+    fmt = LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         fh = private.rotating_log_handler(paths.data_dir / "tray.log", max_bytes=1_000_000,
                                           backups=2)  # no link followed, 0600

@@ -104,6 +104,7 @@ class Dashboard(DashboardPlots):
         self.no_tray_label.setVisible(bool(no_tray_reason))
         outer.addWidget(self.no_tray_label)
         self.banner = QLabel()
+        self.banner.setTextFormat(Qt.TextFormat.PlainText)  # the guard's reasons name jobs
         self.banner.setWordWrap(True)
         self.banner.setContentsMargins(8, 4, 8, 4)
         self.banner.hide()
@@ -134,6 +135,7 @@ class Dashboard(DashboardPlots):
         self.sim_label.setVisible(self.demo)
         bar.addWidget(self.sim_label)
         self.gpu_note = QLabel()
+        self.gpu_note.setTextFormat(Qt.TextFormat.PlainText)
         self.gpu_note.setStyleSheet("color:#666;")
         bar.addWidget(self.gpu_note)
         outer.addLayout(bar)

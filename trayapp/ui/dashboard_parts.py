@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
 from trayapp import formats, series
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
+from trayapp.text import one_line
 from trayapp.ui.model import format_duration, status_jobs
 from trayapp.ui.timeline import Table
 from trayapp.vocab import EventKind as E
@@ -91,7 +93,7 @@ def marker_label(event: Dict[str, Any], names: Dict[str, str]) -> str:
     message = str(event.get("message") or kind.replace("_", " "))
     job_id = event.get("job_id")
     name = names.get(str(job_id), str(job_id)) if job_id is not None else None
-    text = f"{name} {MARKER_WORDS[kind]}" if name and kind in MARKER_WORDS else message
+    text = one_line(f"{name} {MARKER_WORDS[kind]}" if name and kind in MARKER_WORDS else message)
     return text if len(text) <= 40 else text[:39] + "…"
 
 
@@ -137,6 +139,7 @@ class JobsStrip(QWidget):
         self.empty.setVisible(not ids)
         for r, jid in enumerate(ids, start=1):
             name = QLabel()
+            name.setTextFormat(Qt.TextFormat.PlainText)  # the job named itself
             font = name.font()
             font.setBold(True)
             name.setFont(font)
@@ -165,7 +168,8 @@ class JobsStrip(QWidget):
 
     def _fill(self, row: Dict[str, Any], job: JobRecord) -> None:
         idle = job.kernel_idle  # the bars and numbers below are its last fit's
-        row["name"].setText(f"{job.name or job.id}  ({job.state}{', idle' if idle else ''})")
+        row["name"].setText(one_line(f"{job.name or job.id}  ({job.state}"
+                                     f"{', idle' if idle else ''})"))
         self._bar(row["epoch"], "epoch", job.epoch, job.epochs)
         self._bar(row["step"], "step", job.step, job.steps)
         loss = job.metrics.get("loss")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import html
 from typing import Optional, Sequence
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QLabel, QWidget
+
+from trayapp.text import lines
 
 PRODUCT = "Headroom"
 ERROR_STYLE = "color: #c0392b;"
@@ -29,6 +32,23 @@ def message_label(style: str = ERROR_STYLE, accessible_name: str = "",
     if accessible_name:
         label.setAccessibleName(accessible_name)
     label.hide()
+    return label
+
+
+def plain_tip(text: Optional[str]) -> str:
+    """A tooltip that shows ``text`` as it is, each line escaped as ``text.one_line`` does. Qt
+    renders a tooltip that looks like markup as markup (a job's name can hold ``<img>``): such
+    a text goes markup-escaped inside a paragraph of rich text, which shows it literally."""
+    shown = lines(text or "")
+    if "<" not in shown and "&" not in shown:
+        return shown
+    return "<p>" + html.escape(shown, quote=False).replace("\n", "<br>") + "</p>"
+
+
+def plain_label(text: str = "", parent: Optional[QWidget] = None) -> QLabel:
+    """A label that never reads its text as markup (it shows a job's words)."""
+    label = QLabel(text, parent)
+    label.setTextFormat(Qt.TextFormat.PlainText)
     return label
 
 

@@ -26,7 +26,8 @@ from PySide6.QtWidgets import (
 from trayapp import formats
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.record import JobRecord
-from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE
+from trayapp.text import one_line
+from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, plain_label, plain_tip
 from trayapp.ui.job_rows import CHECKPOINT_COLUMNS, checkpoint_row, relaunch_spec
 from trayapp.vocab import LIVE
 from trayapp.vocab import GuardAct as A
@@ -44,7 +45,7 @@ class CheckpointPane(QWidget):
         self.listing: Dict[str, Any] = {}
         self.job: Optional[JobRecord] = None
         layout = QVBoxLayout(self)
-        self.folder_label = QLabel()
+        self.folder_label = plain_label()
         self.folder_label.setWordWrap(True)
         self.folder_label.setStyleSheet(NOTE_STYLE)
         self.folder_label.setAccessibleName("Checkpoint folder")
@@ -99,12 +100,12 @@ class CheckpointPane(QWidget):
             text = f"No checkpoint in {folder} yet."
         else:
             text = f"{len(found)} checkpoint{'s' if len(found) != 1 else ''} in {folder}"
-        self.folder_label.setText(text)
+        self.folder_label.setText(one_line(text))
         self.tree.clear()
         now = time.time()
-        for ck in found:
-            item = QTreeWidgetItem(list(checkpoint_row(ck, now)))
-            item.setToolTip(0, str(ck.get("path")))
+        for ck in found:  # a checkpoint's name is a file's, which the job wrote
+            item = QTreeWidgetItem([one_line(cell) for cell in checkpoint_row(ck, now)])
+            item.setToolTip(0, plain_tip(str(ck.get("path"))))
             self.tree.addTopLevelItem(item)
             if ck.get("name") == current:
                 self.tree.setCurrentItem(item)
@@ -169,8 +170,8 @@ def row_message(style: str, name: str, beside: QWidget) -> QLabel:
 
 def say(label: QLabel, text: Optional[str]) -> None:
     """Show ``text`` in a ``row_message`` (None: empty), with the whole text as its tooltip."""
-    label.setText(text or "")
-    label.setToolTip(text or "")
+    label.setText(one_line(text or ""))
+    label.setToolTip(plain_tip(text))
 
 
 def _where(ck: Dict[str, Any]) -> str:

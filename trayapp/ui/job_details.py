@@ -36,7 +36,8 @@ from trayapp import formats
 from trayapp import series as seriesmod
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord
-from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, set_message
+from trayapp.text import one_line
+from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, plain_label, plain_tip, set_message
 from trayapp.ui.job_rows import LEVEL_COLOURS, curve_data, option_sections, options_key
 
 LOG_MAX_LINES = 20000
@@ -177,7 +178,7 @@ def fill_options(tree: QTreeWidget, job: JobRecord) -> None:
     for title, rows in option_sections(job):
         top = QTreeWidgetItem([title, ""])
         for k, v in rows:
-            top.addChild(QTreeWidgetItem([k, v]))
+            top.addChild(QTreeWidgetItem([one_line(k), one_line(v)]))
         tree.addTopLevelItem(top)
         top.setExpanded(True)
 
@@ -196,8 +197,9 @@ class EventList(QTreeWidget):
     def add(self, event: Dict[str, Any]) -> None:
         when = formats.clock(float(event.get("time") or 0))
         level = str(event.get("level") or "info")
-        item = QTreeWidgetItem([when, level, str(event.get("message") or event.get("kind"))])
-        item.setToolTip(2, str(event.get("message") or ""))
+        item = QTreeWidgetItem([when, level,
+                                one_line(str(event.get("message") or event.get("kind")))])
+        item.setToolTip(2, plain_tip(str(event.get("message") or "")))
         if level in LEVEL_COLOURS:
             for col in range(3):
                 item.setForeground(col, QColor(LEVEL_COLOURS[level]))
@@ -243,7 +245,7 @@ class MemoryChart(QWidget):
         self.vram_curve = plot.plot([], [], name="VRAM",
                                     pen=pg.mkPen("#6a3d9a", width=1), antialias=False)
         self.budget_lines: List[Any] = []
-        self.note = QLabel()
+        self.note = plain_label()  # metric names are the job's
         self.note.setStyleSheet(NOTE_STYLE)
         layout = QVBoxLayout(self)
         layout.addWidget(self.chart, 1)
@@ -339,7 +341,7 @@ class CurvesChart(QWidget):
             plot.getAxis(ax).setTextPen(pg.mkPen("#333333"))
         self.curves: Dict[str, Any] = {}  # "loss" (batches) and "loss@epoch" -> its item
         self.fit_lines: List[Any] = []  # where each later fit() call began
-        self.note = QLabel()
+        self.note = plain_label()  # metric names are the job's
         self.note.setStyleSheet(NOTE_STYLE)
         self.note.setWordWrap(True)
         layout = QVBoxLayout(self)

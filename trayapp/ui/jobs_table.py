@@ -10,6 +10,8 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QApplication, QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
 from trayapp.jobs.record import JobRecord
+from trayapp.text import one_line
+from trayapp.ui.forms import plain_tip
 from trayapp.ui.job_rows import (
     COLUMNS,
     FINISHED_STATES,
@@ -49,8 +51,8 @@ class JobsModel(QAbstractTableModel):
             return None
         job = self.jobs[index.row()]
         col = index.column()
-        if role == Qt.ItemDataRole.DisplayRole:
-            return cell_text(job, col, self.clock())
+        if role == Qt.ItemDataRole.DisplayRole:  # a job's name, its reasons: escaped
+            return one_line(cell_text(job, col, self.clock()))
         if role == self.JOB_ROLE:
             return job
         if role == self.FRACTION_ROLE:
@@ -60,9 +62,9 @@ class JobsModel(QAbstractTableModel):
             return QColor(colour) if colour else None
         if role == Qt.ItemDataRole.ToolTipRole:
             if COLUMNS[col] == "State":
-                return state_text(job)
+                return plain_tip(state_text(job))
             if COLUMNS[col] == "Name":
-                return f"{job.id} · {job.script}"
+                return plain_tip(f"{job.id} · {job.script}")
         if role == Qt.ItemDataRole.TextAlignmentRole and COLUMNS[col] in (
                 "Loss", "ETA", "RAM", "VRAM", "Elapsed"):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

@@ -36,6 +36,7 @@ from trayapp.config import format_bytes
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.options import holds_checkpoint
 from trayapp.jobs.record import JobRecord, records
+from trayapp.text import one_line as printable
 from trayapp.ui import job_checkpoints
 from trayapp.ui.forms import (
     ERROR_STYLE,
@@ -260,6 +261,7 @@ class JobsWindow(QWidget):
         self.header_label = QLabel("Select a job to see its log, options, events, curves, "
                                    "memory and checkpoints.")
         self.header_label.setWordWrap(True)
+        self.header_label.setTextFormat(Qt.TextFormat.PlainText)  # it shows the job's name
         self.header_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.header_label.setAccessibleName("Selected job")
         layout.addWidget(self.header_label)
@@ -462,7 +464,7 @@ class JobsWindow(QWidget):
             budgets.append(f"VRAM budget {format_bytes(job.vram_budget_bytes)}")
         if budgets:
             parts.append(", ".join(budgets))
-        return " · ".join(parts)
+        return printable(" · ".join(parts))
 
     # -- the log -----------------------------------------------------------------------------------
 

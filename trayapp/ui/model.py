@@ -12,6 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from trayapp import formats, series, vocab
 from trayapp.config import format_bytes
 from trayapp.jobs.record import JobRecord, records
+from trayapp.text import lines as escaped_lines
+from trayapp.text import notice, one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardLevel as L
@@ -151,15 +153,17 @@ def job_progress(job: Dict[str, Any]) -> str:
 
 
 def job_label(job: Dict[str, Any]) -> str:
-    """One line for a job in the menu: name, state and progress."""
+    """One line for a job in the menu: name, state and progress (escaped: the job named
+    itself)."""
     name = job.get("name") or job.get("id") or "job"
     text = f"{name} — {job.get('state') or 'unknown'}"
     progress = job_progress(job)
-    return f"{text}, {progress}" if progress else text
+    return one_line(f"{text}, {progress}" if progress else text)
 
 
 def guard_line(status: Dict[str, Any]) -> str:
-    """The guard's state and first reason, and when memory runs out if it is predicted."""
+    """The guard's state and first reason, and when memory runs out if it is predicted (one
+    line, escaped: a reason may name a job)."""
     guard = status.get("guard") or {}
     state = guard.get("state") or L.OK
     mode = guard.get("mode")
@@ -172,12 +176,13 @@ def guard_line(status: Dict[str, Any]) -> str:
     tte = guard.get("seconds_to_exhaustion")
     if tte is not None:
         text += f"; memory runs out in ~{format_duration(tte)}"
-    return text
+    return one_line(text)
 
 
 def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
                  reason: Optional[str] = None, demo: bool = False) -> str:
-    """The tray icon's tooltip: RAM, VRAM, the guard (state, reason, time left), the jobs."""
+    """The tray icon's tooltip: RAM, VRAM, the guard (state, reason, time left), the jobs;
+    each line escaped as ``text.one_line`` does."""
     title = "Headroom"
     if demo or (status is not None and is_demo(status)):
         title += " (simulated GPUs)"
@@ -185,7 +190,7 @@ def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
     if not reachable or status is None:
         lines.append("Engine not reachable" + (f": {reason}" if reason else ""))
         if status is None:
-            return "\n".join(lines)
+            return escaped_lines("\n".join(lines))
         lines.append("Last known:")
     m = status.get("memory") or {}
     lines.append(f"RAM {format_bytes(m.get('used_bytes'))} used of "
@@ -207,7 +212,7 @@ def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
                      + (f" and {len(jobs) - 4} more" if len(jobs) > 4 else ""))
     else:
         lines.append("No jobs running")
-    return "\n".join(lines)
+    return escaped_lines("\n".join(lines))
 
 
 # -- the menu ------------------------------------------------------------------------------------
@@ -276,7 +281,7 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
 @dataclass(frozen=True)
 class Notice:
     title: str
-    message: str
+    message: str  # plain text, markup escaped (``text.notice``): daemons may render markup
     level: str  # info | warn | error
 
 
@@ -292,23 +297,27 @@ _NOTIFY_TITLES: Dict[str, str] = {
 
 
 def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
-    """The desktop notification for an event, or None for kinds that do not notify."""
+    """The desktop notification for an event, or None for kinds that do not notify. Its
+    message is the event's, escaped for a notification (``text.notice``): it may hold a job's
+    name or its note."""
     kind = str(event.get("kind") or "")
     title = _NOTIFY_TITLES.get(kind)
     if title is None:
         return None
     level = str(event.get("level") or ("error" if kind in (E.JOB_FAILED, E.GUARD_PARK)
                                        else "warn" if kind.startswith("guard_") else "info"))
-    return Notice(title, str(event.get("message") or kind.replace("_", " ")), level)
+    return Notice(title, notice(str(event.get("message") or kind.replace("_", " "))), level)
 
 
 def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
                 reason: Optional[str] = None) -> Tuple[str, str]:
     """The dashboard's banner: (level, text); level "" means no banner. An active warning is
-    always shown here, since desktop notifications can be suppressed."""
+    always shown here, since desktop notifications can be suppressed. The text is one line,
+    escaped: the guard's reasons name jobs and processes."""
     if not reachable:
-        return "unreachable", "The engine is not reachable" + (f": {reason}" if reason else "") \
-            + ". Nothing is guarding your jobs until it is back; Headroom keeps trying."
+        return "unreachable", one_line(
+            "The engine is not reachable" + (f": {reason}" if reason else "")
+            + ". Nothing is guarding your jobs until it is back; Headroom keeps trying.")
     if status is None:
         return "", ""
     guard = status.get("guard") or {}
@@ -325,7 +334,7 @@ def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
         text += f". Memory runs out in ~{format_duration(tte)}"
     if guard.get("mode") == "dry-run":
         text += " (dry run: the guard records and does nothing)"
-    return state, text
+    return state, one_line(text)
 
 
 # -- VRAM per process ----------------------------------------------------------------------------
@@ -340,8 +349,8 @@ def vram_split(status: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
 
 
 def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:
-    """Job id -> name, for the legend of the VRAM stack."""
-    return {j.id: j.name or j.id for j in status_jobs(status)}
+    """Job id -> name (escaped), for the legend of the VRAM stack and the markers."""
+    return {j.id: one_line(j.name or j.id) for j in status_jobs(status)}
 
 
 def clock_text(t: float) -> str:

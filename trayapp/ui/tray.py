@@ -8,6 +8,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QActionGroup, QIcon
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
+from trayapp.text import notice as notice_text
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import (
     IconState,
@@ -144,15 +145,16 @@ class TrayController(QObject):
             return False
         self._notice_event = event
         title = notice.title + (" (simulated GPUs)" if self.demo and _about_gpus(event) else "")
-        self.icon.showMessage(title, notice.message,
+        self.icon.showMessage(title, notice.message,  # escaped for a notification already
                               _MESSAGE_ICONS.get(notice.level,
                                                  QSystemTrayIcon.MessageIcon.Information),
                               NOTICE_MS)
         return True
 
     def message(self, title: str, text: str, level: str = "warn") -> None:
-        self.icon.showMessage(title, text, _MESSAGE_ICONS.get(level, _MESSAGE_ICONS["warn"]),
-                              NOTICE_MS)
+        """A notification of the app's own (a message may quote a job or a file: escaped)."""
+        self.icon.showMessage(notice_text(title), notice_text(text),
+                              _MESSAGE_ICONS.get(level, _MESSAGE_ICONS["warn"]), NOTICE_MS)
 
     def _message_clicked(self) -> None:
         self.notice_clicked.emit(self._notice_event)
