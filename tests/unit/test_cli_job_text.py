@@ -164,3 +164,11 @@ def test_the_exit_status_of_run(state: str, code: Optional[int], interrupted: bo
 
 def test_the_old_name_of_who_parked_a_job_is_read() -> None:
     assert job(state="parked", park_by="guard").parked_by == "guard"
+
+
+def test_a_job_that_does_not_answer_says_so_while_it_lives() -> None:
+    cut = job(state="paused", pause_mode="suspended", paused_by="user", answering=False)
+    assert state_text(cut) == "paused (its processes suspended) by you, not answering"
+    assert "not answering" in format_jobs([cut])
+    assert "not answering" not in state_text(job(answering=True))
+    assert "not answering" not in state_text(job(state="failed", answering=False))

@@ -197,3 +197,13 @@ def test_a_bad_address_handed_to_the_engine_is_its_error_not_a_crash() -> None:
     svc = service("not an address")
     state = svc.state_json()
     assert state["listen"] is None and "not an address" in state["error"]
+
+
+def test_a_job_that_does_not_answer_reads_0_and_one_that_does_1() -> None:
+    jobs = (JobRecord(id="a", name="fine", state="running"),
+            JobRecord(id="b", name="cut", state="paused", answering=False),
+            JobRecord(id="c", name="done", state="finished", answering=False))
+    m = scrape(held(jobs=jobs))
+    assert values(m["headroom_job_answering"], job="a") == [1]
+    assert values(m["headroom_job_answering"], job="b") == [0]
+    assert values(m["headroom_job_answering"], job="c") == []  # an ended job drops out

@@ -193,6 +193,8 @@ def job_families(held: Held) -> List[Metric]:
     started = _gauge("headroom_job_start_time_seconds", "When a job started.", keys)
     eta = _gauge("headroom_job_eta_seconds", "Seconds a job's training has left, estimated.",
                  keys)
+    answering = _gauge("headroom_job_answering", "0 for a live job whose runner does not read "
+                       "what the engine sends (cut off: handled by signals), else 1.", keys)
     for job in held.jobs[:JOBS_MAX]:
         ids = [label(job.id), label(job.name)]
         _add(memory, [*ids, "ram"], job.rss_bytes)
@@ -203,7 +205,9 @@ def job_families(held: Held) -> List[Metric]:
         _add(progress, ids, progress_ratio(job))
         _add(started, ids, job.started)
         _add(eta, ids, job.eta_seconds)
-    return [memory, budget, state, progress, started, eta]
+        if job.is_live:
+            answering.add_metric(ids, 1.0 if job.answering else 0.0)
+    return [memory, budget, state, progress, started, eta, answering]
 
 
 def families(held: Held) -> List[Metric]:
