@@ -149,8 +149,17 @@ def test_the_engine_says_what_the_fit_needs_against_what_is_free() -> None:
     assert said.fits and said.accumulation == 1
     tight = forecasts.judge(msg, record(ram_budget_bytes=int(1.7 * GiB)), snapshot(8 * GiB), 8)
     assert tight is not None and not tight.fits and tight.accumulation == 2
-    assert tight.text.endswith("1.7 GiB is free within its budget: it will train "
+    assert tight.text.endswith("its budget is 1.7 GiB: it will train "
                                "micro-batches of 128 x 2 (the same training)")
+    # What is left of the budget, beside the budget, once the job holds some of it.
+    held = forecasts.judge(msg, record(ram_budget_bytes=int(1.7 * GiB), rss_bytes=GiB),
+                           snapshot(8 * GiB), 8)
+    assert held is not None and "its budget is 1.7 GiB (716.8 MiB of it left)" in held.text
+    # The shell's ulimit -v bounds what the job can hold, as a budget does.
+    capped = record(spec={"script": "t.py", "rlimits": {"AS": [int(1.5 * GiB), None]}})
+    said_as = forecasts.judge(msg, capped, snapshot(8 * GiB), 8)
+    assert said_as is not None and not said_as.fits
+    assert "its address-space limit (ulimit -v) is 1.5 GiB" in said_as.text
     none = forecasts.judge(msg, record(), snapshot(GiB), 8)
     assert none is not None and none.accumulation == 0
     assert none.text.endswith("it does not fit even at micro-batches of 8")
@@ -179,7 +188,7 @@ def test_a_gpu_has_its_free_memory_what_the_job_holds_and_its_limit() -> None:
     msg = forecast_of([device("GPU:0", fixed=2 * GiB, per_sample=32 * MiB)])
     said = forecasts.judge(msg, one, snap, 8)
     assert said is not None and said.text.startswith(
-        "needs about 10.0 GiB of GPU 1 at batch 256; 5.9 GiB is free within its limit")
+        "needs about 10.0 GiB of GPU 1 at batch 256; its limit is 5.9 GiB")
     assert said.accumulation == 4  # 2 GiB + 32 MiB x 64 = 4 GiB <= 90% of 5.9 GiB
 
 

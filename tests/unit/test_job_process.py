@@ -21,7 +21,7 @@ from trayapp import config as configmod
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.plan import JobProcess, build_launch, format_plan, process_lines
-from trayapp.runner import joblog, protocol
+from trayapp.runner import joblog, priority, protocol
 from trayapp.runner.job import process_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -295,13 +295,14 @@ def test_nothing_asked_changes_nothing() -> None:
 
 def test_the_process_settings_are_read_defensively() -> None:
     assert process_settings(None) == {"nice": None, "oom_score_adj": None, "log": None,
-                                      "log_max_bytes": None}
+                                      "log_max_bytes": None, "rlimits": None}
+    assert process_settings('{"rlimits": [1]}')["rlimits"] is None
     assert process_settings("{not json")["nice"] is None
     assert process_settings("[1]")["log"] is None
     got = process_settings('{"nice": 25, "oom_score_adj": true, "log": "/x/log", '
                            '"log_max_bytes": 1048576}')
     assert got == {"nice": None, "oom_score_adj": None, "log": "/x/log",
-                   "log_max_bytes": 1048576}
+                   "log_max_bytes": 1048576, "rlimits": None}
 
 
 # -- settings and plan --------------------------------------------------------------------------
@@ -382,3 +383,29 @@ def test_every_logger_of_the_package_is_under_headroom() -> None:
     from trayapp.probes import nvml
 
     assert store.log.name.startswith("headroom.") and nvml.log.name.startswith("headroom.")
+
+
+@linux_only
+def test_the_shells_limits_are_applied_and_a_hard_one_above_the_jobs_is_said() -> None:
+    """A limit below the process's is taken as it is; a hard one above its own (raising it
+    needs privilege: run in a child that gave its own up) leaves the soft one as high as the
+    hard allows, and one line says so."""
+    code = (
+        "import json, os, resource, sys\n"
+        "sys.path.insert(0, %r)\n"
+        "import priority\n"
+        "if os.geteuid() == 0:\n"  # as a user: raising a hard limit is then refused
+        "    os.setgid(65534); os.setuid(65534)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))\n"
+        "problems = priority.apply_limits({'AS': [1 << 33, 1 << 33], 'NOFILE': [400, 400],"
+        " 'BOGUS': [1, 1], 'CORE': 'x'})\n"
+        "print(json.dumps([resource.getrlimit(resource.RLIMIT_AS),"
+        " resource.getrlimit(resource.RLIMIT_NOFILE), problems]))\n"
+    ) % str(Path(priority.__file__).parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    space, files, problems = json.loads(out.stdout)
+    assert space == [1 << 33, 1 << 33]
+    assert files == [300, 300]
+    assert problems == ["the job's hard limit NOFILE stays at the engine's (300), not 400"]

@@ -4,14 +4,16 @@ none runs) and follow it to its end; ``--dry-run`` prints the plan and starts no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-from typing import Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from trayapp import config as configmod
 from trayapp.cli.base import EXIT_OK, UsageError, config_file, demo, say, show
 from trayapp.cli.follow import Follower
 from trayapp.config import Paths
-from trayapp.engine.client import connect
+from trayapp.engine.client import EngineClient, EngineError, EngineUnavailable, connect
+from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, SpecError, apply_preset, spec_from_cli, validate
 from trayapp.jobs.plan import JobProcess, build_launch, format_plan, guard_lines
 from trayapp.jobs.record import JobRecord
@@ -32,9 +34,40 @@ def local_gpus(demo: bool) -> Tuple[GpuReading, ...]:
         backend.close()
 
 
+def current_rlimits() -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
+    """This process's resource limits (``sv.RLIMITS``), as a job spec holds them: the job gets
+    them whoever started the engine. () where there are none (Windows)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return ()
+    out = []
+    for name in sv.RLIMITS:
+        which = getattr(resource, f"RLIMIT_{name}", None)
+        if which is None:
+            continue
+        soft, hard = resource.getrlimit(which)
+        out.append((name, None if soft == resource.RLIM_INFINITY else soft,
+                    None if hard == resource.RLIM_INFINITY else hard))
+    return tuple(sorted(out))
+
+
+def engine_rlimits(paths: Paths) -> Optional[Dict[str, Any]]:
+    """The running engine's resource limits, or this process's when none runs (the engine
+    that ``headroom run`` starts takes them from here); None when they cannot be told."""
+    try:
+        with EngineClient(paths, timeout=2.0) as c:
+            limits = (c.status().get("engine") or {}).get("rlimits")
+    except EngineUnavailable:
+        return {name: [soft, hard] for name, soft, hard in current_rlimits()}
+    except EngineError:
+        return None
+    return limits if isinstance(limits, dict) else None
+
+
 def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
     try:
-        spec = spec_from_cli(args)
+        spec = dataclasses.replace(spec_from_cli(args), rlimits=current_rlimits())
     except SpecError as e:
         raise UsageError(one_line(e)) from None
     gpus = local_gpus(demo(args))
@@ -60,7 +93,8 @@ def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
     # The engine reads the same file: the priority, the log cap and the guard it would give
     # the job, and applies the preset against the machine's RAM (a budget) as here.
     config = configmod.load(paths.config_file)
-    process = JobProcess.from_config(config)
+    process = dataclasses.replace(JobProcess.from_config(config),
+                                  engine_rlimits=engine_rlimits(paths))
     if spec.preset:
         try:
             spec = apply_preset(spec, spec.preset, gpus,

@@ -35,7 +35,16 @@ class Room:
     device: str  # the runner's name: "ram", "GPU:0"
     label: str  # the user's: "RAM", "GPU 0"
     free: int
-    bound: str  # "" (what is free), "its budget", "its limit"
+    bound: str  # "" (what is free), "its budget", "its limit", "its address-space limit"
+    used: int = 0  # what the job holds of it now (a bound's sentence says what is left)
+
+    def said(self) -> str:
+        """``"9.0 GiB is free"``; a bound: ``"its budget is 4.0 GiB (3.5 GiB of it left)"``."""
+        if not self.bound:
+            return f"{format_bytes(self.free)} is free"
+        left = f" ({format_bytes(max(0, self.free - self.used))} of it left)" \
+            if self.used else ""
+        return f"{self.bound} is {format_bytes(self.free)}{left}"
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,15 @@ def rooms(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Room]:
     out: Dict[str, Room] = {}
     if snapshot is None:
         return out
-    free = snapshot.memory.available_bytes + (rec.rss_bytes or 0)
+    used = rec.rss_bytes or 0
+    free = snapshot.memory.available_bytes + used
     out[rf.RAM] = Room(rf.RAM, "RAM", free, "")
     if rec.ram_budget_bytes is not None and rec.ram_budget_bytes < free:
-        out[rf.RAM] = Room(rf.RAM, "RAM", rec.ram_budget_bytes, "its budget")
+        out[rf.RAM] = Room(rf.RAM, "RAM", rec.ram_budget_bytes, "its budget", used)
+    space = address_space(rec)
+    if space is not None and space < out[rf.RAM].free:
+        # What the process may map at all bounds what it can hold (ulimit -v of its shell).
+        out[rf.RAM] = Room(rf.RAM, "RAM", space, "its address-space limit (ulimit -v)", used)
     pids = set(rec.pids)
     for i, gpu in enumerate(_job_gpus(rec, snapshot.gpus)):
         if gpu.memory_free_bytes is None:
@@ -85,11 +99,22 @@ def rooms(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Room]:
         room = Room(f"GPU:{i}", f"GPU {gpu.index}", gpu.memory_free_bytes + held, "")
         limit = _limit_mb(rec, i)
         if limit is not None and limit * MiB < room.free:
-            room = Room(room.device, room.label, limit * MiB, "its limit")
+            room = Room(room.device, room.label, limit * MiB, "its limit", held)
         if rec.vram_budget_bytes is not None and rec.vram_budget_bytes < room.free:
-            room = Room(room.device, room.label, rec.vram_budget_bytes, "its budget")
+            room = Room(room.device, room.label, rec.vram_budget_bytes, "its budget", held)
         out[room.device] = room
     return out
+
+
+def address_space(rec: JobRecord) -> Optional[int]:
+    """The job's soft RLIMIT_AS from its spec (its shell's ``ulimit -v``), None: unlimited or
+    not known."""
+    limits = rec.spec.get("rlimits") if isinstance(rec.spec, Mapping) else None
+    pair = limits.get("AS") if isinstance(limits, Mapping) else None
+    if isinstance(pair, (list, tuple)) and pair and isinstance(pair[0], int) \
+            and not isinstance(pair[0], bool) and pair[0] > 0:
+        return int(pair[0])
+    return None
 
 
 def most_bytes(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Tuple[int, str]]:
@@ -160,10 +185,8 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
     tight = max(known, key=tightness)
     r = space[tight["device"]]
     need = rf.need(tight, batch, 1)
-    bound = f" within {r.bound}" if r.bound else ""
     about = "" if need >= BYTES_SHOWN_MAX else "about "  # not "about over 1024 EiB"
-    text = (f"needs {about}{format_bytes(need)} of {r.label} at batch {batch}; "
-            f"{format_bytes(r.free)} is free{bound}")
+    text = f"needs {about}{format_bytes(need)} of {r.label} at batch {batch}; {r.said()}"
     outcome = _outcome(chosen, batch, k_now, rec.shrinkable, floor) if not fits_now else \
         ": it fits" if k_now == 1 else \
         f": it trains micro-batches of {micro_now} x {k_now} (the same training)"

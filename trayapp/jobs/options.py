@@ -117,6 +117,9 @@ class JobSpec:
     min_batch: Optional[int] = None  # None: sv.MIN_BATCH_DEFAULT
     accumulation: Optional[int] = None  # start at micro-batches of batch / N (a relaunch smaller)
     fit_batch: bool = False  # before training: the largest micro-batch forecast to fit
+    # Resource limits for the job's process (the caller's: sv.RLIMITS), (name, soft, hard) with
+    # None for unlimited; () leaves the job the engine's.
+    rlimits: Tuple[Tuple[str, Optional[int], Optional[int]], ...] = ()
 
     def to_json(self) -> Dict[str, Any]:
         """A JSON-able dict; ``JobSpec.from_json`` reads it back unchanged."""
@@ -127,6 +130,8 @@ class JobSpec:
                 value = list(value)
             elif f.name == "env":
                 value = [[k, v] for k, v in value]
+            elif f.name == "rlimits":
+                value = {k: [soft, hard] for k, soft, hard in value}
             elif f.name == "options":
                 value = {
                     g.name: (
@@ -173,6 +178,7 @@ class JobSpec:
             "min_batch": sv.want_opt_int("min_batch", d.get("min_batch")),
             "accumulation": sv.want_opt_int("accumulation", d.get("accumulation")),
             "fit_batch": sv.want_bool("fit_batch", d.get("fit_batch", False)),
+            "rlimits": sv.want_rlimits("rlimits", d.get("rlimits", {})),
         }
         return cls(**values)
 

@@ -8,6 +8,7 @@ data) that the job's own Python loads without anything of Headroom on its path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import trayapp.runner
+from trayapp.formats import format_bytes
 from trayapp.jobs import interpreters
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.interpreters import REMOVED
@@ -51,6 +53,10 @@ class JobProcess:
     nice: int = 0
     oom_score_adj: int = 500
     log_max_bytes: int = 32 * MiB
+    # The resource limits the job is given (JobSpec.rlimits: its caller's), and those of the
+    # engine that launches it where they are known (--dry-run says which differ).
+    rlimits: Tuple[Tuple[str, Optional[int], Optional[int]], ...] = ()
+    engine_rlimits: Optional[Mapping[str, Any]] = None
 
     @classmethod
     def from_config(cls, config: Any) -> JobProcess:
@@ -72,6 +78,8 @@ class JobProcess:
             out["oom_score_adj"] = self.oom_score_adj
         if log_path:
             out["log"] = log_path
+        if self.rlimits:
+            out["rlimits"] = {name: [soft, hard] for name, soft, hard in self.rlimits}
         return out
 
 
@@ -94,7 +102,38 @@ def process_lines(process: JobProcess, platform: str = sys.platform) -> List[str
         logline = (f"Log: capped at {cap / MiB:.1f} MiB (its first "
                    f"{joblog.head_bytes(cap) / MiB:.1f} MiB and its last "
                    f"{joblog.tail_bytes(cap) / MiB:.1f} MiB kept)")
-    return [cpu, oom, logline]
+    return [cpu, oom, logline, *rlimit_lines(process)]
+
+
+def rlimit_text(value: Optional[int], name: str) -> str:
+    """One limit as a person reads it: sizes in bytes' units, CPU in seconds, counts."""
+    if value is None:
+        return "unlimited"
+    if name in ("NOFILE", "NPROC"):
+        return str(value)
+    if name == "CPU":
+        return f"{value} s"
+    return format_bytes(value)
+
+
+def rlimit_lines(process: JobProcess) -> List[str]:
+    """The limits the job gets that differ from the engine's (all of its finite ones when the
+    engine's are not known): ``"Limit AS: 2.5 GiB soft, 2.5 GiB hard, from the shell
+    that ran headroom run (the engine's: unlimited)"``."""
+    engine = process.engine_rlimits
+    out = []
+    for name, soft, hard in process.rlimits:
+        theirs = engine.get(name) if engine is not None else None
+        if engine is not None and isinstance(theirs, list) and list(theirs) == [soft, hard]:
+            continue
+        if engine is None and soft is None and hard is None:
+            continue
+        line = (f"Limit {name}: {rlimit_text(soft, name)} soft, {rlimit_text(hard, name)} "
+                "hard, from the shell that ran headroom run")
+        if isinstance(theirs, list) and len(theirs) == 2:
+            line += f" (the engine's: {rlimit_text(theirs[0], name)})"
+        out.append(line)
+    return out
 
 
 @dataclass(frozen=True)
@@ -246,6 +285,8 @@ def build_launch(
     e.set("PYTHONUNBUFFERED", "1", "the log shows the script's output as it happens")
     runner_options = _runner_options(spec, gpus, env)
     process = process if process is not None else JobProcess()
+    if spec.rlimits:
+        process = dataclasses.replace(process, rlimits=spec.rlimits)
     _runner_settings(e, runner_options, process, job_id=job_id, address=address,
                      keyfile=keyfile, log_path=log_path)
     environment_changes = {name for name, _, _ in settings_list}

@@ -326,6 +326,35 @@ def want_env(name: str, v: Any) -> Tuple[Tuple[str, str], ...]:
     return tuple(items)
 
 
+# The resource limits ``headroom run`` hands its job (``resource.RLIMIT_*`` without the prefix):
+# the caller's, whoever started the engine (the job is the engine's child).
+RLIMITS = ("AS", "DATA", "RSS", "NOFILE", "NPROC", "STACK", "CORE", "CPU")
+RLIMIT_MAX = 2**63  # beyond any real limit; None is "unlimited"
+
+
+def want_rlimits(name: str, v: Any) -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
+    """``{"AS": [soft, hard], ...}`` (None: unlimited) -> sorted (name, soft, hard) tuples.
+    Refuses an unknown name, a value that is not a whole number in range, a soft limit above
+    its hard one."""
+    if not isinstance(v, Mapping):
+        raise bad(name, "an object of {LIMIT: [soft, hard]}", v)
+    out = []
+    for key, pair in v.items():
+        if key not in RLIMITS:
+            raise SpecError(f"job spec: {name}: unknown limit {str(key)[:20]!r} (one of "
+                            f"{', '.join(RLIMITS)})", name)
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise bad(f"{name}.{key}", "a [soft, hard] pair", pair)
+        soft, hard = (want_opt_int(f"{name}.{key}", x) for x in pair)
+        for x in (soft, hard):
+            if x is not None and not 0 <= x < RLIMIT_MAX:
+                raise bad(f"{name}.{key}", f"between 0 and {RLIMIT_MAX} or null", x)
+        if hard is not None and (soft is None or soft > hard):
+            raise SpecError(f"job spec: {name}.{key}: the soft limit is above the hard one", name)
+        out.append((key, soft, hard))
+    return tuple(sorted(out))
+
+
 def want_gpus(name: str, v: Any) -> Optional[Tuple[int, ...]]:
     if v is None:
         return None

@@ -388,7 +388,8 @@ def run_script(session, script, args, bootstrap_file=None):
 
 def process_settings(text):
     """The job's process settings from ``protocol.ENV_PROCESS`` (JSON): ``nice``,
-    ``oom_score_adj``, ``log``, ``log_max_bytes``, each None when absent or out of range. Never
+    ``oom_score_adj``, ``log``, ``log_max_bytes``, ``rlimits``, each None when absent or out of
+    range. Never
     raises: a job runs even when they cannot be read."""
     try:
         data = json.loads(text) if text else {}
@@ -403,7 +404,9 @@ def process_settings(text):
         return v if ok else None
 
     log = data.get("log")
+    limits = data.get("rlimits")
     return {
+        "rlimits": limits if isinstance(limits, dict) else None,
         "nice": whole("nice", 0, 19),
         "oom_score_adj": whole("oom_score_adj", -1000, 1000),
         "log": log if isinstance(log, str) and log else None,
@@ -421,7 +424,9 @@ def main(argv, bootstrap_file=None):
     # First, before any thread starts (threads and children take these from their creator):
     # the job's place below the desktop, and output that a full disk cannot turn into a crash.
     process = process_settings(os.environ.get(protocol.ENV_PROCESS))
-    problems = priority.apply(process["nice"], process["oom_score_adj"])
+    # The limits of the shell that ran headroom run, before TensorFlow reserves its space.
+    problems = priority.apply_limits(process["rlimits"])
+    problems += priority.apply(process["nice"], process["oom_score_adj"])
     output = joblog.guard_output(process["log"], process["log_max_bytes"])
     for problem in problems:
         sys.stderr.write(f"headroom: {problem}\n")

@@ -42,3 +42,37 @@ def apply(nice=None, oom_score_adj=None):
                 f"the job's oom_score_adj is not {oom_score_adj} ({e.strerror or e})"
             )
     return problems
+
+
+def apply_limits(limits):
+    """Give this process the resource limits ``{"AS": [soft, hard], ...}`` (None: unlimited),
+    those of the shell that ran ``headroom run`` (the job is the engine's child, and would
+    have the engine's). A limit may be lowered freely; a hard limit above this process's needs
+    privilege: then the soft one goes as high as the hard allows. Returns the problems, one
+    line each; never raises."""
+    try:
+        import resource
+    except ImportError:  # Windows: no rlimits
+        return []
+    problems = []
+    inf = resource.RLIM_INFINITY
+    for name, pair in sorted((limits or {}).items()):
+        which = getattr(resource, f"RLIMIT_{name}", None)
+        if which is None or not isinstance(pair, list) or len(pair) != 2:
+            continue
+        want_soft, want_hard = (inf if v is None else v for v in pair)
+        try:
+            _, hard = resource.getrlimit(which)
+            try:
+                resource.setrlimit(which, (want_soft, want_hard))
+            except (ValueError, OSError):
+                # A hard limit above this one's: keep the hard, the soft as near as it goes.
+                soft = want_soft if hard == inf or (want_soft != inf and want_soft <= hard) \
+                    else hard
+                resource.setrlimit(which, (soft, hard))
+                problems.append(f"the job's hard limit {name} stays at the engine's "
+                                f"({'unlimited' if hard == inf else hard}), not "
+                                f"{'unlimited' if want_hard == inf else want_hard}")
+        except (ValueError, OSError) as e:
+            problems.append(f"the job's limit {name} could not be set ({e})")
+    return problems
