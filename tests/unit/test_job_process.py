@@ -392,7 +392,7 @@ def test_the_shells_limits_are_applied_and_a_hard_one_above_the_jobs_is_said() -
     hard allows, and one line says so."""
     code = (
         "import json, os, resource, sys\n"
-        "sys.path.insert(0, %r)\n"
+        f"sys.path.insert(0, {str(Path(priority.__file__).parent)!r})\n"
         "import priority\n"
         "if os.geteuid() == 0:\n"  # as a user: raising a hard limit is then refused
         "    os.setgid(65534); os.setuid(65534)\n"
@@ -401,7 +401,7 @@ def test_the_shells_limits_are_applied_and_a_hard_one_above_the_jobs_is_said() -
         " 'BOGUS': [1, 1], 'CORE': 'x'})\n"
         "print(json.dumps([resource.getrlimit(resource.RLIMIT_AS),"
         " resource.getrlimit(resource.RLIMIT_NOFILE), problems]))\n"
-    ) % str(Path(priority.__file__).parent)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
