@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import tempfile
 import threading
@@ -101,6 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = start_engine(home)
+        job: Dict[str, Any] = {}
         try:
             paths = get_paths()
             marker = home / "quiet"
@@ -115,6 +118,13 @@ def main() -> None:
             quiet = watch(paths, job["id"], args.seconds, 0, address, key)
             rows = [watch(paths, job["id"], args.seconds, r, address, key) for r in RATES]
         finally:
+            if job:  # an engine does not end its jobs: this one would sleep on for good
+                try:
+                    with EngineClient(paths, timeout=30) as c:
+                        c.job_action(job["id"], "kill")
+                except Exception as e:  # the engine gone: the job's group by hand
+                    print(f"could not end the job through the engine ({e}); killing it")
+                    os.killpg(job["pid"], signal.SIGKILL)
             proc.terminate()
             proc.wait(30)
     for row in rows:
