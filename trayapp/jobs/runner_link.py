@@ -112,7 +112,11 @@ class RunnerLink(JobTable):
 
     def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
         if not self._rate.take(job_id):
-            return None  # over the rate: dropped unread, counted, said with a later one
+            # Over the rate: dropped unread, counted, said with a later one; and this peer's
+            # thread (it holds no lock) reads no faster than the rate meanwhile, so that a job
+            # sending flat out fills its own socket instead of the engine's time.
+            time.sleep(1.0 / MESSAGES_PER_SECOND)
+            return None
         msg: Optional[messages.JobMessage]
         try:
             msg, dropped = messages.parse(data)
