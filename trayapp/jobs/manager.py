@@ -27,7 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import psutil
 
@@ -36,6 +36,7 @@ from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.config import Paths
 from trayapp.jobs import ladder, logpages, messages, trees
+from trayapp.jobs.braking import BrakeEnd
 from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
 from trayapp.jobs.kernels import KernelJobs
@@ -133,6 +134,10 @@ class JobManager(KernelJobs):
         with self._lock:
             job = self._jobs.get(job_id)
             meter = job.meter if job is not None else None
+        if job is not None and job.cgroup is not None:
+            exact = self._cgroup_bytes(job)  # its cgroup's own count, where it has one
+            if exact is not None:
+                return exact
         if meter is None:
             return None
         return meter.read(pids)
@@ -179,6 +184,7 @@ class JobManager(KernelJobs):
         job.process = proc
         job.known = {proc.pid: proc}
         job.change(connected=False)
+        self._cgroup_adopt(job)
         try:
             if not key:
                 raise ValueError("its key is missing")
@@ -239,6 +245,7 @@ class JobManager(KernelJobs):
         if t >= job.next_sample:
             job.next_sample = t + SAMPLE_INTERVAL
             trees.sample(job, gpus)
+        self._brake(job, t, events)  # every tick: the limit follows what the machine has
         if job.state == S.PAUSING and job.pause_deadline is not None and t >= job.pause_deadline:
             self._suspend(job, events, why="the pause deadline passed")
         if job.state == S.STOPPING:
@@ -262,8 +269,12 @@ class JobManager(KernelJobs):
 
     def _end(self, job: Job, code: Optional[int], *, events: Optional[List[Event]] = None,
              adopted_gone: bool = False) -> None:
-        """Record how the job ended, close its channel and move it out of the live set."""
-        end = ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
+        """Record how the job ended, close its channel and move it out of the live set; one
+        that the kernel brake ended (or the OOM killer) is relaunched smaller at once."""
+        brake = self._brake_ending(job, code)
+        self._cgroup_release(job)
+        end: Union[Ending, BrakeEnd] = brake if brake is not None else \
+            ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
         job.move(end.state, exit_code=code, ended=now(), end_reason=end.reason,
                  pids=(), rss_bytes=None, vram_bytes=None, eta_seconds=None,
                  pause_mode=None, connected=False,
@@ -280,7 +291,10 @@ class JobManager(KernelJobs):
         data = {"state": end.state, "exit_code": code, "end_reason": end.reason}
         event: Event = (end.kind, end.level, end.message, job.id, data)
         smaller, job.smaller = job.smaller, None
-        if end.state == S.PARKED and smaller:
+        if brake is not None and brake.accumulation:
+            self._flush_events([event])  # braked, then relaunched: in that order
+            self._relaunch_braked(job, brake.accumulation, brake.from_checkpoint, end.reason)
+        elif end.state == S.PARKED and smaller:
             self._flush_events([event])  # parked, then relaunched: in that order
             self._relaunch_smaller(job, smaller)
         elif events is not None:
@@ -293,6 +307,16 @@ class JobManager(KernelJobs):
         by, why = job.park_note
         try:
             self._relaunch(job, by, why or "smaller, to fit", accumulation=accumulation)
+        except ValueError as e:
+            self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
+                       level="warn", job_id=job.id)
+
+    def _relaunch_braked(self, job: Job, accumulation: int, from_checkpoint: bool,
+                         reason: str) -> None:
+        """A job the kernel brake ended is relaunched at once at half its micro-batch."""
+        try:
+            self._relaunch(job, BY_ENGINE, reason, accumulation=accumulation,
+                           from_checkpoint=from_checkpoint)
         except ValueError as e:
             self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
                        level="warn", job_id=job.id)
