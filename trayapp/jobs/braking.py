@@ -74,6 +74,7 @@ class BrakeEnd:
     message: str
     accumulation: Optional[int] = None
     from_checkpoint: bool = True
+    cause: str = ""  # what happened, in words ("stalled at its cgroup's limit of 1.1 GiB")
 
 
 def brake_accumulation(rec: JobRecord) -> Optional[int]:
@@ -131,16 +132,17 @@ def brake_end(rec: JobRecord, cause: str, size: int) -> BrakeEnd:
         if not ck:
             said += f"; {progress_lost(rec)}"
         return BrakeEnd(S.PARKED, f"ended by the engine: {what}", E.JOB_BRAKED, "warn",
-                        f"{head} {said}", k, ck)
+                        f"{head} {said}", k, ck, what)
     why = why_not_smaller(rec)
     if cause == STALL:
         reason = f"stopped by the engine: {what}; {why}"
         message = f"{head} {reason}"
         if rec.checkpoint_dir:
             message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
-        return BrakeEnd(S.STOPPED, reason, E.JOB_STOPPED, "warn", message)
+        return BrakeEnd(S.STOPPED, reason, E.JOB_STOPPED, "warn", message, cause=what)
     reason = f"{what}; not relaunched: {why}"
-    return BrakeEnd(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed: {reason}")
+    return BrakeEnd(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed: {reason}",
+                    cause=what)
 
 
 class Brakes(JobTable):
@@ -221,7 +223,7 @@ class Brakes(JobTable):
         job.change(protection=f"{cgroups.WORDS[cgroups.NONE]} ({error})", cgroup_memory=None)
         if group is not None:
             try:
-                group.thaw()
+                group.remove()  # what is left of it (its freezer): thawed, emptied, gone
             except CgroupError:
                 pass
 
@@ -377,6 +379,10 @@ class Brakes(JobTable):
         if used >= budget * (1.0 - share):
             st.grace_bytes = max(st.grace_bytes, int(used + share * budget))
             st.stalled_since = None
+
+    def _brake_ending_now(self, job: Job) -> bool:
+        """The brake is ending this run (to relaunch it smaller): the guard leaves it be."""
+        return job.brake is not None and job.brake.ended is not None
 
     def _brake_ending(self, job: Job, code: Optional[int]) -> Optional[BrakeEnd]:
         """How the run ends when the brake ended it, or the kernel's OOM killer did (SIGKILL

@@ -111,9 +111,10 @@ class JobManager(KernelJobs):
 
     def guard_jobs(self) -> List[JobRecord]:
         """The records of the live and parked jobs, as the guard's ladder reads them (frozen:
-        nothing the guard does changes them, and nothing a job sends can make this fail)."""
+        nothing the guard does changes them, and nothing a job sends can make this fail). A
+        run the kernel brake is ending is left out: it is relaunched smaller at once."""
         with self._lock:
-            return [job.rec for job in self._jobs.values()]
+            return [job.rec for job in self._jobs.values() if not self._brake_ending_now(job)]
 
     def get(self, job_ref: str, curves: bool = False) -> Dict[str, Any]:
         """The job dict for an id, a unique id prefix or a unique name; with ``curves``, its
@@ -293,7 +294,7 @@ class JobManager(KernelJobs):
         smaller, job.smaller = job.smaller, None
         if brake is not None and brake.accumulation:
             self._flush_events([event])  # braked, then relaunched: in that order
-            self._relaunch_braked(job, brake.accumulation, brake.from_checkpoint, end.reason)
+            self._relaunch_braked(job, brake.accumulation, brake.from_checkpoint, brake.cause)
         elif end.state == S.PARKED and smaller:
             self._flush_events([event])  # parked, then relaunched: in that order
             self._relaunch_smaller(job, smaller)

@@ -76,10 +76,10 @@ def suspend(job: Job) -> None:
     """Freeze the job's cgroup where it has a freezer (every process of it at once, those it
     forks meanwhile included); else, or where freezing fails, SIGSTOP to every process of the
     tree."""
-    group = job.cgroup
-    if group is not None:
+    cgroup = job.cgroup
+    if cgroup is not None:
         try:
-            if group.freeze():
+            if cgroup.freeze():
                 return
         except CgroupError as e:
             log.warning("job %s: %s; suspended by SIGSTOP instead", job.id, e)
@@ -102,10 +102,10 @@ def suspend(job: Job) -> None:
 def resume(job: Job) -> None:
     """Thaw the job's cgroup, and SIGCONT to the group and every process of the tree (the
     guard may have stopped the group by signal before the freeze)."""
-    group = job.cgroup
-    if group is not None:
+    cgroup = job.cgroup
+    if cgroup is not None:
         try:
-            group.thaw()
+            cgroup.thaw()
         except CgroupError as e:
             log.warning("job %s: %s", job.id, e)
     if not WINDOWS:

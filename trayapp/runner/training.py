@@ -259,6 +259,9 @@ class FitRun:
         tf = sys.modules.get("tensorflow")
         self.gpu_names = forecast.gpu_names(tf)
         self._start_forecast(tf)
+        # The batch and whether the fit can shrink, said before its first step: a step held
+        # at the job's memory limit never ends, and the engine relaunches it smaller.
+        self._progress(start, 0, None, now=True)
         if self.session.control.stop:
             self.request_stop(save=False)
 
