@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 from tests.conftest import EngineProcess
-from trayapp.config import Paths
 from tests.integration.test_guard_e2e import wait_for, wait_state
+from trayapp.config import Paths
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.record import JobRecord
 from trayapp.vocab import EventKind as E
