@@ -153,6 +153,8 @@ def test_a_reading_from_the_five_files() -> None:
     assert r.under_oom and r.oom_kill == 2 and r.failcnt == 7
     assert r.working_set == 10 * MiB - 4096
     assert r.to_json()["working_set_bytes"] == r.working_set
+    assert r.held == r.usage  # held at its limit: its whole use
+    assert reading("8192", "1", STAT, "under_oom 0", "0").held == 4096
     with pytest.raises(ValueError):
         reading("x", "1", "", "", "0")
     assert parse_keyed("a 1\nb two\nc\nd 4 5\n") == {"a": 1}

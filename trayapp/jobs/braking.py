@@ -8,16 +8,18 @@ a threaded engine, where a lock another thread held at the fork is never release
 
 The limit (``cgroups.brake_limit``) is written on every tick of the engine: the smaller of
 the job's RAM budget and its use + the machine's available memory - the park reserve (the
-setting ``guard.park_available``). The kernel holds a job at it: with the cgroup's OOM killer
-off, a task that needs more waits in the kernel (``under_oom``) instead of being killed.
+setting ``guard.park_available``; ``guard.stop_available`` for a job asked to park or stop,
+which must reach a batch end to save). The kernel holds a job at it: with the cgroup's OOM
+killer off, a task that needs more waits in the kernel (``under_oom``) instead of being
+killed.
 
 A job that waits there for ``STALL_SECONDS`` cannot reach a batch end, so it cannot park. One
-that can train at half its micro-batch is ended and relaunched so (``shrinking``): from its
-checkpoint where it has a checkpoint folder (the same training), else from the beginning,
-saying what that cost. One that cannot is stopped where its own budget holds it, and left
-held (a pause the kernel makes, lifted when memory comes back) where the machine does. A job
-that the kernel's OOM killer ended (SIGKILL, and its cgroup's ``oom_kill`` counter risen) is
-relaunched the same way.
+that can train at half its micro-batch is ended and relaunched so: from its checkpoint where
+it has a checkpoint folder (the same training), else from the beginning, saying what that
+cost. One at its ``--min-batch`` already, held at its own budget, is stopped (and says so).
+One that cannot train smaller at all is left held, a pause the kernel makes (the guard pauses
+it as without the brake), lifted when its limit rises. A job that the kernel's OOM killer
+ended (SIGKILL, and its cgroup's ``oom_kill`` counter risen) is relaunched the same way.
 
 Every cgroup failure is one log line, and the job goes on guarded by the guard alone.
 """
@@ -45,6 +47,7 @@ log = logging.getLogger("headroom.jobs")
 # limit raised as memory comes back lets it go on first.
 STALL_SECONDS = 0.5
 PARK_RESERVE_DEFAULT = "5%"
+STOP_RESERVE_DEFAULT = "2%"
 STALL = "stall"
 OOM_KILL = "oom_kill"
 
@@ -240,12 +243,12 @@ class Brakes(JobTable):
             log.warning("job %s: its cgroup was not removed: %s", job_id, e)
 
     def _cgroup_bytes(self, job: Job) -> Optional[int]:
-        """The job's memory now from its cgroup (its working set), None without one."""
+        """The job's memory now from its cgroup (``Reading.held``), None without one."""
         group = job.cgroup
         if group is None:
             return None
         try:
-            return int(group.read().working_set)
+            return int(group.read().held)
         except CgroupError:
             return None  # the tick says it
 
@@ -258,11 +261,15 @@ class Brakes(JobTable):
         if snap is None:
             return None
         mem = snap.memory
+        # A job asked to park or stop must reach a batch end to save: it may use memory down
+        # to the last resort's threshold, as it could without the brake.
+        name, default = ("guard.stop_available", STOP_RESERVE_DEFAULT) \
+            if job.state in (S.PARKING, S.STOPPING) else \
+            ("guard.park_available", PARK_RESERVE_DEFAULT)
         try:
-            reserve = Threshold.parse(self._setting("guard.park_available",
-                                                    PARK_RESERVE_DEFAULT))
+            reserve = Threshold.parse(self._setting(name, default))
         except ValueError:
-            reserve = Threshold.parse(PARK_RESERVE_DEFAULT)
+            reserve = Threshold.parse(default)
         budget = self._brake_budget(job)
         st = job.brake
         if budget is not None and budget < r.usage and st is not None and not st.budget_said:
@@ -290,7 +297,7 @@ class Brakes(JobTable):
         except CgroupError as e:
             self._cgroup_lost(job, e)
             return
-        job.change(rss_bytes=r.working_set, memory_method="cgroup", cgroup_memory=r.to_json())
+        job.change(rss_bytes=r.held, memory_method="cgroup", cgroup_memory=r.to_json())
         if not r.under_oom or job.state == S.STOPPING or st.ended is not None:
             st.stalled_since = None
             st.held_said = False

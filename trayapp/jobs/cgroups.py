@@ -234,6 +234,12 @@ class Reading:
         """What the job holds that the kernel cannot just drop: its use less inactive cache."""
         return max(0, self.usage - self.inactive_file)
 
+    @property
+    def held(self) -> int:
+        """The job's RAM as the guard counts it: its working set; its whole use while it
+        waits at its limit (the kernel took back what cache it could before it stalled)."""
+        return self.usage if self.under_oom else self.working_set
+
     def to_json(self) -> Dict[str, Any]:
         return {"usage_bytes": self.usage, "limit_bytes": self.limit,
                 "anon_bytes": self.anon, "file_bytes": self.file,
