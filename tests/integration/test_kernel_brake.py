@@ -311,3 +311,28 @@ def test_a_keras_step_over_its_budget_is_braked_and_relaunched_smaller(
             plain.kill()
             plain.wait()
         kill_job(client, job_id)
+
+
+def test_empty_job_cgroups_an_engine_left_are_removed(
+        start_engine: Callable[..., EngineProcess], client_of: Any, tmp_path: Path) -> None:
+    """Jobs killed while no engine watched them leave their cgroups behind, empty: the next
+    engine to give a job its cgroups removes them."""
+    stale = [job_cgroup("0badc0de"), job_freezer("0badc0de")]
+    for folder in stale:
+        folder.mkdir(exist_ok=True)
+    engine = start_engine()
+    client = client_of(engine)
+    job_id = None
+    try:
+        job_id = client.job_start({"script": FORKING, "python": sys.executable,
+                                   "args": [str(tmp_path / "daemon"), str(tmp_path / "stop")]
+                                   })["id"]
+        assert not any(folder.exists() for folder in stale)
+        assert job_cgroup(job_id).is_dir()
+        assert "empty job cgroups an earlier engine left" in engine.stderr
+    finally:
+        (tmp_path / "stop").touch()
+        kill_job(client, job_id)
+        for folder in stale:
+            if folder.exists():
+                folder.rmdir()

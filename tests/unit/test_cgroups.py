@@ -309,3 +309,21 @@ def test_why_a_job_cannot_train_smaller() -> None:
     assert "kernel" in why_not_smaller(rec(kind="kernel"))
     assert "does not split" in why_not_smaller(rec(batch=4095, accumulation=1,
                                                    spec={"min_batch": 1}))
+
+
+def test_empty_job_cgroups_left_behind_are_swept(tmp_path: Path) -> None:
+    t = fake_v1(tmp_path)
+    offer = detect(str(t["root"]), str(t["proc"]))
+    assert offer.memory_parent is not None
+    empty, busy = Path(offer.memory_parent, "headroom-job-1"), Path(offer.memory_parent,
+                                                                     "headroom-job-2")
+    for folder, procs in ((empty, ""), (busy, "4242\n")):
+        folder.mkdir()
+        (folder / "cgroup.procs").write_text(procs)
+    other = Path(offer.memory_parent, "someone-else")
+    other.mkdir()
+    # A fake folder holds its cgroup.procs file: rmdir fails as on a busy real cgroup.
+    assert cgroups.sweep(offer) == []
+    (empty / "cgroup.procs").unlink()
+    (empty / "cgroup.procs").mkdir()  # read fails: left alone
+    assert cgroups.sweep(offer) == [] and empty.exists() and busy.exists() and other.exists()

@@ -164,6 +164,10 @@ class Brakes(JobTable):
         if found is None or found[0] != enabled:
             offer = cgroups.detect(self.cgroup_root, self.proc_cgroup, enabled=enabled)
             log.info("the jobs' protection: %s", offer.words)
+            if found is None and offer.brakes:
+                gone = cgroups.sweep(offer)
+                if gone:
+                    log.info("removed %d empty job cgroups an earlier engine left", len(gone))
             self._offer = found = (enabled, offer)
         return found[1]
 

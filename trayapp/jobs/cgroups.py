@@ -506,6 +506,31 @@ def _find_named(parent: str, mount: Optional[str], path: str, name: str) -> Opti
     return None
 
 
+def sweep(offer: Offer) -> List[str]:
+    """Remove the empty job cgroups an engine left under the offer's parents (its jobs were
+    killed while no engine watched them). One with a process in it is left alone (the
+    kernel refuses to remove it). Returns the folders removed; never raises."""
+    removed: List[str] = []
+    for parent in (offer.memory_parent, offer.freezer_parent):
+        if parent is None:
+            continue
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            folder = os.path.join(parent, name)
+            try:
+                with open(os.path.join(folder, "cgroup.procs")) as f:
+                    if f.read().split():
+                        continue
+                os.rmdir(folder)
+                removed.append(folder)
+            except OSError:
+                continue
+    return removed
+
+
 def tag_of(words: Optional[str]) -> str:
     """The short tag of a protection in words (``headroom jobs``): "brake v1", "brake v2",
     "guard"; "" for a job whose record says none (an older engine's)."""
