@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import psutil
 import pytest
 
-from tests.conftest import REPO, EngineProcess
+from tests.conftest import REPO, EngineProcess, run_cli
 from tests.integration.test_guard_e2e import wait_for, wait_state
 from trayapp.engine.client import EngineClient
 from trayapp.jobs import cgroups
@@ -172,6 +172,12 @@ def test_forks_during_a_pause_are_frozen_too(
         folder, freezer = job_cgroup(job_id), job_freezer(job_id)
         procs = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
         assert daemon in procs  # left the tree, still in the job's cgroup
+        # Every surface says what guards it.
+        assert client.status()["engine"]["protection"]["words"] == "kernel brake (cgroup v1)"
+        assert "Protection kernel brake (cgroup v1)" in run_cli("status", timeout=60).stdout
+        row = [line for line in run_cli("jobs", timeout=60).stdout.splitlines()
+               if line.startswith(job_id)]
+        assert row and row[0].split()[-1] == "brake-v1", row
         client.job_action(job_id, "pause")
         wait_state(client, job_id, {S.PAUSED}, 30)
         wait_for("the freezer", lambda: (freezer / "freezer.state").read_text().strip()

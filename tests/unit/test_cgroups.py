@@ -88,7 +88,7 @@ def test_a_writable_v1_hierarchy_with_a_freezer_is_a_kernel_brake(tmp_path: Path
     assert offer.kind == V1 and offer.brakes
     assert offer.memory_parent == str(t["parent"])
     assert offer.freezer_parent == str(t["root"] / "freezer")
-    assert offer.words == "kernel brake (cgroup v1)" and offer.tag == "brake v1"
+    assert offer.words == "kernel brake (cgroup v1)" and offer.tag == "brake-v1"
     assert [p.name for p in t["parent"].iterdir()] == ["memory.oom_control"]  # probe removed
     assert offer.to_json()["freezer"] is True
 
@@ -137,8 +137,8 @@ def test_the_setting_turns_the_brake_off(tmp_path: Path) -> None:
 
 
 def test_tags_of_protections() -> None:
-    assert tag_of("kernel brake (cgroup v1)") == "brake v1"
-    assert tag_of("kernel brake (cgroup v2, systemd)") == "brake v2"
+    assert tag_of("kernel brake (cgroup v1)") == "brake-v1"
+    assert tag_of("kernel brake (cgroup v2, systemd)") == "brake-v2"
     assert tag_of("none: the guard only (its cgroup is gone)") == "guard"
     assert tag_of(None) == ""
 
@@ -327,3 +327,18 @@ def test_empty_job_cgroups_left_behind_are_swept(tmp_path: Path) -> None:
     (empty / "cgroup.procs").unlink()
     (empty / "cgroup.procs").mkdir()  # read fails: left alone
     assert cgroups.sweep(offer) == [] and empty.exists() and busy.exists() and other.exists()
+
+
+def test_the_dry_runs_line(tmp_path: Path) -> None:
+    t = fake_v1(tmp_path)
+    offer = detect(str(t["root"]), str(t["proc"]), probe=False)
+    assert offer.brakes
+    assert cgroups.plan_line(True, 1350, offer) == (
+        "protection: kernel brake (cgroup v1): the kernel holds the job at the smaller of its "
+        "budget (1350 MB) and what the machine can give it, with its OOM killer off; stalled "
+        "there, a fit that can shrink is relaunched at half its micro-batch; a pause freezes its "
+        "cgroup")
+    assert "at what the machine can give it" in cgroups.plan_line(True, None, offer)
+    off = detect(str(t["root"]), str(t["proc"]), enabled=False)
+    assert cgroups.plan_line(False, 1350, off) == \
+        "protection: none: the guard only (the kernel brake is off (guard.kernel_brake))"

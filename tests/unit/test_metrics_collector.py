@@ -197,3 +197,14 @@ def test_a_bad_address_handed_to_the_engine_is_its_error_not_a_crash() -> None:
     svc = service("not an address")
     state = svc.state_json()
     assert state["listen"] is None and "not an address" in state["error"]
+
+
+def test_what_guards_a_job_is_an_info_series() -> None:
+    jobs = (JobRecord(id="a", name="wide", state="running", protection="kernel brake (cgroup v1)"),
+            JobRecord(id="b", name="plain", state="running",
+                      protection="none: the guard only (no cgroups on this system)"),
+            JobRecord(id="c", name="older", state="running"))
+    m = scrape(held(jobs=jobs))
+    assert values(m["headroom_job_protection_info"], job="a", protection="brake-v1") == [1]
+    assert values(m["headroom_job_protection_info"], job="b", protection="guard") == [1]
+    assert values(m["headroom_job_protection_info"], job="c") == []

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trayapp.config.net import Listen
+from trayapp.jobs.cgroups import tag_of
 from trayapp.jobs.eta import progress_units
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import Snapshot
@@ -193,6 +194,9 @@ def job_families(held: Held) -> List[Metric]:
     started = _gauge("headroom_job_start_time_seconds", "When a job started.", keys)
     eta = _gauge("headroom_job_eta_seconds", "Seconds a job's training has left, estimated.",
                  keys)
+    protection = _gauge("headroom_job_protection_info", "1, labelled with what guards a job "
+                        "besides the guard: brake-v1 (its cgroup's limit held by the kernel) or "
+                        "guard (the guard alone).", [*keys, "protection"])
     for job in held.jobs[:JOBS_MAX]:
         ids = [label(job.id), label(job.name)]
         _add(memory, [*ids, "ram"], job.rss_bytes)
@@ -203,7 +207,9 @@ def job_families(held: Held) -> List[Metric]:
         _add(progress, ids, progress_ratio(job))
         _add(started, ids, job.started)
         _add(eta, ids, job.eta_seconds)
-    return [memory, budget, state, progress, started, eta]
+        if job.protection:
+            protection.add_metric([*ids, label(tag_of(job.protection))], 1.0)
+    return [memory, budget, state, progress, started, eta, protection]
 
 
 def families(held: Held) -> List[Metric]:

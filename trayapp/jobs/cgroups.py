@@ -30,7 +30,7 @@ NONE = "none"
 WORDS: Mapping[str, str] = {V1: "kernel brake (cgroup v1)",
                             V2: "kernel brake (cgroup v2, systemd)",
                             NONE: "none: the guard only"}
-TAGS: Mapping[str, str] = {V1: "brake v1", V2: "brake v2", NONE: "guard"}
+TAGS: Mapping[str, str] = {V1: "brake-v1", V2: "brake-v2", NONE: "guard"}
 
 ROOT = "/sys/fs/cgroup"
 PREFIX = "headroom-job-"  # a job's cgroups are named this and its id
@@ -130,8 +130,14 @@ def _below(mount: str, path: str) -> str:
     return mount
 
 
-def _can_make_children(folder: str) -> Optional[str]:
-    """None when a child cgroup can be made (and removed) in ``folder``, else why not."""
+def _can_make_children(folder: str, probe_it: bool = True) -> Optional[str]:
+    """None when a child cgroup can be made (and removed) in ``folder``, else why not; without
+    ``probe_it`` only asked of the system (``access``), nothing made."""
+    if not probe_it:
+        if os.access(folder, os.W_OK):
+            return None
+        return f"cannot make a cgroup in {folder}: " + \
+            ("read-only file system" if _read_only(folder) else "permission denied")
     probe = os.path.join(folder, f"{PREFIX}probe-{os.getpid()}")
     try:
         os.mkdir(probe)
@@ -146,13 +152,21 @@ def _can_make_children(folder: str) -> Optional[str]:
     return None
 
 
+def _read_only(folder: str) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
 def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bool = True,
-           environ: Optional[Mapping[str, str]] = None) -> Offer:
+           environ: Optional[Mapping[str, str]] = None, probe: bool = True) -> Offer:
     """What this machine offers the engine's jobs (``proc_cgroup``: where the engine is).
 
-    V1 when the engine's memory cgroup (under ``root``) takes a child, which is tried; its
-    freezer beside it when that takes one too. V2 is found and said (the user's systemd
-    manager runs) but gives no brake yet. NONE otherwise, with why. Never raises."""
+    V1 when the engine's memory cgroup (under ``root``) takes a child, which is tried (with
+    ``probe``; else only asked, as a command that makes nothing does); its freezer beside it
+    when that takes one too. V2 is found and said (the user's systemd manager runs) but gives
+    no brake yet. NONE otherwise, with why. Never raises."""
     if not enabled:
         return Offer(NONE, "the kernel brake is off (guard.kernel_brake)")
     try:
@@ -167,14 +181,14 @@ def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bo
         parent = _below(mount, own["memory"])
         if not os.path.isfile(os.path.join(parent, "memory.oom_control")):
             return Offer(NONE, f"no memory controller files in {parent}")
-        refused = _can_make_children(parent)
+        refused = _can_make_children(parent, probe)
         if refused is not None:
             return Offer(NONE, refused)
         freezer = None
         fmount = v1_mount(root, "freezer", "cgroup.procs") if "freezer" in own else None
         if fmount is not None:
             folder = _below(fmount, own["freezer"])
-            if _can_make_children(folder) is None:
+            if _can_make_children(folder, probe) is None:
                 freezer = folder
         return Offer(V1, f"children of {parent}", parent, freezer, mount,
                      fmount if freezer else None)
@@ -506,6 +520,22 @@ def _find_named(parent: str, mount: Optional[str], path: str, name: str) -> Opti
     return None
 
 
+def plan_line(enabled: bool, budget_mb: Optional[float], offer: Optional[Offer] = None) -> str:
+    """The protection a job with a RAM budget of ``budget_mb`` (None: none) would have here, in
+    one line (``headroom run --dry-run``): ``offer``, else this machine's, found by asking
+    (``detect`` without making a cgroup)."""
+    found = offer if offer is not None else detect(enabled=enabled, probe=False)
+    if not found.brakes:
+        return f"protection: {found.words}"
+    held = (f"the smaller of its budget ({budget_mb:g} MB) and what the machine can give it"
+            if budget_mb else "what the machine can give it")
+    freezer = "a pause freezes its cgroup" if found.freezer_parent else \
+        "a pause suspends it by signal (no freezer)"
+    return (f"protection: {found.words}: the kernel holds the job at {held}, with its OOM "
+            f"killer off; stalled there, a fit that can shrink is relaunched at half its "
+            f"micro-batch; {freezer}")
+
+
 def sweep(offer: Offer) -> List[str]:
     """Remove the empty job cgroups an engine left under the offer's parents (its jobs were
     killed while no engine watched them). One with a process in it is left alone (the
@@ -532,7 +562,7 @@ def sweep(offer: Offer) -> List[str]:
 
 
 def tag_of(words: Optional[str]) -> str:
-    """The short tag of a protection in words (``headroom jobs``): "brake v1", "brake v2",
+    """The short tag of a protection in words (``headroom jobs``): "brake-v1", "brake-v2",
     "guard"; "" for a job whose record says none (an older engine's)."""
     if not words:
         return ""
