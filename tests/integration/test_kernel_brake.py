@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -22,7 +23,8 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, EngineProcess, run_cli
-from tests.integration.test_guard_e2e import wait_for, wait_state
+from tests.integration.test_guard_e2e import HOG, engine_in_cgroup, wait_for, wait_state
+from trayapp.config import Paths
 from trayapp.engine.client import EngineClient
 from trayapp.jobs import cgroups
 from trayapp.jobs.options import JobSpec
@@ -98,6 +100,26 @@ def kill_job(client: EngineClient, job_id: Optional[str],
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def remove_cgroup(folder: Path) -> None:
+    """Move what is left in a test's cgroup (and the job cgroups in it) up, then remove it."""
+    for child in (c for c in folder.glob(f"{cgroups.PREFIX}*") if c.is_dir()):
+        remove_cgroup(child)
+    if not folder.exists():
+        return
+    for _ in range(50):
+        for pid in (folder / "cgroup.procs").read_text().split():
+            try:
+                (folder.parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        try:
+            folder.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+    folder.rmdir()
 
 
 def states(pids: List[int]) -> Dict[int, str]:
@@ -342,3 +364,118 @@ def test_empty_job_cgroups_an_engine_left_are_removed(
         for folder in stale:
             if folder.exists():
                 folder.rmdir()
+
+
+# -- the kernel's OOM killer ---------------------------------------------------------------------
+
+
+def test_a_job_the_oom_killer_ended_is_said_so_with_the_cause(paths: Paths,
+                                                              tmp_path: Path) -> None:
+    """An engine in a cgroup of 800 MiB, its job holding 250 MiB, and another program in the
+    same cgroup taking the rest: the cgroup's OOM killer ends the job (its oom_score_adj is
+    raised). The engine tells it from a job that failed by itself: SIGKILL with its cgroup's
+    oom_kill counter risen. A hog cannot train smaller: it is not relaunched, and says why."""
+    assert OFFER.memory_parent is not None
+    parent = Path(OFFER.memory_parent) / f"headroom-test-oom-{os.getpid()}-{time.monotonic_ns()}"
+    parent.mkdir()
+    progress, gate = tmp_path / "progress", tmp_path / "gate"
+    (paths.home / "config.toml").write_text('[guard]\nmode = "off"\n')  # the kernel alone
+    other: Optional[subprocess.Popen] = None
+    job_id, pid = None, 0
+    client: Optional[EngineClient] = None
+    try:
+        (parent / "memory.limit_in_bytes").write_text(str(800 * MiB))
+        with engine_in_cgroup(paths, parent):
+            client = EngineClient(paths)
+            job = client.job_start({"script": GATED_HOG, "python": sys.executable,
+                                    "args": ["10", "250", "260", str(progress), str(gate)]})
+            job_id, pid = job["id"], int(job["pid"])
+            wait_for("250 MiB held", lambda: progress_mib(progress) >= 250, 30)
+            folder = parent / f"{cgroups.PREFIX}{job_id}"
+            assert oom_control(folder)["oom_kill"] == 0
+            wrapper = ("import os, sys\n"
+                       f"open({str(parent / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+                       f"os.execv(sys.executable, [sys.executable, {HOG!r}, '10', '200', "
+                       "'600'])\n")
+            other = subprocess.Popen([sys.executable, "-c", wrapper],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ended = JobRecord.from_json(wait_state(client, job_id, ENDED, 60))
+            assert ended.state == S.FAILED and ended.exit_code == -signal.SIGKILL, ended
+            assert (ended.end_reason or "").startswith("the kernel's OOM killer ended it at ")
+            assert "; not relaunched: it does not report to Headroom (no Keras fit hooked)" in \
+                (ended.end_reason or "")
+            said = [e for e in client.events(limit=200) if e["job_id"] == job_id
+                    and e["kind"] == E.JOB_FAILED]
+            assert said and "the kernel's OOM killer ended it" in said[0]["message"]
+            assert other.poll() is None  # the other program lives: the job was the one taken
+    finally:
+        gate.touch()
+        if other is not None and other.poll() is None:
+            other.kill()
+            other.wait(10)
+        if client is not None:
+            kill_job(client, job_id, [pid] if pid else [])
+            client.close()
+        remove_cgroup(parent)
+
+
+@pytest.mark.tensorflow
+def test_a_keras_job_the_oom_killer_ended_is_relaunched_smaller(paths: Paths,
+                                                               tmp_path: Path) -> None:
+    """The same in a cgroup of 1100 MiB, the job a Keras fit at batch 1024 (about 540 MiB in
+    its cgroup): once the other program has taken the room, the OOM killer ends the job, and
+    the engine relaunches it at once at 512 x 2 from its checkpoint folder (restored as saved,
+    at 1024, then switched); it finishes with the training plain python gives."""
+    assert OFFER.memory_parent is not None
+    parent = Path(OFFER.memory_parent) / f"headroom-test-oom-{os.getpid()}-{time.monotonic_ns()}"
+    parent.mkdir()
+    out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
+    (paths.home / "config.toml").write_text('[guard]\nmode = "off"\n')  # the kernel alone
+    other: Optional[subprocess.Popen] = None
+    job_id = None
+    client: Optional[EngineClient] = None
+    epochs = 8
+    try:
+        (parent / "memory.limit_in_bytes").write_text(str(1100 * MiB))
+        with engine_in_cgroup(paths, parent):
+            client = EngineClient(paths)
+            spec = JobSpec(script=WIDE_FIT, args=(str(out), "1024", str(epochs)),
+                           python=sys.executable, checkpoint_dir=str(ckpt))
+            job_id = client.job_start(spec.to_json())["id"]
+            wait_for("the fit's batch", lambda: client.job_get(job_id)["shrinkable"], 120)
+            wrapper = ("import os, sys\n"
+                       f"open({str(parent / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+                       f"os.execv(sys.executable, [sys.executable, {HOG!r}, '10', '200', "
+                       "'600'])\n")
+            other = subprocess.Popen([sys.executable, "-c", wrapper],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            braked = wait_for("the relaunch", lambda: [
+                e for e in client.events(limit=200)
+                if e["job_id"] == job_id and e["kind"] == E.JOB_BRAKED], 120)
+            other.kill()  # the room back for the relaunched job
+            other.wait(10)
+            message = braked[0]["message"]
+            assert message.startswith(f"job {job_id} (wide_fit) the kernel's OOM killer ended "
+                                      "it at "), message
+            assert message.endswith("relaunched from its checkpoint at micro-batches of "
+                                    "512 x 2 (the same training)"), message
+            job = JobRecord.from_json(wait_state(client, job_id, ENDED, 300))
+            assert job.state == S.FINISHED, job
+            assert (job.batch, job.micro_batch, job.accumulation) == (1024, 512, 2)
+            report = json.loads(out.read_text())
+            assert report["updates"] == epochs * 8  # 8192 samples at 1024: 8 updates an epoch
+        # The training plain python gives, outside the cgroup, once the job is done.
+        ref = tmp_path / "reference.json"
+        subprocess.run([sys.executable, WIDE_FIT, str(ref), "1024", str(epochs)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        expected = json.loads(ref.read_text())
+        assert report["updates"] == expected["updates"]
+        assert report["weights"] == pytest.approx(expected["weights"], rel=1e-4)
+    finally:
+        if other is not None and other.poll() is None:
+            other.kill()
+            other.wait(10)
+        if client is not None:
+            kill_job(client, job_id)
+            client.close()
+        remove_cgroup(parent)
