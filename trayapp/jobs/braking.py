@@ -203,6 +203,14 @@ class Brakes(JobTable):
         job.cgroup = group
         job.change(protection=offer.words, cgroup_memory=None)
 
+    def _kernel_protection(self) -> str:
+        """A Jupyter kernel's protection: it was started by Jupyter, with the memory it holds
+        charged where it runs, so it is not moved into a cgroup of its own (yet)."""
+        offer = self.cgroup_offer()
+        if not offer.brakes:
+            return offer.words
+        return f"{cgroups.WORDS[cgroups.NONE]} (a kernel started by Jupyter stays where it runs)"
+
     def _cgroup_adopt(self, job: Job) -> None:
         """An earlier engine's job, taken back: its cgroups too, where its process still is
         in them; else the guard alone."""
