@@ -247,7 +247,9 @@ def hog_is_paused_by_the_guard(ctx: Dict[str, Any], tmp_path: Path) -> None:
         hog = c.job_start({"script": HOG, "args": ["50", "100", "600", str(progress)],
                            "ram_budget_mb": 300, "name": "hog"})
         try:
-            wait_for(lambda: stopped(hog["pid"]), 40, "the guard to suspend the hog")
+            # Held by the kernel at its limit (state D) a moment before the guard pauses it.
+            wait_for(lambda: stopped(hog["pid"]) and c.job_get(hog["id"])["state"] == "paused",
+                     40, "the guard to suspend the hog")
             job = c.job_get(hog["id"])
             assert job["state"] == "paused" and job["paused_by"] == "guard", job
             lines = progress.read_text().splitlines()
