@@ -411,7 +411,7 @@ class Brakes(JobTable):
             return None  # a stop asked for is a stop
         if st.ended is not None:
             return brake_end(job.rec, STALL, st.ended[1])
-        if code != -signal.SIGKILL or group is None:
+        if group is None or code != -signal.SIGKILL:  # (no cgroup, no SIGKILL: Windows)
             return None
         try:
             if group.read().oom_kill <= st.oom_kills:

@@ -16,8 +16,9 @@ checkpoint. So is a stopped job that has a checkpoint folder: the runner's stop 
 training is, ends ``fit()`` and exits with ``STOP_EXIT_CODE`` before the rest of the script.
 
 The parts: ``table`` (the jobs, the store), ``runner_link`` (the runner's messages),
-``starting`` (launching), ``control`` (pause, resume, park, stop), ``ladder`` (the stop's
-steps), ``trees`` (process trees), ``logpages`` (logs), ``eta``; this module ties them up.
+``braking`` (each job's cgroups and the kernel brake), ``starting`` (launching), ``control``
+(pause, resume, park, stop), ``ladder`` (the stop's steps), ``trees`` (process trees),
+``logpages`` (logs), ``eta``; this module ties them up.
 """
 
 from __future__ import annotations
