@@ -33,6 +33,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_flood": ([], ["--tries", "5"]),
     "bench_store": ([], ["--hours", "2"]),
     "bench_guard": ([], ["--quick"]),
+    "bench_brake": ([], ["--quick"]),
     "bench_runner": ([], ["--quick"]),
     "bench_shrink": (["--rounds", "9"], ["--quick"]),
     "bench_forecast": ([], ["--quick"]),

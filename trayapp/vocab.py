@@ -205,6 +205,7 @@ class EventKind(Word):
     JOB_FORECAST = "job_forecast"  # the memory a fit needs, against what is free
     JOB_BAD_MESSAGE = "job_bad_message"
     JOB_INTERRUPTED = "job_interrupted"  # a kernel's fit, interrupted at a batch; the kernel lives
+    JOB_BRAKED = "job_braked"  # held at its cgroup's limit (or OOM-killed): relaunched smaller
     GUARD_WARN = "guard_warn"
     GUARD_OK = "guard_ok"
     GUARD_PAUSE = "guard_pause"

@@ -234,8 +234,9 @@ def engine_fine(ctx: Dict[str, Any]) -> None:
 
 
 def stopped(pid: int) -> bool:
+    # Stopped by signal, or frozen in its cgroup by the kernel brake's freezer (state D).
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP)
     except psutil.Error:
         return False
 
@@ -246,7 +247,9 @@ def hog_is_paused_by_the_guard(ctx: Dict[str, Any], tmp_path: Path) -> None:
         hog = c.job_start({"script": HOG, "args": ["50", "100", "600", str(progress)],
                            "ram_budget_mb": 300, "name": "hog"})
         try:
-            wait_for(lambda: stopped(hog["pid"]), 40, "the guard to suspend the hog")
+            # Held by the kernel at its limit (state D) a moment before the guard pauses it.
+            wait_for(lambda: stopped(hog["pid"]) and c.job_get(hog["id"])["state"] == "paused",
+                     40, "the guard to suspend the hog")
             job = c.job_get(hog["id"])
             assert job["state"] == "paused" and job["paused_by"] == "guard", job
             lines = progress.read_text().splitlines()

@@ -149,7 +149,8 @@ def test_jobs_lists_as_table_and_json(eng: EngineProcess) -> None:
 
         r = run_cli("jobs", timeout=30)
         header, row = r.stdout.splitlines()
-        assert header.split() == ["ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED"]
+        assert header.split() == ["ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED",
+                                  "PROTECTION"]
         assert row.startswith(job["id"]) and "ticker" in row
 
         c.job_action(job["id"], "stop")
@@ -233,6 +234,7 @@ def test_doctor_gives_a_verdict(cli_home: Path, tmp_path: Path) -> None:
     assert report["python"]["tf_version"]  # this interpreter has TensorFlow
     assert report["verdict"] in ("ok", "warn")
     assert all({"name", "verdict", "detail"} <= set(c) for c in report["checks"])
+    assert report["checks"][-1]["name"] == "Memory protection"
 
     env = tmp_path / "plain-env"
     venv.EnvBuilder(with_pip=False).create(env)

@@ -183,8 +183,10 @@ def test_a_job_over_its_ram_budget_is_paused_and_resumed_by_hand(
 
 
 def _process_stopped(pid: int) -> bool:
+    # Stopped by signal; or, with the kernel brake, frozen or held at its limit (state D).
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED,
+                                                psutil.STATUS_DISK_SLEEP)
     except psutil.Error:
         return False
 

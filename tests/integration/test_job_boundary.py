@@ -27,8 +27,9 @@ MiB = 1 << 20
 
 
 def stopped(pid: int) -> bool:
+    # Stopped by signal, or frozen in its cgroup by the kernel brake's freezer (state D).
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP)
     except psutil.Error:
         return False
 

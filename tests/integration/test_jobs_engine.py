@@ -23,6 +23,8 @@ from trayapp.runner.protocol import PARK_EXIT_CODE
 
 SCRIPTS = REPO / "tests" / "scripts" / "jobs"
 QUIET_CONFIG = '[guard]\nmode = "off"\n'
+# Suspended: stopped by signal, or frozen in its cgroup by the kernel brake's freezer (D).
+SUSPENDED = (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and sessions")
 
@@ -105,8 +107,8 @@ def test_plain_script_is_suspended_and_resumed(client: EngineClient) -> None:
         # No Keras fit() to pause at a batch end: the whole tree is suspended at once.
         assert paused["state"] == "paused" and paused["pause_mode"] == "suspended"
         assert paused["paused_by"] == "user"
-        # SIGSTOP takes hold when the process next runs: a moment later.
-        wait_for(lambda: psutil.Process(job["pid"]).status() == psutil.STATUS_STOPPED, 5,
+        # SIGSTOP (or the freezer: state D) takes hold when the process next runs.
+        wait_for(lambda: psutil.Process(job["pid"]).status() in SUSPENDED, 5,
                  "the process to stop")
         size = client.job_log(job["id"])["size"]
         time.sleep(0.6)
@@ -282,7 +284,7 @@ def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient
         time.sleep(1.0)
         again = client.job_get(jid)
         assert (again["epoch"], again["step"]) == (held["epoch"], held["step"])
-        assert psutil.Process(job["pid"]).status() != psutil.STATUS_STOPPED
+        assert psutil.Process(job["pid"]).status() not in SUSPENDED
         pauses = [e for e in client.events(job=jid) if e["kind"] == "job_paused"]
         assert [e["data"]["pause_mode"] for e in pauses] == ["cooperative"]
 

@@ -1,6 +1,7 @@
 """The guard's "relaunch smaller": a Keras job over its RAM budget that can shrink is paused,
 parked and relaunched at once from its checkpoint at half its micro-batch (twice the
 accumulation), and its whole training is done. A real engine, a real job on tensorflow-cpu.
+The guard alone (``guard.kernel_brake = false``): with the brake, test_kernel_brake.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from tests.conftest import EngineProcess
 from tests.integration.test_guard_e2e import wait_for, wait_state
+from trayapp.config import Paths
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.record import JobRecord
 from trayapp.vocab import EventKind as E
@@ -30,12 +32,18 @@ EPOCHS = 2
 ENDED = {S.FINISHED, S.FAILED, S.STOPPED, S.LOST, S.PARKED}
 
 
+def guard_alone(paths: Paths) -> None:
+    """The guard without the kernel brake: the budget is held against the tree's RSS."""
+    (paths.home / "config.toml").write_text("[guard]\nkernel_brake = false\n")
+
+
 def events(client: Any, job_id: str) -> List[Dict[str, Any]]:
     return [e for e in client.events(limit=500) if e["job_id"] == job_id]
 
 
 def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
-        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+        start_engine: Callable[..., EngineProcess], tmp_path: Path, paths: Paths) -> None:
+    guard_alone(paths)
     engine = start_engine()
     out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
@@ -79,8 +87,9 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
 
 
 def test_a_job_that_cannot_shrink_stays_paused_at_its_budget(
-        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+        start_engine: Callable[..., EngineProcess], tmp_path: Path, paths: Paths) -> None:
     """--on-oom stop: the runner says the fit cannot shrink; the guard pauses, as before."""
+    guard_alone(paths)
     engine = start_engine()
     out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),

@@ -75,7 +75,7 @@ def test_forked_workers_are_counted_once_and_a_budget_above_real_use_holds(
         # Close to the real use (each page once, as the kernel's PSS tells), from the first
         # reading that has all the workers on.
         assert 0.7 * real <= seen["rss_bytes"] <= 1.5 * real, (seen["rss_bytes"], real)
-        assert seen["memory_method"] == "pss"
+        assert seen["memory_method"] in ("pss", "cgroup")  # cgroup: the kernel brake's count
         # The guard reads the budgeted job on every tick; give it a few seconds of them.
         deadline = time.monotonic() + 4.0
         while time.monotonic() < deadline:

@@ -140,9 +140,13 @@ def test_the_table() -> None:
     text = format_jobs([job(started=now, rss_bytes=GiB, name="x" * 30),
                         job(id="cd34", state="stopped", exit_code=-15)])
     head, first, second = text.splitlines()
-    assert head.split() == ["ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED"]
+    assert head.split() == ["ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED",
+                            "PROTECTION"]
     assert first.split()[:5] == ["ab12", "x" * 24, "running", "-", "1.0"]
     assert first.endswith(time.strftime("%H:%M:%S", time.localtime(now)))
+    braked = format_jobs([job(protection="kernel brake (cgroup v1)"),
+                          job(id="cd34", protection="none: the guard only (its cgroup is gone)")])
+    assert [line.split()[-1] for line in braked.splitlines()[1:]] == ["brake-v1", "guard"]
     assert second.split() == ["cd34", "mnist", "stopped", "exit", "-15", "n/a", "n/a", "n/a"]
 
 

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
+from trayapp.jobs import cgroups
 from trayapp.jobs.doctor import (
     TESTED_BUILDS,
     Check,
     build_cuda,
     diagnose,
     format_report,
+    protection_check,
     verdict,
 )
 from trayapp.jobs.interpreters import Interpreter
@@ -158,3 +160,16 @@ def test_verdict_order():
     assert verdict([Check("a", "ok", ""), Check("b", "unknown", "")]) == "ok"
     assert verdict([Check("a", "warn", ""), Check("b", "ok", "")]) == "warn"
     assert verdict([Check("a", "warn", ""), Check("b", "fail", "")]) == "fail"
+
+
+def test_the_memory_protection_is_a_check_that_says_which() -> None:
+    braked = protection_check(offer=cgroups.Offer(cgroups.V1, "", "/sys/fs/cgroup/x"))
+    assert (braked.name, braked.verdict, braked.detail, braked.fix) == \
+        ("Memory protection", "ok", "kernel brake (cgroup v1)", None)
+    alone = protection_check(offer=cgroups.Offer(cgroups.NONE, "no cgroups on this "
+                                                        "system"))
+    assert alone.verdict == "ok"  # the guard alone still guards
+    assert alone.detail == "none: the guard only (no cgroups on this system)"
+    off = protection_check(offer=cgroups.Offer(
+        cgroups.NONE, "the kernel brake is off (guard.kernel_brake)"))
+    assert off.fix is None

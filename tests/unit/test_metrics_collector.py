@@ -207,3 +207,14 @@ def test_a_job_that_does_not_answer_reads_0_and_one_that_does_1() -> None:
     assert values(m["headroom_job_answering"], job="a") == [1]
     assert values(m["headroom_job_answering"], job="b") == [0]
     assert values(m["headroom_job_answering"], job="c") == []  # an ended job drops out
+
+
+def test_what_guards_a_job_is_an_info_series() -> None:
+    jobs = (JobRecord(id="a", name="wide", state="running", protection="kernel brake (cgroup v1)"),
+            JobRecord(id="b", name="plain", state="running",
+                      protection="none: the guard only (no cgroups on this system)"),
+            JobRecord(id="c", name="older", state="running"))
+    m = scrape(held(jobs=jobs))
+    assert values(m["headroom_job_protection_info"], job="a", protection="brake-v1") == [1]
+    assert values(m["headroom_job_protection_info"], job="b", protection="guard") == [1]
+    assert values(m["headroom_job_protection_info"], job="c") == []

@@ -80,3 +80,15 @@ def test_where_the_exporter_serves_or_why_not() -> None:
         ["Metrics ! cannot serve metrics on 127.0.0.1:9835: Address already in use"]
     assert shown({"listen": None, "tls": False, "error": None}) == []  # off: not a word
     assert shown(None) == []
+
+
+def test_the_protection_jobs_get_is_said() -> None:
+    def shown(protection: object) -> list:
+        text = format_status(dict(STATUS, engine={"running": True, "pid": 1,
+                                                  "protection": protection}))
+        return [line for line in text.splitlines() if line.startswith("Protection")]
+
+    assert shown({"words": "kernel brake (cgroup v1)"}) == ["Protection kernel brake (cgroup v1)"]
+    assert shown({"words": "none: the guard only (no cgroups on this system)"}) == \
+        ["Protection none: the guard only (no cgroups on this system)"]
+    assert shown(None) == [] and shown("garbled") == []

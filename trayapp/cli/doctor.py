@@ -55,6 +55,7 @@ def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
     gpu_status, gpus = machine_gpus(paths, demo(args))
     interp = interpreters.probe(python, cache_dir=paths.data_dir / "cache")
     checks = doctor.diagnose(interp, gpu_status, gpus)
+    checks.append(doctor.protection_check(paths.config_file))
     verdict = doctor.verdict(checks)
     if args.json:
         print(json.dumps({"python": interp.to_json(), "verdict": verdict,

@@ -12,6 +12,7 @@ from trayapp import formats, vocab
 from trayapp.cli.base import EXIT_OK, config_file, demo, show
 from trayapp.config import Paths
 from trayapp.engine.client import connect
+from trayapp.jobs.cgroups import tag_of
 from trayapp.jobs.job import COOPERATIVE, SUSPENDED, who
 from trayapp.jobs.record import JobRecord, records
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
@@ -104,15 +105,16 @@ def exit_text(job: JobRecord) -> str:
 
 
 def format_jobs(jobs: Iterable[JobRecord]) -> str:
-    """The jobs as a table: id, name, state, progress, RAM, VRAM, started."""
-    head = ("ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED")
+    """The jobs as a table: id, name, state, progress, RAM, VRAM, started, protection (the
+    kernel brake's tag: brake-v1, or guard for the guard alone)."""
+    head = ("ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED", "PROTECTION")
     rows: List[Tuple[str, ...]] = [head]
     for j in jobs:
         # Escaped before the columns are measured, so that they line up.
         rows.append(tuple(one_line(cell) for cell in (
             j.id, one_line(j.name)[:NAME_WIDTH], state_text(j), progress_cell(j),
             formats.format_bytes(j.rss_bytes), formats.format_bytes(j.vram_bytes),
-            formats.started(j.started))))
+            formats.started(j.started), tag_of(j.protection))))
     if len(rows) == 1:
         return "no jobs"
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

@@ -13,6 +13,7 @@ from trayapp.cli.base import EXIT_OK, UsageError, config_file, demo, say, show
 from trayapp.cli.follow import Follower
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineError, EngineUnavailable, connect
+from trayapp.jobs import cgroups
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, SpecError, apply_preset, spec_from_cli, validate
 from trayapp.jobs.plan import JobProcess, build_launch, format_plan, guard_lines
@@ -109,5 +110,6 @@ def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
                             log_path=str(folder / "log"))
     except ValueError as e:
         raise UsageError(one_line(e)) from None
-    show(format_plan(plan, guard_lines(spec, config.values)))
+    show(format_plan(plan, guard_lines(spec, config.values) + [
+        cgroups.plan_line(bool(config["guard.kernel_brake"]), spec.ram_budget_mb)]))
     return EXIT_OK

@@ -35,6 +35,9 @@ def format_status(st: Dict[str, Any]) -> str:
     lines += _memory_lines(st.get("memory") or {})
     lines += _gpu_lines(st)
     lines += _metrics_lines(st.get("engine") or {})
+    protection = (st.get("engine") or {}).get("protection")
+    if isinstance(protection, dict) and protection.get("words"):
+        lines.append(f"Protection {one_line(str(protection['words']))}")
     jobs = records(st.get("jobs"))
     if not jobs:
         lines.append("Jobs   none")

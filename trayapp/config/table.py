@@ -199,6 +199,11 @@ SETTINGS: Tuple[Setting, ...] = (
             "Seconds of recent samples the fill rate is fitted to (least squares): longer is "
             "steadier, shorter notices a change sooner.", 0.5, 60,
             label="Fill rate measured over", unit="s"),
+    Setting("guard", "kernel_brake", True, _as_bool,
+            "Put each job in a memory cgroup of its own whose limit follows what it may have "
+            "(its RAM budget, what the machine can give): the kernel holds it there instead of "
+            "the OOM killer ending it (Linux, cgroup v1 writable; elsewhere the guard alone).",
+            label="Hold jobs at their limit in the kernel (cgroups)"),
     # [jobs]
     Setting("jobs", "nice", 0, _as_int,
             "CPU priority of a job, as a nice value from 0 (the desktop's normal priority) to "

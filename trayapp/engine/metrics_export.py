@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trayapp.config.net import Listen
+from trayapp.jobs.cgroups import tag_of
 from trayapp.jobs.eta import progress_units
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.snapshot import Snapshot
@@ -195,6 +196,9 @@ def job_families(held: Held) -> List[Metric]:
                  keys)
     answering = _gauge("headroom_job_answering", "0 for a live job whose runner does not read "
                        "what the engine sends (cut off: handled by signals), else 1.", keys)
+    protection = _gauge("headroom_job_protection_info", "1, labelled with what guards a job "
+                        "besides the guard: brake-v1 (its cgroup's limit held by the kernel) or "
+                        "guard (the guard alone).", [*keys, "protection"])
     for job in held.jobs[:JOBS_MAX]:
         ids = [label(job.id), label(job.name)]
         _add(memory, [*ids, "ram"], job.rss_bytes)
@@ -207,7 +211,9 @@ def job_families(held: Held) -> List[Metric]:
         _add(eta, ids, job.eta_seconds)
         if job.is_live:
             answering.add_metric(ids, 1.0 if job.answering else 0.0)
-    return [memory, budget, state, progress, started, eta, answering]
+        if job.protection:
+            protection.add_metric([*ids, label(tag_of(job.protection))], 1.0)
+    return [memory, budget, state, progress, started, eta, answering, protection]
 
 
 def families(held: Held) -> List[Metric]:

@@ -490,6 +490,7 @@ class Engine:
                 "store_error": getattr(self.store, "write_error", None),
                 "config_problems": shown_problems(self.config.problems),
                 "metrics": self.metrics.state_json(),
+                "protection": self.jobs.protection() if self.jobs is not None else None,
             },
         }
 

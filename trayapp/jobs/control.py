@@ -117,6 +117,9 @@ class JobControl(Launching):
         """A paused (or pausing) job runs again."""
         # The word first: a runner that continues must find it before the next batch.
         self._send(job, rp.RESUME)
+        if by == BY_USER:  # over its budget: its cgroup's limit rises as the guard's does
+            self._brake_resumed(job, 1.0 - float(self._setting("guard.budget_warn_percent",
+                                                               90.0)) / 100.0)
         trees.resume(job)
         job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None, paused_at=None)
         job.pause_deadline = None

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from trayapp import config as configmod
+from trayapp.jobs import cgroups
 from trayapp.jobs.interpreters import Interpreter
 from trayapp.probes.snapshot import GpuReading, GpuStatus
 
@@ -287,6 +290,27 @@ def _driver_against_build(
         f"the driver supports CUDA up to {status.cuda_driver_version}; TensorFlow {tf} is built "
         f"for CUDA {cuda}",
     )
+
+
+def protection_check(config_file: Optional[Path] = None,
+                     offer: Optional[cgroups.Offer] = None) -> Check:
+    """What guards a job here besides the guard (``cgroups``), as a check: ok either way (the
+    guard alone still guards), with how to get the kernel brake where it is missing. The
+    setting ``guard.kernel_brake`` is read from ``config_file``; ``offer``: the machine's,
+    else found by asking (nothing is made)."""
+    if offer is None:
+        enabled = True
+        if config_file is not None:
+            try:
+                enabled = bool(configmod.load(config_file)["guard.kernel_brake"])
+            except Exception:  # a config that cannot be read: its own check says so
+                enabled = True
+        offer = cgroups.detect(enabled=enabled, probe=False)
+    fix = None
+    if not offer.brakes and sys.platform.startswith("linux") and "is off" not in offer.why:
+        fix = ("run the engine where it may make child memory cgroups (cgroup v1 writable, "
+               "as root or in a delegated cgroup); until then the guard alone guards jobs")
+    return Check("Memory protection", "ok", offer.words, fix)
 
 
 def verdict(checks: Sequence[Check]) -> str:

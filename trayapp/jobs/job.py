@@ -76,6 +76,10 @@ class Job:
         self.forecasts_said = 0  # forecast events of this job (at most MAX_FORECAST_EVENTS)
         self.fit_answers = 0  # --fit-batch answers sent (at most MAX_FIT_ANSWERS)
         self.note_window = (-60.0, 0)  # (monotonic start of the minute, note events in it)
+        # The kernel brake (trayapp.jobs.braking): the job's cgroups (None: the guard only)
+        # and what the brake keeps of this run (a BrakeState).
+        self.cgroup: Any = None
+        self.brake: Any = None
 
     @property
     def id(self) -> str:

@@ -186,6 +186,7 @@ class KernelJobs(JobControl):
         job = Job(rec, key)
         job.process = proc
         job.known = {proc.pid: proc}
+        job.change(protection=self._kernel_protection())
         try:
             self._open_channel(job)
         except ValueError:

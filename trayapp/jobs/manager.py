@@ -16,8 +16,9 @@ checkpoint. So is a stopped job that has a checkpoint folder: the runner's stop 
 training is, ends ``fit()`` and exits with ``STOP_EXIT_CODE`` before the rest of the script.
 
 The parts: ``table`` (the jobs, the store), ``runner_link`` (the runner's messages),
-``starting`` (launching), ``control`` (pause, resume, park, stop), ``ladder`` (the stop's
-steps), ``trees`` (process trees), ``logpages`` (logs), ``eta``; this module ties them up.
+``braking`` (each job's cgroups and the kernel brake), ``starting`` (launching), ``control``
+(pause, resume, park, stop), ``ladder`` (the stop's steps), ``trees`` (process trees),
+``logpages`` (logs), ``eta``; this module ties them up.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import psutil
 
@@ -36,6 +37,7 @@ from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.config import Paths
 from trayapp.jobs import forecasts, ladder, logpages, messages, trees
+from trayapp.jobs.braking import BrakeEnd
 from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
 from trayapp.jobs.kernels import KernelJobs
@@ -112,9 +114,10 @@ class JobManager(KernelJobs):
 
     def guard_jobs(self) -> List[JobRecord]:
         """The records of the live and parked jobs, as the guard's ladder reads them (frozen:
-        nothing the guard does changes them, and nothing a job sends can make this fail)."""
+        nothing the guard does changes them, and nothing a job sends can make this fail). A
+        run the kernel brake is ending is left out: it is relaunched smaller at once."""
         with self._lock:
-            return [job.rec for job in self._jobs.values()]
+            return [job.rec for job in self._jobs.values() if not self._brake_ending_now(job)]
 
     def get(self, job_ref: str, curves: bool = False) -> Dict[str, Any]:
         """The job dict for an id, a unique id prefix or a unique name; with ``curves``, its
@@ -135,6 +138,10 @@ class JobManager(KernelJobs):
         with self._lock:
             job = self._jobs.get(job_id)
             meter = job.meter if job is not None else None
+        if job is not None and job.cgroup is not None:
+            exact = self._cgroup_bytes(job)  # its cgroup's own count, where it has one
+            if exact is not None:
+                return exact
         if meter is None:
             return None
         return meter.read(pids)
@@ -181,6 +188,7 @@ class JobManager(KernelJobs):
         job.process = proc
         job.known = {proc.pid: proc}
         job.change(connected=False)
+        self._cgroup_adopt(job)
         try:
             if not key:
                 raise ValueError("its key is missing")
@@ -252,6 +260,7 @@ class JobManager(KernelJobs):
         if t >= job.next_sample:
             job.next_sample = t + SAMPLE_INTERVAL
             trees.sample(job, gpus)
+        self._brake(job, t, events)  # every tick: the limit follows what the machine has
         if not job.rec.answering:
             self._without_runner(job, t, events)
         if job.state == S.PAUSING and job.pause_deadline is not None and t >= job.pause_deadline:
@@ -291,8 +300,12 @@ class JobManager(KernelJobs):
 
     def _end(self, job: Job, code: Optional[int], *, events: Optional[List[Event]] = None,
              adopted_gone: bool = False) -> None:
-        """Record how the job ended, close its channel and move it out of the live set."""
-        end = ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
+        """Record how the job ended, close its channel and move it out of the live set; one
+        that the kernel brake ended (or the OOM killer) is relaunched smaller at once."""
+        brake = self._brake_ending(job, code)
+        self._cgroup_release(job)
+        end: Union[Ending, BrakeEnd] = brake if brake is not None else \
+            ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
         job.move(end.state, exit_code=code, ended=now(), end_reason=end.reason,
                  pids=(), rss_bytes=None, vram_bytes=None, eta_seconds=None,
                  pause_mode=None, connected=False,
@@ -309,7 +322,10 @@ class JobManager(KernelJobs):
         data = {"state": end.state, "exit_code": code, "end_reason": end.reason}
         event: Event = (end.kind, end.level, end.message, job.id, data)
         smaller, job.smaller = job.smaller, None
-        if end.state == S.PARKED and smaller:
+        if brake is not None and brake.accumulation:
+            self._flush_events([event])  # braked, then relaunched: in that order
+            self._relaunch_braked(job, brake.accumulation, brake.from_checkpoint, brake.cause)
+        elif end.state == S.PARKED and smaller:
             self._flush_events([event])  # parked, then relaunched: in that order
             self._relaunch_smaller(job, smaller)
         elif events is not None:
@@ -322,6 +338,16 @@ class JobManager(KernelJobs):
         by, why = job.park_note
         try:
             self._relaunch(job, by, why or "smaller, to fit", accumulation=accumulation)
+        except ValueError as e:
+            self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
+                       level="warn", job_id=job.id)
+
+    def _relaunch_braked(self, job: Job, accumulation: int, from_checkpoint: bool,
+                         reason: str) -> None:
+        """A job the kernel brake ended is relaunched at once at half its micro-batch."""
+        try:
+            self._relaunch(job, BY_ENGINE, reason, accumulation=accumulation,
+                           from_checkpoint=from_checkpoint)
         except ValueError as e:
             self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
                        level="warn", job_id=job.id)

@@ -89,6 +89,10 @@ class JobRecord:
     runs: int = 0
     resumed_at: Optional[float] = None
     resumable: bool = False  # ended with a checkpoint to continue from (parked, or stopped)
+    # What guards it besides the guard, in words (trayapp.jobs.cgroups.WORDS), and its memory
+    # cgroup's last reading (usage, anon, file, limit, under_oom, oom_kill, failcnt).
+    protection: Optional[str] = None
+    cgroup_memory: Optional[Mapping[str, Any]] = None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -263,6 +267,7 @@ _READERS: Dict[str, Any] = {
     "ram_budget_bytes": _opt(_int), "vram_budget_bytes": _opt(_int), "auto_resume": _bool,
     "notes": _mappings, "warnings": _strs, "dropped_fields": _int, "runs": _int,
     "resumed_at": _opt(_float), "resumable": _bool,
+    "protection": _opt(_str), "cgroup_memory": _opt(_mapping),
 }
 if set(_READERS) != {f.name for f in _FIELDS[1:]}:  # pragma: no cover - caught by any import
     raise ImportError("every field of JobRecord needs a reader")

@@ -23,6 +23,7 @@ import psutil
 from trayapp import config as configmod
 from trayapp import private
 from trayapp.jobs import envfile, logpages
+from trayapp.jobs.braking import Brakes
 from trayapp.jobs.job import Job, budget_bytes, now
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.options import JobSpec, SpecError, apply_preset, validate
@@ -58,8 +59,9 @@ def refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class Launching(RunnerLink):
-    """Starting jobs and launching parked or stopped ones again."""
+class Launching(RunnerLink, Brakes):
+    """Starting jobs and launching parked or stopped ones again (each run in cgroups of its
+    own where the machine offers them: ``braking``)."""
 
     @refused_on_disk_errors
     def start(self, spec_json: Dict[str, Any],
@@ -188,6 +190,8 @@ class Launching(RunnerLink):
             raise ValueError(one_line(e)) from None
         popen = spawn(plan, log_path, process, append=append)
         job.popen = popen
+        # At once: the child is still in Python's start-up and has forked nothing yet.
+        self._cgroup_place(job, popen.pid)
         watch_exit(popen.pid, self._wake)
         if not WINDOWS:
             self._orphans.groups.add(popen.pid)
@@ -216,12 +220,14 @@ class Launching(RunnerLink):
         job.next_sample = 0.0
 
     def _relaunch(self, job: Job, by: str, reason: str,
-                  accumulation: Optional[int] = None) -> None:
+                  accumulation: Optional[int] = None, from_checkpoint: bool = True) -> None:
         """Launch a parked (or stopped) job again from its checkpoint, under the same id;
-        ``accumulation``: at micro-batches of its batch / N (the same training)."""
+        ``accumulation``: at micro-batches of its batch / N (the same training); without
+        ``from_checkpoint`` (a job without a checkpoint folder) from the beginning."""
         try:
             data = envfile.restore(dict(job.rec.spec), self.paths.jobs_dir / job.id)
-            spec = dataclasses.replace(JobSpec.from_json(data), resume=True, fresh=False)
+            spec = dataclasses.replace(JobSpec.from_json(data), resume=from_checkpoint,
+                                       fresh=False)
             if accumulation:
                 spec = dataclasses.replace(spec, accumulation=accumulation)
             validate(spec, tuple(self._gpus()), check_paths=True)
@@ -249,8 +255,9 @@ class Launching(RunnerLink):
             smaller = (f" at micro-batches of {micro} x {accumulation} (batch {job.rec.batch}, "
                        "the same training)")
             said.update(micro_batch=micro, accumulation=accumulation)
-        self._emit(E.JOB_RESUMED, f"job {job.id} ({job.rec.name}) relaunched from its "
-                   f"checkpoint{smaller} by {by}{why} (pid {job.rec.pid})", job_id=job.id,
+        where = "from its checkpoint" if from_checkpoint else "from the beginning"
+        self._emit(E.JOB_RESUMED, f"job {job.id} ({job.rec.name}) relaunched {where}"
+                   f"{smaller} by {by}{why} (pid {job.rec.pid})", job_id=job.id,
                    data=said)
 
 

@@ -6,6 +6,7 @@ memory, and telling whether a saved pid is still the process that was started.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -13,10 +14,13 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 
 import psutil
 
+from trayapp.jobs.cgroups import CgroupError
 from trayapp.jobs.job import Job
 from trayapp.jobs.ladder import Stage
 from trayapp.probes.processes import SAME_PROCESS_TOLERANCE_S, TreeMeter, tree_memory
 from trayapp.probes.snapshot import GpuReading
+
+log = logging.getLogger("headroom.jobs")
 
 WINDOWS = sys.platform == "win32"
 ORPHAN_CHECK_SECONDS = 1.0  # what ended jobs left is looked at at most this often
@@ -69,7 +73,16 @@ def remnants(job: Job) -> List[psutil.Process]:
 
 
 def suspend(job: Job) -> None:
-    """SIGSTOP to every process of the tree."""
+    """Freeze the job's cgroup where it has a freezer (every process of it at once, those it
+    forks meanwhile included); else, or where freezing fails, SIGSTOP to every process of the
+    tree."""
+    cgroup = job.cgroup
+    if cgroup is not None:
+        try:
+            if cgroup.freeze():
+                return
+        except CgroupError as e:
+            log.warning("job %s: %s; suspended by SIGSTOP instead", job.id, e)
     procs = tree(job)
     for p in procs:
         try:
@@ -87,7 +100,14 @@ def suspend(job: Job) -> None:
 
 
 def resume(job: Job) -> None:
-    """SIGCONT to the group and every process of the tree."""
+    """Thaw the job's cgroup, and SIGCONT to the group and every process of the tree (the
+    guard may have stopped the group by signal before the freeze)."""
+    cgroup = job.cgroup
+    if cgroup is not None:
+        try:
+            cgroup.thaw()
+        except CgroupError as e:
+            log.warning("job %s: %s", job.id, e)
     if not WINDOWS:
         killpg(group(job), signal.SIGCONT)
     for p in tree(job):

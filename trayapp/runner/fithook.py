@@ -249,10 +249,12 @@ def _resume_shrunk(run, shrinker):
     checkpoint is restored (its optimizer state has the accumulators)."""
     options = run.session.options
     k = options["accumulation"]
+    saved = 1
     if run.dir and options["resume"]:
         metadata = run.read_metadata() or {}
         extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
-        k = max(k, _int(extra.get("accumulation"), 1))
+        saved = max(1, _int(extra.get("accumulation"), 1))
+        k = max(k, saved)
     if k <= 1:
         return
     refusal = shrinker.refusal()
@@ -265,7 +267,15 @@ def _resume_shrunk(run, shrinker):
         run.session.note("warn", f"batch {batch} does not split into {k} micro-batches: "
                                  "trained at the full batch")
         return
-    micro = shrinker.apply(k)
+    if saved < k and _resuming(run):
+        # Saved at fewer micro-batches (ended in the middle of training, not parked, and
+        # relaunched smaller): restored as saved, the optimizer's state with it, then switched.
+        micro = shrinker.apply(k, switch=False)
+        if saved > 1:
+            shrinker.switch(saved)
+        run.switch_after_restore = (saved, k)
+    else:
+        micro = shrinker.apply(k)
     run.accumulation = k
     run.batch = (batch, micro)
     how = "resumed" if options["resume"] else "started"

@@ -357,12 +357,15 @@ class Shrinker:
             return "steps_per_execution > 1 (a failed call may have trained some of its steps)"
         return None
 
-    def apply(self, k):
+    def apply(self, k, switch=True):
         """Train micro-batches of ``effective / k`` accumulated ``k`` times from the next
-        ``fit()`` attempt on (``k`` after a halving, or as a checkpoint recorded it)."""
+        ``fit()`` attempt on (``k`` after a halving, or as a checkpoint recorded it). Without
+        ``switch`` only the input is re-batched: the optimizer is switched later (once a
+        checkpoint saved at another accumulation is restored)."""
         batch = self.effective_batch()
         micro = micro_batch(batch, k)
-        self.switch(k)
+        if switch:
+            self.switch(k)
         self.atomic()
         if self.kind == ARRAYS:
             self.bound.arguments["batch_size"] = micro

@@ -120,6 +120,9 @@ class FitRun:
         self.shrinker = None  # what changes its micro-batch (runner.shrink.Shrinker)
         self.epoch_updates = None  # the optimizer's updates when this epoch began
         self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
+        # (saved, k): restored at the accumulation its checkpoint was saved with (a job ended
+        # in the middle of training, not parked), then switched to k before the first batch.
+        self.switch_after_restore = None
         # The batch of this epoch whose step is under way (set before the user's callbacks):
         # if it fails, the batches before it are done.
         self.begun = None
@@ -256,9 +259,14 @@ class FitRun:
                             "info",
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
+        if self.switch_after_restore is not None:
+            self._switch_restored()
         tf = sys.modules.get("tensorflow")
         self.gpu_names = forecast.gpu_names(tf)
         self._start_forecast(tf)
+        # The batch and whether the fit can shrink, said before its first step: a step held
+        # at the job's memory limit never ends, and the engine relaunches it smaller.
+        self._progress(start, 0, None, now=True)
         if self.session.control.stop:
             self.request_stop(save=False)
 
@@ -329,6 +337,21 @@ class FitRun:
         # A finished fit (also one the script's own callbacks stopped early): a resumed script
         # restores these weights and trains no more epochs of it.
         self.save(self.epochs, 0, "end", finished=True)
+
+    def _switch_restored(self):
+        """The checkpoint was restored as it was saved; now the micro-batches it is relaunched
+        at: the optimizer accumulates k (its counter and schedule follow), and the batches of
+        the epoch to skip are counted in the new micro-batches."""
+        saved, k = self.switch_after_restore
+        self.switch_after_restore = None
+        try:
+            self.shrinker.switch(k)
+            self.model.make_train_function(force=True)
+        except Exception as e:  # an optimizer that cannot accumulate: the full batch
+            self.session.note("warn", f"cannot train micro-batches of {k}: {_first_line(e)}")
+            return
+        if self.skip:
+            self.skip = self.skip // saved * k
 
     def _to_smaller(self, done):
         """A park to relaunch smaller: switch to the new accumulation here, at an update

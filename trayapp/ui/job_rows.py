@@ -274,7 +274,7 @@ def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
     """The Options tab of a job: (section title, its (what, value) rows), in order: what the
     runner applied and reported, the process, the last checkpoint, warnings and notes."""
     sections = _hello_sections(job)
-    rows = process_rows(job.process)
+    rows = process_rows(job.process) + ([("Memory", job.protection)] if job.protection else [])
     if rows:
         sections.append(("Process", rows))
     if job.checkpoint:
@@ -295,7 +295,8 @@ def options_key(job: JobRecord) -> str:
     """What the Options tab is made of, as one string: the tab is filled again when it
     changes."""
     return job.id + ":" + json.dumps([job.hello, job.warnings, job.notes, job.checkpoint,
-                                      job.process, job.forecast, job.accumulation],
+                                      job.process, job.forecast, job.accumulation,
+                                      job.protection],
                                      default=_jsonable, sort_keys=True)
 
 

@@ -1,0 +1,422 @@
+"""The kernel brake, the job manager's side: each job in cgroups of its own (``cgroups``), its
+memory limit following what it may have, and a job the limit stalls handled, not left stalled.
+
+How a job gets in: right after its process starts (``place``), before the runner has read the
+job's options, let alone run the script, its pid is written to the job's ``cgroup.procs``;
+what it forks from then on is born inside. (A ``preexec_fn`` would run in the forked child of
+a threaded engine, where a lock another thread held at the fork is never released.)
+
+The limit (``cgroups.brake_limit``) is written on every tick of the engine: the smaller of
+the job's RAM budget and its use + the machine's available memory - the park reserve (the
+setting ``guard.park_available``; ``guard.stop_available`` for a job asked to park or stop,
+which must reach a batch end to save). The kernel holds a job at it: with the cgroup's OOM
+killer off, a task that needs more waits in the kernel (``under_oom``) instead of being
+killed.
+
+A job that waits there for ``STALL_SECONDS`` cannot reach a batch end, so it cannot park. One
+that can train at half its micro-batch is ended and relaunched so: from its checkpoint where
+it has a checkpoint folder (the same training), else from the beginning, saying what that
+cost. One at its ``--min-batch`` already, held at its own budget, is stopped (and says so).
+One that cannot train smaller at all is left held, a pause the kernel makes (the guard pauses
+it as without the brake), lifted when its limit rises. A job that the kernel's OOM killer
+ended (SIGKILL, and its cgroup's ``oom_kill`` counter risen) is relaunched the same way.
+
+Every cgroup failure is one log line, and the job goes on guarded by the guard alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from trayapp.config import Threshold
+from trayapp.formats import format_bytes
+from trayapp.jobs import cgroups
+from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
+from trayapp.jobs.job import Event, Job, smallest_micro_batch
+from trayapp.jobs.record import JobRecord
+from trayapp.jobs.table import JobTable
+from trayapp.vocab import EventKind as E
+from trayapp.vocab import JobState as S
+
+log = logging.getLogger("headroom.jobs")
+
+# How long a job waits at its limit before it is taken for stalled: a tick or two, so that a
+# limit raised as memory comes back lets it go on first.
+STALL_SECONDS = 0.5
+PARK_RESERVE_DEFAULT = "5%"
+STOP_RESERVE_DEFAULT = "2%"
+STALL = "stall"
+OOM_KILL = "oom_kill"
+
+
+@dataclass
+class BrakeState:
+    """What the brake keeps of one run of a job."""
+
+    oom_kills: int = 0  # its cgroup's oom_kill counter at launch
+    stalled_since: Optional[float] = None  # monotonic: since when it waits at its limit
+    ended: Optional[Tuple[str, int]] = None  # (STALL, its limit): Headroom ended it so
+    budget_said: bool = False  # "its budget is below what it uses" said once
+    held_said: bool = False  # "held by the kernel" said once a stall
+    refused_said: bool = False  # a limit the kernel refused, said once
+    grace_bytes: int = 0  # the budget a resume by hand raised it to (as the guard's grace)
+
+
+@dataclass(frozen=True)
+class BrakeEnd:
+    """How a run that the brake ended (or the OOM killer did) ends: the state, end reason and
+    event, and the accumulation to relaunch at (None: not relaunched)."""
+
+    state: str
+    reason: str
+    kind: str
+    level: str
+    message: str
+    accumulation: Optional[int] = None
+    from_checkpoint: bool = True
+    cause: str = ""  # what happened, in words ("stalled at its cgroup's limit of 1.1 GiB")
+
+
+def brake_accumulation(rec: JobRecord) -> Optional[int]:
+    """The accumulation of a relaunch at half the micro-batch (the same training), or None
+    where the job cannot train smaller (``why_not_smaller`` says why). Unlike the guard's
+    "relaunch smaller" it needs no checkpoint folder: without one, the relaunch starts over."""
+    if not rec.hooked or not rec.shrinkable or not rec.batch or rec.is_kernel:
+        return None
+    k = (rec.accumulation or 1) * 2
+    if rec.batch % k or rec.batch // k < smallest_micro_batch(rec):
+        return None
+    return k
+
+
+def why_not_smaller(rec: JobRecord) -> str:
+    """Why ``brake_accumulation`` is None for ``rec``, in words."""
+    if rec.is_kernel:
+        return "a Jupyter kernel is not relaunched"
+    if not rec.hooked:
+        return "it does not report to Headroom (no Keras fit hooked), so it cannot train smaller"
+    if not rec.shrinkable or not rec.batch:
+        return ("its fit cannot train at a smaller micro-batch (Keras 2, input it cannot "
+                "re-batch, or --on-oom stop)")
+    micro = rec.batch // (rec.accumulation or 1)
+    floor = smallest_micro_batch(rec)
+    if micro // 2 < floor:
+        return f"half its micro-batch of {micro} would be below --min-batch {floor}"
+    return f"its batch of {rec.batch} does not split into micro-batches of {micro // 2}"
+
+
+def progress_lost(rec: JobRecord) -> str:
+    """What a start from the beginning costs, in words."""
+    done = []
+    if rec.epoch and rec.epochs:
+        done.append(f"epoch {rec.epoch} of {rec.epochs}")
+    if rec.step is not None and rec.steps:
+        done.append(f"step {rec.step} of {rec.steps}")
+    where = f" (it was at {', '.join(done)})" if done else ""
+    return f"no checkpoint folder: the training so far is lost{where}"
+
+
+def brake_end(rec: JobRecord, cause: str, size: int) -> BrakeEnd:
+    """How a run ends that the brake ended (``cause`` STALL: held at its cgroup's limit of
+    ``size`` bytes) or the kernel's OOM killer did (OOM_KILL: at ``size`` bytes)."""
+    head = f"job {rec.id} ({rec.name})"
+    shown = format_bytes(size)
+    what = (f"stalled at its cgroup's limit of {shown}" if cause == STALL else
+            f"the kernel's OOM killer ended it at {shown}")
+    k = brake_accumulation(rec)
+    if k is not None and rec.batch:
+        micro = rec.batch // k
+        ck = bool(rec.checkpoint_dir)
+        how = "from its checkpoint" if ck else "from the beginning"
+        said = f"{what}; relaunched {how} at micro-batches of {micro} x {k} (the same training)"
+        if not ck:
+            said += f"; {progress_lost(rec)}"
+        return BrakeEnd(S.PARKED, f"ended by the engine: {what}", E.JOB_BRAKED, "warn",
+                        f"{head} {said}", k, ck, what)
+    why = why_not_smaller(rec)
+    if cause == STALL:
+        reason = f"stopped by the engine: {what}; {why}"
+        message = f"{head} {reason}"
+        if rec.checkpoint_dir:
+            message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
+        return BrakeEnd(S.STOPPED, reason, E.JOB_STOPPED, "warn", message, cause=what)
+    reason = f"{what}; not relaunched: {why}"
+    return BrakeEnd(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed: {reason}",
+                    cause=what)
+
+
+class Brakes(JobTable):
+    """The job manager's kernel brake (see the module docstring). ``cgroup_root`` and
+    ``proc_cgroup`` point it at another cgroupfs (tests)."""
+
+    cgroup_root = cgroups.ROOT
+    proc_cgroup = "/proc/self/cgroup"
+    _offer: Optional[Tuple[bool, Offer]] = None
+
+    def cgroup_offer(self) -> Offer:
+        """What this machine offers the jobs (found once; again when the setting
+        ``guard.kernel_brake`` changes)."""
+        enabled = bool(self._setting("guard.kernel_brake", True))
+        found = self._offer
+        if found is None or found[0] != enabled:
+            offer = cgroups.detect(self.cgroup_root, self.proc_cgroup, enabled=enabled)
+            log.info("the jobs' protection: %s", offer.words)
+            if found is None and offer.brakes:
+                gone = cgroups.sweep(offer)
+                if gone:
+                    log.info("removed %d empty job cgroups an earlier engine left", len(gone))
+            self._offer = found = (enabled, offer)
+        return found[1]
+
+    def protection(self) -> dict:
+        """The protection new jobs get here, for the status (``Offer.to_json``)."""
+        return self.cgroup_offer().to_json()
+
+    # -- a job's cgroups ----------------------------------------------------------------------
+
+    def _cgroup_place(self, job: Job, pid: int) -> None:
+        """Put the job's new process ``pid`` in cgroups of its own, its first limit written
+        before it is moved in. Where that fails, one log line: the guard alone guards it."""
+        job.cgroup, job.brake = None, BrakeState()
+        offer = self.cgroup_offer()
+        if not offer.brakes or job.rec.is_kernel:
+            job.change(protection=offer.words, cgroup_memory=None)
+            return
+        group: Optional[JobCgroup] = None
+        try:
+            group = JobCgroup.make(offer, job.id)
+            first = group.read()
+            limit = self._limit_for(job, first)
+            if limit is not None:
+                group.set_limit(limit)
+            group.add(pid)
+            job.brake.oom_kills = first.oom_kill
+        except CgroupError as e:
+            log.warning("job %s: %s; it is guarded without the kernel brake", job.id, e)
+            job.change(protection=f"{cgroups.WORDS[cgroups.NONE]} ({e})", cgroup_memory=None)
+            if group is not None:
+                self._cgroup_remove(job.id, group)
+            return
+        job.cgroup = group
+        job.change(protection=offer.words, cgroup_memory=None)
+
+    def _kernel_protection(self) -> str:
+        """A Jupyter kernel's protection: it was started by Jupyter, with the memory it holds
+        charged where it runs, so it is not moved into a cgroup of its own (yet)."""
+        offer = self.cgroup_offer()
+        if not offer.brakes:
+            return offer.words
+        return f"{cgroups.WORDS[cgroups.NONE]} (a kernel started by Jupyter stays where it runs)"
+
+    def _cgroup_adopt(self, job: Job) -> None:
+        """An earlier engine's job, taken back: its cgroups too, where its process still is
+        in them; else the guard alone."""
+        job.cgroup, job.brake = None, BrakeState()
+        offer = self.cgroup_offer()
+        pid = job.rec.pid
+        group = JobCgroup.of_process(offer, pid, job.id) if pid else None
+        if group is None:
+            job.change(protection=offer.words if not offer.brakes else
+                       f"{cgroups.WORDS[cgroups.NONE]} (it runs in no cgroup of its own)")
+            return
+        try:
+            job.brake.oom_kills = group.read().oom_kill
+        except CgroupError as e:
+            log.warning("job %s: %s; it is guarded without the kernel brake", job.id, e)
+            return
+        job.cgroup = group
+        job.change(protection=offer.words)
+
+    def _cgroup_lost(self, job: Job, error: CgroupError) -> None:
+        """The job's cgroup failed under it: one line, and the guard alone from now on."""
+        log.warning("job %s: %s; the kernel brake is off for it, the guard goes on", job.id,
+                    error)
+        group, job.cgroup = job.cgroup, None
+        job.change(protection=f"{cgroups.WORDS[cgroups.NONE]} ({error})", cgroup_memory=None)
+        if group is not None:
+            try:
+                group.remove()  # what is left of it (its freezer): thawed, emptied, gone
+            except CgroupError:
+                pass
+
+    def _cgroup_release(self, job: Job) -> None:
+        """The run has ended: its cgroups go (what is left in them moves to the parents)."""
+        group, job.cgroup = job.cgroup, None
+        if group is not None:
+            self._cgroup_remove(job.id, group)
+
+    def _cgroup_remove(self, job_id: str, group: JobCgroup) -> None:
+        try:
+            group.remove()
+        except CgroupError as e:
+            log.warning("job %s: its cgroup was not removed: %s", job_id, e)
+
+    def _cgroup_bytes(self, job: Job) -> Optional[int]:
+        """The job's memory now from its cgroup (``Reading.held``), None without one."""
+        group = job.cgroup
+        if group is None:
+            return None
+        try:
+            return int(group.read().held)
+        except CgroupError:
+            return None  # the tick says it
+
+    # -- the brake, on every tick -------------------------------------------------------------
+
+    def _limit_for(self, job: Job, r: cgroups.Reading) -> Optional[int]:
+        """The limit for the job now (``cgroups.brake_limit``), None before the engine's first
+        reading of memory."""
+        snap = self._snapshot
+        if snap is None:
+            return None
+        mem = snap.memory
+        # A job asked to park or stop must reach a batch end to save: it may use memory down
+        # to the last resort's threshold, as it could without the brake.
+        name, default = ("guard.stop_available", STOP_RESERVE_DEFAULT) \
+            if job.state in (S.PARKING, S.STOPPING) else \
+            ("guard.park_available", PARK_RESERVE_DEFAULT)
+        try:
+            reserve = Threshold.parse(self._setting(name, default))
+        except ValueError:
+            reserve = Threshold.parse(default)
+        budget = self._brake_budget(job)
+        st = job.brake
+        if budget is not None and budget < r.usage and st is not None and not st.budget_said:
+            st.budget_said = True
+            log.warning("job %s: its RAM budget of %s is below what it already uses (%s): its "
+                        "limit stays a margin above its use, and the guard handles it",
+                        job.id, format_bytes(budget), format_bytes(r.usage))
+        return cgroups.brake_limit(r.usage, budget, mem.available_bytes,
+                                   reserve.bytes_of(mem.total_bytes), r.limit)
+
+    def _brake(self, job: Job, t: float, events: List[Event]) -> None:
+        """One tick of the brake for a live job: read its cgroup, write its limit, take its
+        memory from it, and handle a stall (``_stalled``)."""
+        group = job.cgroup
+        if group is None or job.exit_seen:
+            return
+        st = job.brake if job.brake is not None else BrakeState()
+        job.brake = st
+        try:
+            r = group.read()
+            raised = False
+            limit = self._limit_for(job, r)
+            if limit is not None and cgroups.worth_writing(limit, r.limit):
+                raised = self._write_limit(job, group, limit, r)
+        except CgroupError as e:
+            self._cgroup_lost(job, e)
+            return
+        job.change(rss_bytes=r.held, memory_method="cgroup", cgroup_memory=r.to_json())
+        if not r.under_oom or job.state == S.STOPPING or st.ended is not None:
+            st.stalled_since = None
+            st.held_said = False
+            return
+        if raised or st.stalled_since is None:
+            st.stalled_since = t  # a limit raised lets it go on: it is not stalled yet
+            return
+        if t - st.stalled_since >= STALL_SECONDS:
+            self._stalled(job, group, r, events)
+
+    def _write_limit(self, job: Job, group: JobCgroup, limit: int,
+                     r: cgroups.Reading) -> bool:
+        """Write the limit; True when it went up. A limit the kernel refuses (it cannot take
+        back enough at once) is said once and tried again next tick."""
+        try:
+            group.set_limit(limit)
+        except CgroupError as e:
+            if "is gone" in str(e):
+                raise
+            st = job.brake
+            if st is not None and not st.refused_said:
+                st.refused_said = True
+                log.warning("job %s: %s (tried again each tick)", job.id, e)
+            return False
+        return r.limit is not None and limit > r.limit
+
+    def _stalled(self, job: Job, group: JobCgroup, r: cgroups.Reading,
+                 events: List[Event]) -> None:
+        """The job waits in the kernel at its limit and cannot reach a batch end. One that
+        can train at half its micro-batch is ended, to be relaunched so at once; one at its
+        ``--min-batch`` already, held at its own budget, is ended and stopped. One that cannot
+        train smaller at all is held by the kernel as a pause is (the guard pauses it at its
+        budget as without the brake): said once, and it goes on when the limit rises (memory
+        comes back, or a resume by hand gives its budget a tenth more)."""
+        st = job.brake
+        assert st is not None
+        rec = job.rec
+        limit = r.limit if r.limit is not None else r.usage
+        budget = self._brake_budget(job)
+        at_budget = budget is not None and limit >= budget - cgroups.WRITE_STEP_BYTES
+        smaller = brake_accumulation(rec) is not None
+        at_floor = rec.hooked and rec.shrinkable and bool(rec.batch) and not rec.is_kernel
+        if not smaller and not (at_floor and at_budget):
+            if not st.held_said:
+                st.held_said = True
+                where = (f"its budget of {format_bytes(budget)}" if at_budget and budget else
+                         "what the machine can give it")
+                events.append((E.JOB_NOTE, "warn",
+                               f"job {rec.id} ({rec.name}) is held by the kernel at its "
+                               f"cgroup's limit of {format_bytes(limit)} ({where}): "
+                               f"{why_not_smaller(rec)}; it goes on when its limit rises",
+                               rec.id, {"cause": STALL, "limit_bytes": limit}))
+            return
+        st.ended = (STALL, limit)
+        log.warning("job %s: stalled at its cgroup's limit of %s (%s); ending it", rec.id,
+                    format_bytes(limit), "its budget" if at_budget else "what the machine has")
+        try:
+            group.kill()
+        except CgroupError as e:
+            log.warning("job %s: %s", rec.id, e)
+        if job.process is not None:
+            try:
+                job.process.send_signal(signal.SIGKILL)
+            except Exception:  # psutil.Error: it is gone already
+                pass
+
+    def _brake_budget(self, job: Job) -> Optional[int]:
+        """The job's RAM budget as the brake holds it: raised by what a resume by hand gave."""
+        budget = job.rec.ram_budget_bytes
+        st = job.brake
+        if budget is None or st is None:
+            return budget
+        return max(budget, st.grace_bytes)
+
+    def _brake_resumed(self, job: Job, share: float) -> None:
+        """A resume by hand of a job at (or near) its budget: its limit gets ``share`` of the
+        budget more than it uses now, as the guard's own threshold does, so the resume sticks
+        instead of leaving it stalled in the kernel."""
+        budget, st, group = job.rec.ram_budget_bytes, job.brake, job.cgroup
+        if budget is None or st is None or group is None:
+            return
+        try:
+            used = group.read().usage
+        except CgroupError:
+            return
+        if used >= budget * (1.0 - share):
+            st.grace_bytes = max(st.grace_bytes, int(used + share * budget))
+            st.stalled_since = None
+
+    def _brake_ending_now(self, job: Job) -> bool:
+        """The brake is ending this run (to relaunch it smaller): the guard leaves it be."""
+        return job.brake is not None and job.brake.ended is not None
+
+    def _brake_ending(self, job: Job, code: Optional[int]) -> Optional[BrakeEnd]:
+        """How the run ends when the brake ended it, or the kernel's OOM killer did (SIGKILL
+        with its cgroup's ``oom_kill`` counter risen); None for any other end."""
+        st, group = job.brake, job.cgroup
+        if st is None or (job.state == S.STOPPING and st.ended is None):
+            return None  # a stop asked for is a stop
+        if st.ended is not None:
+            return brake_end(job.rec, STALL, st.ended[1])
+        if group is None or code != -signal.SIGKILL:  # (no cgroup, no SIGKILL: Windows)
+            return None
+        try:
+            if group.read().oom_kill <= st.oom_kills:
+                return None
+            peak = group.peak()
+        except CgroupError:
+            return None
+        return brake_end(job.rec, OOM_KILL, peak)

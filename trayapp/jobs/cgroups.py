@@ -1,0 +1,573 @@
+"""Each job in cgroups of its own (Linux): the kernel as the guard's brake.
+
+What this machine offers is found once (``detect``): cgroup v1 where the engine's own memory
+cgroup takes children (a writable hierarchy; the freezer beside it when mounted), cgroup v2
+with a systemd user manager (found and said; its per-job scopes are not made yet), or neither.
+A job then gets ``JobCgroup.make``: a child of the engine's memory cgroup with the OOM killer
+off for it (``memory.oom_control`` = 1: a task at the limit waits in the kernel instead of
+being killed) and a child of the engine's freezer cgroup. The engine writes its limit
+(``brake_limit``) on every tick, reads its use, freezes and thaws it, and removes it when the
+job has ended.
+
+Every file this module reads or writes is under the cgroupfs root it is given, so the pure
+parts (parsing, the limit, detection) are tested on a folder tree made to look like one.
+Every failure is a ``CgroupError`` with one line that says what went wrong: the caller logs it
+and guards the job without its cgroup, never ends it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+V1 = "v1"
+V2 = "v2"
+NONE = "none"
+# The protection a job has, in words (every surface says one of them) and as a short tag.
+WORDS: Mapping[str, str] = {V1: "kernel brake (cgroup v1)",
+                            V2: "kernel brake (cgroup v2, systemd)",
+                            NONE: "none: the guard only"}
+TAGS: Mapping[str, str] = {V1: "brake-v1", V2: "brake-v2", NONE: "guard"}
+
+ROOT = "/sys/fs/cgroup"
+PREFIX = "headroom-job-"  # a job's cgroups are named this and its id
+MiB = 1024 * 1024
+# What the limit leaves above a job's use where its budget (or the machine) is already below
+# it: the job is not made to stall at once; the guard handles it as without the brake.
+MARGIN_BYTES = 16 * MiB
+# A limit is written again only when it moves by this much (or comes down at all).
+WRITE_STEP_BYTES = 1 * MiB
+UNLIMITED = 1 << 62  # v1 reads "no limit" as PAGE_COUNTER_MAX pages: anything this large
+
+
+class CgroupError(Exception):
+    """A cgroup that cannot be made, read or written: the message says why, in one line."""
+
+
+# -- what the machine offers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What this machine offers a job: ``kind`` (V1, V2, NONE), a line saying where or why not,
+    and for V1 the engine's own memory and freezer cgroup folders (the jobs' parents)."""
+
+    kind: str
+    why: str = ""
+    memory_parent: Optional[str] = None
+    freezer_parent: Optional[str] = None  # None: no freezer (pause by SIGSTOP)
+    memory_mount: Optional[str] = None  # the hierarchies' tops (an adopted job's cgroup may
+    freezer_mount: Optional[str] = None  # be elsewhere than under this engine's)
+
+    @property
+    def brakes(self) -> bool:
+        """Jobs get cgroups of their own here (only v1 is made so far)."""
+        return self.kind == V1 and self.memory_parent is not None
+
+    @property
+    def words(self) -> str:
+        """The protection in words, with why where there is none."""
+        if self.brakes:
+            return WORDS[V1]
+        return WORDS[NONE] + (f" ({self.why})" if self.why else "")
+
+    @property
+    def tag(self) -> str:
+        return TAGS[V1] if self.brakes else TAGS[NONE]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"kind": self.kind if self.brakes else NONE, "words": self.words,
+                "tag": self.tag, "why": self.why, "freezer": self.freezer_parent is not None}
+
+
+def own_cgroups(text: str) -> Dict[str, str]:
+    """``/proc/<pid>/cgroup`` -> {controller: path}; the v2 line's path under ``""``. A line
+    that is not ``id:controllers:path`` is left out."""
+    out: Dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, controllers, path = parts
+        if hid == "0" and controllers == "":
+            out[""] = path
+            continue
+        for name in controllers.split(","):
+            if name:
+                out.setdefault(name, path)
+    return out
+
+
+def v1_mount(root: str, controller: str, marker: str) -> Optional[str]:
+    """The v1 hierarchy under ``root`` that carries ``controller`` (its own folder, or a
+    co-mount like ``cpu,memory``), known by the file ``marker`` at its top; None."""
+    plain = os.path.join(root, controller)
+    if os.path.isfile(os.path.join(plain, marker)) or \
+            (controller == "freezer" and os.path.isfile(os.path.join(plain, "cgroup.procs"))):
+        return plain
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for name in names:
+        if controller in name.split(",") and os.path.isdir(os.path.join(root, name)) and \
+                os.path.isfile(os.path.join(root, name, "cgroup.procs")):
+            return os.path.join(root, name)
+    return None
+
+
+def _below(mount: str, path: str) -> str:
+    """The folder of cgroup ``path`` under ``mount`` (a container may show the host's path:
+    ever shorter tails of it, then the mount itself)."""
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for start in range(len(parts)):
+        candidate = os.path.join(mount, *parts[start:])
+        if os.path.isdir(candidate):
+            return candidate
+    return mount
+
+
+def _can_make_children(folder: str, probe_it: bool = True) -> Optional[str]:
+    """None when a child cgroup can be made (and removed) in ``folder``, else why not; without
+    ``probe_it`` only asked of the system (``access``), nothing made."""
+    if not probe_it:
+        if os.access(folder, os.W_OK):
+            return None
+        return f"cannot make a cgroup in {folder}: " + \
+            ("read-only file system" if _read_only(folder) else "permission denied")
+    probe = os.path.join(folder, f"{PREFIX}probe-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"cannot make a cgroup in {folder}: {_why(e)}"
+    try:
+        os.rmdir(probe)
+    except OSError:
+        pass  # left empty: the next probe of this pid takes it
+    return None
+
+
+def _read_only(folder: str) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bool = True,
+           environ: Optional[Mapping[str, str]] = None, probe: bool = True) -> Offer:
+    """What this machine offers the engine's jobs (``proc_cgroup``: where the engine is).
+
+    V1 when the engine's memory cgroup (under ``root``) takes a child, which is tried (with
+    ``probe``; else only asked, as a command that makes nothing does); its freezer beside it
+    when that takes one too. V2 is found and said (the user's systemd manager runs) but gives
+    no brake yet. NONE otherwise, with why. Never raises."""
+    if not enabled:
+        return Offer(NONE, "the kernel brake is off (guard.kernel_brake)")
+    try:
+        with open(proc_cgroup) as f:
+            own = own_cgroups(f.read())
+    except OSError:
+        return Offer(NONE, "no cgroups on this system")
+    if "memory" in own:
+        mount = v1_mount(root, "memory", "memory.limit_in_bytes")
+        if mount is None:
+            return Offer(NONE, "the cgroup v1 memory hierarchy is not mounted")
+        parent = _below(mount, own["memory"])
+        if not os.path.isfile(os.path.join(parent, "memory.oom_control")):
+            return Offer(NONE, f"no memory controller files in {parent}")
+        refused = _can_make_children(parent, probe)
+        if refused is not None:
+            return Offer(NONE, refused)
+        freezer = None
+        fmount = v1_mount(root, "freezer", "cgroup.procs") if "freezer" in own else None
+        if fmount is not None:
+            folder = _below(fmount, own["freezer"])
+            if _can_make_children(folder, probe) is None:
+                freezer = folder
+        return Offer(V1, f"children of {parent}", parent, freezer, mount,
+                     fmount if freezer else None)
+    if "" in own:
+        env = os.environ if environ is None else environ
+        manager = _user_manager(own[""], env)
+        if manager:
+            return Offer(NONE, "cgroup v2 with a systemd user manager: per-job scopes are "
+                         "not made yet")
+        return Offer(NONE, "cgroup v2 without a systemd user manager (no delegation)")
+    return Offer(NONE, "no memory cgroup")
+
+
+def _user_manager(path: str, environ: Mapping[str, str]) -> bool:
+    """The user's systemd manager runs: its private socket, or a session below ``user@``."""
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.exists(os.path.join(runtime, "systemd", "private")):
+        return True
+    return "/user@" in path
+
+
+# -- readings ------------------------------------------------------------------------------------
+
+
+def parse_keyed(text: str) -> Dict[str, int]:
+    """``key value`` lines (``memory.stat``, ``memory.oom_control``) -> {key: int}; a line that
+    is not a key and a whole number is left out."""
+    out: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                out[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return out
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at a job's memory cgroup, in bytes: its use (``usage``, what the limit is
+    held against), the anonymous and file-backed parts of it, the inactive file cache the
+    kernel takes back first, the limit; and whether a task waits at the limit
+    (``under_oom``), the OOM kills counted in it, how often it hit the limit (``failcnt``)."""
+
+    usage: int
+    limit: Optional[int]
+    anon: int
+    file: int
+    inactive_file: int
+    under_oom: bool
+    oom_kill: int
+    failcnt: int
+
+    @property
+    def working_set(self) -> int:
+        """What the job holds that the kernel cannot just drop: its use less inactive cache."""
+        return max(0, self.usage - self.inactive_file)
+
+    @property
+    def held(self) -> int:
+        """The job's RAM as the guard counts it: its working set; its whole use while it
+        waits at its limit (the kernel took back what cache it could before it stalled)."""
+        return self.usage if self.under_oom else self.working_set
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"usage_bytes": self.usage, "limit_bytes": self.limit,
+                "anon_bytes": self.anon, "file_bytes": self.file,
+                "working_set_bytes": self.working_set, "under_oom": self.under_oom,
+                "oom_kill": self.oom_kill, "failcnt": self.failcnt}
+
+
+def reading(usage: str, limit: str, stat: str, oom_control: str, failcnt: str) -> Reading:
+    """A ``Reading`` from the texts of the five files. Raises ValueError for garbage."""
+    st = parse_keyed(stat)
+    oom = parse_keyed(oom_control)
+    lim = int(limit.strip())
+    return Reading(
+        usage=int(usage.strip()), limit=None if lim >= UNLIMITED else lim,
+        anon=st.get("total_rss", st.get("rss", 0)),
+        file=st.get("total_cache", st.get("cache", 0)),
+        inactive_file=st.get("total_inactive_file", st.get("inactive_file", 0)),
+        under_oom=bool(oom.get("under_oom", 0)), oom_kill=oom.get("oom_kill", 0),
+        failcnt=int(failcnt.strip() or 0))
+
+
+# -- the brake -----------------------------------------------------------------------------------
+
+
+def brake_limit(usage: int, budget: Optional[int], available: int, reserve: int,
+                current: Optional[int], margin: int = MARGIN_BYTES) -> int:
+    """The limit a job's cgroup should have now: the smaller of its ``budget`` and what the
+    machine can give it (its ``usage`` + ``available`` - the park ``reserve``).
+
+    Where that is below the job's use plus ``margin`` (a budget it has already passed, or a
+    machine at its reserve), the limit never comes down below the use: it stays a margin
+    above it (but never above the ``current`` limit, so a job held at its limit stays held
+    rather than the limit creeping up a margin a tick)."""
+    room = usage + available - reserve
+    target = room if budget is None else min(budget, room)
+    if target >= usage + margin:
+        return target
+    ceiling = current if current is not None else UNLIMITED
+    return max(target, min(ceiling, max(usage, target) + margin))
+
+
+def worth_writing(new: int, current: Optional[int], step: int = WRITE_STEP_BYTES) -> bool:
+    """Whether a limit of ``new`` is worth a write over ``current``: one that comes down is
+    always written, one that goes up by ``step`` or more."""
+    if current is None:
+        return True
+    return new < current or new - current >= step
+
+
+# -- a job's cgroups -----------------------------------------------------------------------------
+
+
+def _why(e: OSError) -> str:
+    return (e.strerror or str(e)).lower() if e.errno != errno.EBUSY else "busy"
+
+
+class JobCgroup:
+    """A job's memory cgroup (and its freezer cgroup, where there is one). Each method says
+    what went wrong in a ``CgroupError``."""
+
+    def __init__(self, memory: str, freezer: Optional[str] = None):
+        self.memory = memory
+        self.freezer = freezer
+        self.limit: Optional[int] = None  # the last limit written
+
+    def __repr__(self) -> str:
+        return f"JobCgroup({self.memory!r}, {self.freezer!r})"
+
+    @classmethod
+    def make(cls, offer: Offer, job_id: str) -> JobCgroup:
+        """The job's cgroups, made (or taken again, empty, after an earlier run) under the
+        offer's parents, the OOM killer off in the memory one. A freezer that cannot be made
+        leaves the job with its memory cgroup only. Raises CgroupError."""
+        if not offer.brakes or offer.memory_parent is None:
+            raise CgroupError(f"no cgroup for jobs here ({offer.words})")
+        name = PREFIX + job_id
+        memory = os.path.join(offer.memory_parent, name)
+        try:
+            os.makedirs(memory, exist_ok=True)
+        except OSError as e:
+            raise CgroupError(f"cannot make the cgroup {memory}: {_why(e)}") from None
+        group = cls(memory)
+        try:
+            group._write(memory, "memory.oom_control", "1")
+        except CgroupError:
+            group.remove()
+            raise
+        if offer.freezer_parent is not None:
+            freezer = os.path.join(offer.freezer_parent, name)
+            try:
+                os.makedirs(freezer, exist_ok=True)
+                group.freezer = freezer
+            except OSError:
+                pass  # pause by SIGSTOP
+        return group
+
+    @classmethod
+    def of_process(cls, offer: Offer, pid: int, job_id: str,
+                   proc: str = "/proc") -> Optional[JobCgroup]:
+        """The cgroups an earlier engine made for job ``job_id`` when process ``pid`` is still
+        in them (an adopted job); None otherwise."""
+        if not offer.brakes or offer.memory_parent is None:
+            return None
+        try:
+            with open(os.path.join(proc, str(pid), "cgroup")) as f:
+                own = own_cgroups(f.read())
+        except OSError:
+            return None
+        name = PREFIX + job_id
+        if os.path.basename(own.get("memory", "")) != name:
+            return None
+        memory = _find_named(offer.memory_parent, offer.memory_mount, own["memory"], name)
+        if memory is None:
+            return None
+        freezer = None
+        if offer.freezer_parent is not None and \
+                os.path.basename(own.get("freezer", "")) == name:
+            freezer = _find_named(offer.freezer_parent, offer.freezer_mount,
+                                  own["freezer"], name)
+        return cls(memory, freezer)
+
+    # -- files --------------------------------------------------------------------------------
+
+    def _read(self, folder: str, name: str) -> str:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                return f.read()
+        except FileNotFoundError:
+            raise CgroupError(f"its cgroup {folder} is gone") from None
+        except OSError as e:
+            raise CgroupError(f"cannot read {name} of {folder}: {_why(e)}") from None
+
+    def _write(self, folder: str, name: str, value: str) -> None:
+        try:
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(value)
+        except FileNotFoundError:
+            raise CgroupError(f"its cgroup {folder} is gone") from None
+        except OSError as e:
+            raise CgroupError(f"cannot write {value} to {name} of {folder}: {_why(e)}") \
+                from None
+
+    # -- what the engine does -----------------------------------------------------------------
+
+    def add(self, pid: int) -> bool:
+        """Move process ``pid`` (and its threads) into the job's cgroups; the children it
+        forks from then on are born in them. Returns False where the freezer refused it
+        (the job is then paused by SIGSTOP); raises CgroupError where the memory one did."""
+        self._write(self.memory, "cgroup.procs", str(pid))
+        if self.freezer is None:
+            return True
+        try:
+            self._write(self.freezer, "cgroup.procs", str(pid))
+            return True
+        except CgroupError:
+            self.freezer = None
+            return False
+
+    def set_limit(self, limit: int) -> None:
+        """Write ``memory.limit_in_bytes``. Raises CgroupError (the kernel refuses a limit
+        below what it cannot reclaim: busy)."""
+        self._write(self.memory, "memory.limit_in_bytes", str(int(limit)))
+        self.limit = int(limit)
+
+    def read(self) -> Reading:
+        """Its use, limit and OOM state now. Raises CgroupError."""
+        m = self.memory
+        texts = [self._read(m, n) for n in ("memory.usage_in_bytes", "memory.limit_in_bytes",
+                                            "memory.stat", "memory.oom_control",
+                                            "memory.failcnt")]
+        try:
+            return reading(*texts)
+        except ValueError:
+            raise CgroupError(f"the memory files of {m} cannot be read as numbers") from None
+
+    def peak(self) -> int:
+        """The most it has used (``memory.max_usage_in_bytes``). Raises CgroupError."""
+        try:
+            return int(self._read(self.memory, "memory.max_usage_in_bytes").strip())
+        except ValueError:
+            raise CgroupError(f"the peak of {self.memory} cannot be read as a number") \
+                from None
+
+    def pids(self) -> List[int]:
+        """The processes in its memory cgroup now. Raises CgroupError."""
+        return [int(p) for p in self._read(self.memory, "cgroup.procs").split() if p.isdigit()]
+
+    def freeze(self) -> bool:
+        """Freeze every process of the job, those it forks meanwhile included. False where
+        it has no freezer; raises CgroupError. A task waiting at the memory limit stays
+        where it is (the freezer reads FREEZING): it is stalled anyway and is frozen as it
+        wakes."""
+        if self.freezer is None:
+            return False
+        self._write(self.freezer, "freezer.state", "FROZEN")
+        return True
+
+    def thaw(self) -> bool:
+        """Thaw it (False where it has no freezer); raises CgroupError."""
+        if self.freezer is None:
+            return False
+        self._write(self.freezer, "freezer.state", "THAWED")
+        return True
+
+    def freezer_state(self) -> Optional[str]:
+        """THAWED, FREEZING or FROZEN; None without a freezer. Raises CgroupError."""
+        if self.freezer is None:
+            return None
+        return self._read(self.freezer, "freezer.state").strip()
+
+    def kill(self) -> int:
+        """SIGKILL every process in it (thawed first: a frozen task does not die until it is
+        thawed). Returns how many were signalled; raises CgroupError."""
+        try:
+            self.thaw()
+        except CgroupError:
+            pass
+        count = 0
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                count += 1
+            except OSError:
+                pass
+        return count
+
+    def remove(self) -> None:
+        """Thaw it, move what is still in it to the parent cgroups, and remove both folders.
+        Raises CgroupError saying what was left (a folder that is gone already is fine)."""
+        problems: List[str] = []
+        for folder in (self.freezer, self.memory):
+            if folder is None:
+                continue
+            if folder == self.freezer:
+                try:
+                    self.thaw()
+                except CgroupError:
+                    pass
+            parent = os.path.dirname(folder.rstrip("/"))
+            try:
+                for pid in self._read(folder, "cgroup.procs").split():
+                    try:
+                        self._write(parent, "cgroup.procs", pid)
+                    except CgroupError:
+                        pass  # it ended meanwhile
+                os.rmdir(folder)
+            except CgroupError as e:
+                if "is gone" not in str(e):
+                    problems.append(str(e))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                problems.append(f"cannot remove {folder}: {_why(e)}")
+        if problems:
+            raise CgroupError("; ".join(problems))
+
+
+def _find_named(parent: str, mount: Optional[str], path: str, name: str) -> Optional[str]:
+    """The folder of a job's cgroup seen at ``path`` in ``/proc/<pid>/cgroup``: under the
+    engine's ``parent`` (the usual case) or where the path says under the ``mount``."""
+    for candidate in (os.path.join(parent, name), _below(mount or parent, path)):
+        if os.path.basename(candidate) == name and os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def plan_line(enabled: bool, budget_mb: Optional[float], offer: Optional[Offer] = None) -> str:
+    """The protection a job with a RAM budget of ``budget_mb`` (None: none) would have here, in
+    one line (``headroom run --dry-run``): ``offer``, else this machine's, found by asking
+    (``detect`` without making a cgroup)."""
+    found = offer if offer is not None else detect(enabled=enabled, probe=False)
+    if not found.brakes:
+        return f"protection: {found.words}"
+    held = (f"the smaller of its budget ({budget_mb:g} MB) and what the machine can give it"
+            if budget_mb else "what the machine can give it")
+    freezer = "a pause freezes its cgroup" if found.freezer_parent else \
+        "a pause suspends it by signal (no freezer)"
+    return (f"protection: {found.words}: the kernel holds the job at {held}, with its OOM "
+            f"killer off; stalled there, a fit that can shrink is relaunched at half its "
+            f"micro-batch; {freezer}")
+
+
+def sweep(offer: Offer) -> List[str]:
+    """Remove the empty job cgroups an engine left under the offer's parents (its jobs were
+    killed while no engine watched them). One with a process in it is left alone (the
+    kernel refuses to remove it). Returns the folders removed; never raises."""
+    removed: List[str] = []
+    for parent in (offer.memory_parent, offer.freezer_parent):
+        if parent is None:
+            continue
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith(PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            folder = os.path.join(parent, name)
+            try:
+                with open(os.path.join(folder, "cgroup.procs")) as f:
+                    if f.read().split():
+                        continue
+                os.rmdir(folder)
+                removed.append(folder)
+            except OSError:
+                continue
+    return removed
+
+
+def tag_of(words: Optional[str]) -> str:
+    """The short tag of a protection in words (``headroom jobs``): "brake-v1", "brake-v2",
+    "guard"; "" for a job whose record says none (an older engine's)."""
+    if not words:
+        return ""
+    for kind, said in WORDS.items():
+        if words.startswith(said):
+            return TAGS[kind]
+    return TAGS[NONE]
+
