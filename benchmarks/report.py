@@ -31,6 +31,7 @@ BENCHMARKS: Dict[str, Tuple[List[str], List[str]]] = {
     "bench_engine": (["--seconds", "60"], ["--seconds", "10"]),
     "bench_metrics": (["--seconds", "180"], ["--seconds", "30"]),
     "bench_flood": ([], ["--tries", "5"]),
+    "bench_job_flood": ([], ["--seconds", "2"]),
     "bench_store": ([], ["--hours", "2"]),
     "bench_guard": ([], ["--quick"]),
     "bench_brake": ([], ["--quick"]),
