@@ -298,6 +298,9 @@ class Brakes(JobTable):
         group = job.cgroup
         if group is None or job.exit_seen:
             return
+        if not self.cgroup_offer().brakes:  # turned off meanwhile: the job leaves its cgroup
+            self._cgroup_lost(job, CgroupError("the kernel brake was turned off"))
+            return
         st = job.brake if job.brake is not None else BrakeState()
         job.brake = st
         try:
