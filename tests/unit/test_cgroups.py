@@ -342,3 +342,12 @@ def test_the_dry_runs_line(tmp_path: Path) -> None:
     off = detect(str(t["root"]), str(t["proc"]), enabled=False)
     assert cgroups.plan_line(False, 1350, off) == \
         "protection: none: the guard only (the kernel brake is off (guard.kernel_brake))"
+
+
+def test_a_sigkill_waiting_for_a_frozen_task_is_seen(tmp_path: Path) -> None:
+    for pid, pending in ((10, "0000000000000000"), (11, "0000000000000100")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(
+            f"Name:\tpython\nSigPnd:\t0000000000000000\nShdPnd:\t{pending}\n")
+    assert not cgroups.kill_pending([10, 12], proc=str(tmp_path))  # 12: gone
+    assert cgroups.kill_pending([10, 11], proc=str(tmp_path))

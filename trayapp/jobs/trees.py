@@ -106,7 +106,9 @@ def resume(job: Job) -> None:
     if cgroup is not None:
         try:
             cgroup.thaw()
-        except CgroupError as e:
+            for pid in cgroup.pids():  # stopped by signal (an engine handed it over): all
+                os.kill(pid, signal.SIGCONT)  # of it, those that left the tree too
+        except (CgroupError, OSError) as e:
             log.warning("job %s: %s", job.id, e)
     if not WINDOWS:
         killpg(group(job), signal.SIGCONT)
