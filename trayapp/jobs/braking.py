@@ -391,6 +391,7 @@ class Brakes(JobTable):
                                rec.id, {"cause": STALL, "limit_bytes": limit}))
             return
         st.ended = (STALL, limit)
+        job.pause_deadline = None  # no suspend now: a frozen task would not die of the kill
         log.warning("job %s: stalled at its cgroup's limit of %s (%s); ending it", rec.id,
                     format_bytes(limit), "its budget" if at_budget else "what the machine has")
         try:

@@ -77,7 +77,7 @@ def suspend(job: Job) -> None:
     forks meanwhile included); else, or where freezing fails, SIGSTOP to every process of the
     tree."""
     cgroup = job.cgroup
-    if cgroup is not None:
+    if cgroup is not None and getattr(job.brake, "ended", None) is None:  # not one being ended
         try:
             if cgroup.freeze():
                 return
