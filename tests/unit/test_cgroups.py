@@ -153,7 +153,8 @@ def test_a_reading_from_the_five_files() -> None:
     assert r.under_oom and r.oom_kill == 2 and r.failcnt == 7
     assert r.working_set == 10 * MiB - 4096
     assert r.to_json()["working_set_bytes"] == r.working_set
-    assert r.held == r.usage  # held at its limit: its whole use
+    assert r.held == r.usage  # held at its limit (none here): its whole use
+    assert reading("8192", "16384", STAT, OOM, "0").held == 16384  # at its limit: the limit
     assert reading("8192", "1", STAT, "under_oom 0", "0").held == 4096
     with pytest.raises(ValueError):
         reading("x", "1", "", "", "0")

@@ -250,9 +250,12 @@ class Reading:
 
     @property
     def held(self) -> int:
-        """The job's RAM as the guard counts it: its working set; its whole use while it
-        waits at its limit (the kernel took back what cache it could before it stalled)."""
-        return self.usage if self.under_oom else self.working_set
+        """The job's RAM as the guard counts it: its working set; while it waits at its limit,
+        the limit (it needs more than that: the charge that failed may have left its use a
+        batch of pages under it, and the kernel took back what cache it could)."""
+        if self.under_oom:
+            return max(self.usage, self.limit or 0)
+        return self.working_set
 
     def to_json(self) -> Dict[str, Any]:
         return {"usage_bytes": self.usage, "limit_bytes": self.limit,
