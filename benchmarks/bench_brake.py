@@ -180,6 +180,9 @@ def one_run(c: EngineClient, rate: int, budget_mb: int, brake: bool) -> Dict[str
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+        end = time.monotonic() + 10  # ended and its cgroups removed before the next run
+        while time.monotonic() < end and c.job_get(job_id)["state"] in LIVE:
+            time.sleep(0.05)
     reached, last = held_at(sampler.rows, budget)
     return {"peak_over_bytes": None if peak is None else peak - budget,
             "cgroup_peak_over_bytes": None if cg_peak is None else cg_peak - budget,

@@ -208,11 +208,19 @@ def test_forks_during_a_pause_are_frozen_too(
         frozen = states(procs)
         assert daemon in frozen and set(frozen.values()) == {"D"}, frozen  # frozen: D
         assert JobRecord.from_json(client.job_get(job_id)).pause_mode == "suspended"
+        # A SIGKILL from anyone to a frozen process ends it (the v1 freezer would hold it):
+        # the rest of the job stays paused, stopped by signal.
+        os.kill(daemon, signal.SIGKILL)
+        wait_for("the daemon killed", lambda: daemon not in [
+            int(p) for p in (folder / "cgroup.procs").read_text().split()], 30)
+        rest = states([int(p) for p in (folder / "cgroup.procs").read_text().split()])
+        assert rest and set(rest.values()) <= {"T", "D"}, rest
+        assert (freezer / "freezer.state").read_text().strip() == "THAWED"
+        assert JobRecord.from_json(client.job_get(job_id)).state == S.PAUSED
         client.job_action(job_id, "resume")
-        wait_for("the thaw", lambda: (freezer / "freezer.state").read_text().strip()
-                 == "THAWED", 30)
-        wait_for("the daemon to run again", lambda: states([daemon]).get(daemon) in
-                 ("S", "R"), 30)
+        wait_for("the job to run again", lambda: set(states([
+            int(p) for p in (folder / "cgroup.procs").read_text().split()]).values()) <=
+            {"S", "R"}, 30)
         stop.touch()
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 60))
         assert job.state == S.FINISHED, job
@@ -479,3 +487,38 @@ def test_a_keras_job_the_oom_killer_ended_is_relaunched_smaller(paths: Paths,
             kill_job(client, job_id)
             client.close()
         remove_cgroup(parent)
+
+
+def test_a_frozen_job_is_left_paused_by_signal_when_the_engine_goes(
+        start_engine: Callable[..., EngineProcess], client_of: Any, tmp_path: Path) -> None:
+    """A task in the v1 freezer does not die of SIGKILL until thawed: an engine going away
+    leaves its frozen jobs stopped by signal instead (paused still, killable by anyone), and
+    the next engine resumes them, those that left the tree too."""
+    first = start_engine()
+    client = client_of(first)
+    report, stop = tmp_path / "daemon", tmp_path / "stop"
+    job_id = None
+    try:
+        job_id = client.job_start({"script": FORKING, "python": sys.executable,
+                                   "args": [str(report), str(stop)]})["id"]
+        daemon = int(wait_for("the daemon", lambda: report.exists() and report.read_text(), 30))
+        folder, freezer = job_cgroup(job_id), job_freezer(job_id)
+        client.job_action(job_id, "pause")
+        wait_for("the freezer", lambda: (freezer / "freezer.state").read_text().strip()
+                 == "FROZEN", 30)
+        assert first.stop() == 0
+        assert (freezer / "freezer.state").read_text().strip() == "THAWED"
+        procs = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+        assert daemon in procs and set(states(procs).values()) == {"T"}, states(procs)
+        second = start_engine()
+        client = client_of(second)
+        assert JobRecord.from_json(client.job_get(job_id)).state == S.PAUSED
+        client.job_action(job_id, "resume")
+        wait_for("all of it to run again", lambda: set(states([
+            int(p) for p in (folder / "cgroup.procs").read_text().split()]).values()) <=
+            {"S", "R"}, 30)
+        stop.touch()
+        wait_for("the job to end", lambda: client.job_get(job_id)["state"] in ENDED, 60)
+    finally:
+        stop.touch()
+        kill_job(client, job_id)

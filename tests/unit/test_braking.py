@@ -60,6 +60,8 @@ class Manager(Brakes):
                                swap_used_bytes=0, psi_some_avg10=None, psi_full_avg10=None)
         self._snapshot = Snapshot(0.0, memory, (), GpuStatus("none"))
         self._config = lambda: configmod.Config()
+        # What the machine offers, as found already (nothing of this machine's is read).
+        self._offer = (True, cgroups.Offer(cgroups.V1, "", "/fake"))
 
 
 def braked_job(**rec: Any) -> Job:
@@ -198,3 +200,11 @@ def test_a_resume_by_hand_gives_the_budget_a_tenth_more() -> None:
     m._brake_resumed(job, 0.1)
     tick(m, job, 0.0)
     assert job.cgroup.writes == [1100 * MiB]
+
+
+def test_turned_off_the_job_leaves_its_cgroup() -> None:
+    m, job = Manager(), braked_job()
+    m._config = lambda: configmod.Config(values={"guard.kernel_brake": False})
+    tick(m, job, 0.0)
+    assert job.cgroup is None and job.rec.protection == \
+        "none: the guard only (the kernel brake was turned off)"

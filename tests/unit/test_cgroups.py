@@ -153,7 +153,8 @@ def test_a_reading_from_the_five_files() -> None:
     assert r.under_oom and r.oom_kill == 2 and r.failcnt == 7
     assert r.working_set == 10 * MiB - 4096
     assert r.to_json()["working_set_bytes"] == r.working_set
-    assert r.held == r.usage  # held at its limit: its whole use
+    assert r.held == r.usage  # held at its limit (none here): its whole use
+    assert reading("8192", "16384", STAT, OOM, "0").held == 16384  # at its limit: the limit
     assert reading("8192", "1", STAT, "under_oom 0", "0").held == 4096
     with pytest.raises(ValueError):
         reading("x", "1", "", "", "0")
@@ -342,3 +343,12 @@ def test_the_dry_runs_line(tmp_path: Path) -> None:
     off = detect(str(t["root"]), str(t["proc"]), enabled=False)
     assert cgroups.plan_line(False, 1350, off) == \
         "protection: none: the guard only (the kernel brake is off (guard.kernel_brake))"
+
+
+def test_a_sigkill_waiting_for_a_frozen_task_is_seen(tmp_path: Path) -> None:
+    for pid, pending in ((10, "0000000000000000"), (11, "0000000000000100")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(
+            f"Name:\tpython\nSigPnd:\t0000000000000000\nShdPnd:\t{pending}\n")
+    assert not cgroups.kill_pending([10, 12], proc=str(tmp_path))  # 12: gone
+    assert cgroups.kill_pending([10, 11], proc=str(tmp_path))

@@ -35,7 +35,7 @@ from trayapp.config import Threshold
 from trayapp.formats import format_bytes
 from trayapp.jobs import cgroups
 from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
-from trayapp.jobs.job import Event, Job, smallest_micro_batch
+from trayapp.jobs.job import SUSPENDED, Event, Job, smallest_micro_batch
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.table import JobTable
 from trayapp.vocab import EventKind as E
@@ -298,6 +298,9 @@ class Brakes(JobTable):
         group = job.cgroup
         if group is None or job.exit_seen:
             return
+        if not self.cgroup_offer().brakes:  # turned off meanwhile: the job leaves its cgroup
+            self._cgroup_lost(job, CgroupError("the kernel brake was turned off"))
+            return
         st = job.brake if job.brake is not None else BrakeState()
         job.brake = st
         try:
@@ -310,6 +313,8 @@ class Brakes(JobTable):
             self._cgroup_lost(job, e)
             return
         job.change(rss_bytes=r.held, memory_method="cgroup", cgroup_memory=r.to_json())
+        if job.rec.pause_mode == SUSPENDED and group.freezer is not None:
+            self._kill_through_freezer(job, group)
         if not r.under_oom or job.state == S.STOPPING or st.ended is not None:
             st.stalled_since = None
             st.held_said = False
@@ -319,6 +324,28 @@ class Brakes(JobTable):
             return
         if t - st.stalled_since >= STALL_SECONDS:
             self._stalled(job, group, r, events)
+
+    def _kill_through_freezer(self, job: Job, group: JobCgroup) -> None:
+        """A SIGKILL sent to a process of a frozen job (by the user, another program) waits
+        until the freezer lets go: the job is paused by SIGSTOP instead (``hand_over``), so
+        the kill takes effect, as it would on a stopped process, and the rest stays paused."""
+        try:
+            if group.freezer_state() != "THAWED" and cgroups.kill_pending(group.pids()):
+                log.warning("job %s: a SIGKILL waits for it while it is frozen: paused by "
+                            "signal instead, so that it takes effect", job.id)
+                group.hand_over()
+        except CgroupError:
+            pass  # the next read says it
+
+    def _cgroup_hand_over(self, job: Job) -> None:
+        """The engine goes away: a frozen job is left stopped by signal instead (paused still,
+        and a SIGKILL from anyone ends it); the next engine takes its cgroups back."""
+        group = job.cgroup
+        if group is not None and group.freezer is not None:
+            try:
+                group.hand_over()
+            except CgroupError as e:
+                log.warning("job %s: %s", job.id, e)
 
     def _write_limit(self, job: Job, group: JobCgroup, limit: int,
                      r: cgroups.Reading) -> bool:
@@ -364,6 +391,7 @@ class Brakes(JobTable):
                                rec.id, {"cause": STALL, "limit_bytes": limit}))
             return
         st.ended = (STALL, limit)
+        job.pause_deadline = None  # no suspend now: a frozen task would not die of the kill
         log.warning("job %s: stalled at its cgroup's limit of %s (%s); ending it", rec.id,
                     format_bytes(limit), "its budget" if at_budget else "what the machine has")
         try:

@@ -250,9 +250,12 @@ class Reading:
 
     @property
     def held(self) -> int:
-        """The job's RAM as the guard counts it: its working set; its whole use while it
-        waits at its limit (the kernel took back what cache it could before it stalled)."""
-        return self.usage if self.under_oom else self.working_set
+        """The job's RAM as the guard counts it: its working set; while it waits at its limit,
+        the limit (it needs more than that: the charge that failed may have left its use a
+        batch of pages under it, and the kernel took back what cache it could)."""
+        if self.under_oom:
+            return max(self.usage, self.limit or 0)
+        return self.working_set
 
     def to_json(self) -> Dict[str, Any]:
         return {"usage_bytes": self.usage, "limit_bytes": self.limit,
@@ -464,6 +467,23 @@ class JobCgroup:
             return None
         return self._read(self.freezer, "freezer.state").strip()
 
+    def hand_over(self) -> int:
+        """A frozen job for no engine to watch: every process of it stopped by SIGSTOP, then
+        the cgroup thawed, so it stays paused and a SIGKILL from anyone ends it (a task in the
+        v1 freezer does not die until thawed). Returns how many were stopped; raises
+        CgroupError."""
+        if self.freezer_state() not in ("FROZEN", "FREEZING"):
+            return 0
+        count = 0
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                count += 1
+            except OSError:
+                pass
+        self.thaw()
+        return count
+
     def kill(self) -> int:
         """SIGKILL every process in it (thawed first: a frozen task does not die until it is
         thawed). Returns how many were signalled; raises CgroupError."""
@@ -518,6 +538,24 @@ def _find_named(parent: str, mount: Optional[str], path: str, name: str) -> Opti
         if os.path.basename(candidate) == name and os.path.isdir(candidate):
             return candidate
     return None
+
+
+SIGKILL_BIT = 1 << (9 - 1)  # bit of SIGKILL in /proc/<pid>/status's pending masks
+
+
+def kill_pending(pids: List[int], proc: str = "/proc") -> bool:
+    """Whether a SIGKILL waits for one of ``pids`` (the ``SigPnd`` and ``ShdPnd`` masks of
+    ``/proc/<pid>/status``): sent to a frozen task, it takes effect only once thawed."""
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, str(pid), "status")) as f:
+                for line in f:
+                    if line.startswith(("SigPnd:", "ShdPnd:")) and \
+                            int(line.split()[1], 16) & SIGKILL_BIT:
+                        return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
 
 
 def plan_line(enabled: bool, budget_mb: Optional[float], offer: Optional[Offer] = None) -> str:

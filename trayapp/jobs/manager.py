@@ -394,6 +394,7 @@ class JobManager(KernelJobs):
                         warnings.simplefilter("ignore", ResourceWarning)
                         job.popen = None
                 if job.state in vocab.LIVE:
+                    self._cgroup_hand_over(job)  # frozen: stopped by signal, killable
                     job.change(connected=False)
                     self._save(job)
 

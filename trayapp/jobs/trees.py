@@ -77,7 +77,7 @@ def suspend(job: Job) -> None:
     forks meanwhile included); else, or where freezing fails, SIGSTOP to every process of the
     tree."""
     cgroup = job.cgroup
-    if cgroup is not None:
+    if cgroup is not None and getattr(job.brake, "ended", None) is None:  # not one being ended
         try:
             if cgroup.freeze():
                 return
@@ -106,7 +106,9 @@ def resume(job: Job) -> None:
     if cgroup is not None:
         try:
             cgroup.thaw()
-        except CgroupError as e:
+            for pid in cgroup.pids():  # stopped by signal (an engine handed it over): all
+                os.kill(pid, signal.SIGCONT)  # of it, those that left the tree too
+        except (CgroupError, OSError) as e:
             log.warning("job %s: %s", job.id, e)
     if not WINDOWS:
         killpg(group(job), signal.SIGCONT)
