@@ -40,7 +40,7 @@ class FakeGroup:
         return Reading(self.usage, self.limit, self.usage, 0, 0, self.under_oom, 0, 0)
 
     def set_limit(self, limit: int) -> None:
-        self.limit = limit
+        self.limit = None if limit < 0 else limit  # -1: no limit, read back as none (v1)
         self.writes.append(limit)
 
     def kill(self) -> int:
@@ -208,3 +208,20 @@ def test_turned_off_the_job_leaves_its_cgroup() -> None:
     tick(m, job, 0.0)
     assert job.cgroup is None and job.rec.protection == \
         "none: the guard only (the kernel brake was turned off)"
+
+
+@pytest.mark.parametrize("mode", ["off", "dry-run"])
+def test_with_the_guard_off_or_in_its_dry_run_nothing_holds_the_job(mode: str) -> None:
+    m, job = Manager(), braked_job()
+    tick(m, job, 0.0)
+    assert job.cgroup.writes == [1350 * MiB]  # acting: held at its budget
+    config = configmod.Config()
+    config.values["guard.mode"] = mode
+    m._config = lambda: config
+    group = job.cgroup
+    group.usage, group.under_oom = 1400 * MiB, True
+    tick(m, job, 1.0)
+    tick(m, job, 1.0 + 2 * STALL_SECONDS)
+    assert group.writes == [1350 * MiB, -1]  # the limit lifted, once
+    assert group.killed == 0 and job.brake.ended is None  # nothing ended
+    assert job.rec.rss_bytes == 1400 * MiB and job.rec.memory_method == "cgroup"

@@ -305,6 +305,14 @@ class Brakes(JobTable):
         job.brake = st
         try:
             r = group.read()
+            if str(self._setting("guard.mode", "act")) != "act":
+                # The guard off or in its dry run: nothing holds the job; its memory still
+                # read exactly from its cgroup.
+                if r.limit is not None:
+                    group.set_limit(-1)  # v1's "no limit"
+                job.change(rss_bytes=r.held, memory_method="cgroup",
+                           cgroup_memory=r.to_json())
+                return
             raised = False
             limit = self._limit_for(job, r)
             if limit is not None and cgroups.worth_writing(limit, r.limit):
