@@ -346,6 +346,8 @@ def test_a_keras_step_over_its_budget_is_braked_and_relaunched_smaller(
         if plain.poll() is None:
             plain.kill()
             plain.wait()
+        if plain.stderr is not None:  # a test that failed early never read it
+            plain.stderr.close()
         kill_job(client, job_id)
 
 

@@ -79,6 +79,8 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
         if plain.poll() is None:
             plain.kill()
             plain.wait()
+        if plain.stderr is not None:  # a test that failed early never read it
+            plain.stderr.close()
         try:
             client.job_action(job_id, "kill")
         except Exception:
