@@ -163,6 +163,7 @@ def install(keras, session):
         except Parked:
             history = None
         finally:
+            shrinker.done()
             session.fit_ended(run)
         _after_fit(session)
         return history

@@ -275,6 +275,196 @@ def make_atomic(tf, optimizer):
     return True
 
 
+# -- every batch of an epoch one update: the short last batch too ------------------------------
+
+
+def _samples(keras, tf, data):
+    """The number of samples of one batch of ``data`` (what Keras counts the loss with)."""
+    x = keras.utils.unpack_x_y_sample_weight(data)[0]
+    first = next(v for v in keras.tree.flatten(x) if v is not None)
+    return tf.shape(first)[0]
+
+
+def _scaled(tf, gradient, factor):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+class ExactSteps:
+    """Every batch of the user's one optimizer update with the gradient of the whole batch, the
+    last, short batch of an epoch included.
+
+    Keras accumulates ``k`` micro-batches and updates with the mean of their gradients: right for
+    a batch of ``k`` equal micro-batches, wrong for the last batch of an epoch whose samples are
+    fewer than the batch (most datasets): its micro-batches are fewer than ``k`` (Keras would
+    apply them with the next epoch's, or never) and the last of them is shorter (its mean
+    gradient would count as much as a whole micro-batch's). The input is trained in micro-batches
+    of ``micro`` (``batch / k``) in the order of the batches, so only the epoch's last micro-batch
+    can be short, and every micro-batch before it in its update is whole. Then:
+
+    - each micro-step's gradient is weighted by its share of a whole micro-batch (``n / micro``:
+      1 but for a short one), inside the optimizer's ``apply``;
+    - a short micro-batch ends its update there: the accumulated gradients and its own are
+      scaled from the mean over ``k`` to the mean over the ``j + n / micro`` micro-batches it
+      has (``j`` whole ones before it, read from the optimizer's counter), and the counter is
+      set to the update's last micro-step, so Keras updates now;
+    - after the epoch's last micro-step (``flush``), micro-batches still waiting (a last batch
+      of whole micro-batches, fewer than ``k``) are applied the same way, with a zero gradient.
+
+    So the update is the mean gradient over the samples of the batch (each micro-loss weighted by
+    its share of the batch), ``optimizer.iterations`` counts the user's batches, and the learning
+    rate is the one of that update: what plain Keras does at the full batch. Nothing is added to
+    the optimizer's variables: what an update waits for is read from its counter, which a
+    checkpoint keeps with the accumulators."""
+
+    def __init__(self, keras, tf, model):
+        self.keras = keras
+        self.tf = tf
+        self.model = model
+        self.micro = None  # the micro-batch trained (None: no accumulation)
+        self.samples = None  # while a train step is traced: its batch's number of samples
+        self._flush = None  # the compiled flush, for this micro-batch and accumulation
+        self._train_step = None  # the model's own train_step, while ours stands in
+
+    # -- set up ----------------------------------------------------------------------------
+
+    def arm(self, micro, k):
+        """Train micro-batches of ``micro``, ``k`` to an update (``k`` = 1: plain Keras)."""
+        optimizer = self.model.optimizer
+        self.micro = int(micro) if int(k) > 1 else None
+        self._flush = None
+        optimizer._headroom_exact = self
+        if getattr(optimizer, "_headroom_exact_apply", None) is None:
+            original = optimizer.apply
+
+            def apply(grads, trainable_variables=None):
+                exact = getattr(optimizer, "_headroom_exact", None)
+                if exact is not None:
+                    grads = exact._weighted(optimizer, list(grads))
+                return original(grads, trainable_variables)
+
+            optimizer.apply = apply
+            optimizer._headroom_exact_apply = original
+        if self._train_step is None:
+            model = self.model
+            own = model.train_step
+            exact = self
+
+            def train_step(data):
+                exact.samples = _samples(exact.keras, exact.tf, data) if exact.micro else None
+                try:
+                    return own(data)
+                finally:
+                    exact.samples = None
+
+            self._train_step = (own, "train_step" in vars(model))
+            model.train_step = train_step
+
+    def disarm(self):
+        """The model as it was (its own train_step); the optimizer weights nothing any more."""
+        if self._train_step is not None:
+            own, instance = self._train_step
+            if instance:
+                self.model.train_step = own
+            else:
+                vars(self.model).pop("train_step", None)
+            self._train_step = None
+        optimizer = getattr(self.model, "optimizer", None)
+        if getattr(optimizer, "_headroom_exact", None) is self:
+            optimizer._headroom_exact = None
+        self.micro = None
+
+    # -- inside the train step ---------------------------------------------------------------
+
+    def _weighted(self, optimizer, grads):
+        """The micro-step's gradients weighted by its share of a whole micro-batch; a short
+        micro-batch (the epoch's last) ends its update (see the class)."""
+        k = accumulation(optimizer)
+        if self.samples is None or not self.micro or k <= 1:
+            return grads
+        tf = self.tf
+        share = tf.cast(self.samples, tf.float32) / float(self.micro)
+        short = share < 1.0
+        counter = optimizer._iterations
+        waiting = tf.cast(counter % k, tf.float32)  # whole micro-batches before this one
+        rescale = tf.where(short, float(k) / (waiting + share), 1.0)
+
+        def end_update():
+            self._rescale_accumulators(optimizer, rescale)
+            self._to_last_micro_step(optimizer, k)
+            return tf.constant(True)
+
+        done = tf.cond(short, end_update, lambda: tf.constant(False))
+        with tf.control_dependencies([done]):
+            factor = tf.identity(share * rescale)
+        return [_scaled(tf, g, factor) for g in grads]
+
+    def _rescale_accumulators(self, optimizer, factor):
+        for acc in getattr(optimizer, "_accumulated_gradients", None) or ():
+            if acc is not None:
+                acc.assign(acc * self.tf.cast(factor, acc.dtype))
+
+    @staticmethod
+    def _to_last_micro_step(optimizer, k):
+        counter = optimizer._iterations
+        counter.assign(counter - counter % k + (k - 1))
+
+    # -- after the epoch's last micro-step --------------------------------------------------------
+
+    def flush(self):
+        """Apply the micro-batches still waiting for their update at the epoch's end (a last
+        batch of whole micro-batches, fewer than the accumulation): their mean gradient, as
+        plain Keras applies its last batch. Returns True when an update was made."""
+        optimizer = getattr(self.model, "optimizer", None)
+        k = accumulation(optimizer)
+        if not self.micro or k <= 1 or not getattr(optimizer, "built", False):
+            return False
+        waiting = int(optimizer._iterations.numpy()) % k
+        if not waiting:
+            return False
+        if self._flush is None:
+            self._flush = self.tf.function(self._flush_step, autograph=False)
+        self._flush(self.tf.constant(waiting, dtype=self.tf.float32))
+        return True
+
+    def _flush_step(self, waiting):
+        tf = self.tf
+        optimizer = self.model.optimizer
+        k = accumulation(optimizer)
+        self._rescale_accumulators(optimizer, float(k) / waiting)
+        self._to_last_micro_step(optimizer, k)
+        variables = list(optimizer._trainable_variables)
+        optimizer.apply([tf.zeros(v.shape, v.dtype) for v in variables], variables)
+
+    def wrap_train_function(self, last_step):
+        """The model's compiled train function, which flushes (``flush``) after the epoch's
+        last micro-step: once ``last_step()`` says the step was the epoch's last, or when the
+        input ran out (a dataset whose length is not known). Set once Keras made it."""
+        model = self.model
+        inner = getattr(model, "train_function", None)
+        if inner is None or getattr(inner, "_headroom_flushes", False) or not self.micro:
+            return
+        exact = self
+        ended = (StopIteration, self.tf.errors.OutOfRangeError)
+
+        def train_function(iterator):
+            try:
+                logs = inner(iterator)
+            except ended:
+                exact.flush()
+                raise
+            if last_step():
+                exact.flush()
+            return logs
+
+        train_function._headroom_flushes = True
+        model.train_function = train_function
+
+
 def _gpus_visible():
     return bool(forecast.gpu_names(sys.modules.get("tensorflow")))
 
@@ -301,6 +491,7 @@ class Shrinker:
         self.steps_per_epoch = bound.arguments.get("steps_per_epoch")
         self.tf_backend = False  # set by prepare()
         self.plain_batch = None  # the batch trained without accumulation, once halved so
+        self.exact = None  # ExactSteps, once the fit trains micro-batches
 
     def prepare(self, tf_backend):
         """At the start of the fit: say when it cannot shrink; else, on a GPU (where training
@@ -364,6 +555,7 @@ class Shrinker:
         micro = micro_batch(batch, k)
         self.switch(k)
         self.atomic()
+        self._exact(micro, k)
         if self.kind == ARRAYS:
             self.bound.arguments["batch_size"] = micro
         else:
@@ -372,6 +564,27 @@ class Shrinker:
             self.bound.arguments["steps_per_epoch"] = int(self.steps_per_epoch) * k
         self.model.train_function = None  # compiled for the old optimizer: built again
         return micro
+
+    def _exact(self, micro, k):
+        """Every batch one update with the gradient of the whole batch (``ExactSteps``)."""
+        tf = sys.modules.get("tensorflow")
+        if self.exact is None and (k <= 1 or not self.tf_backend or tf is None):
+            return
+        if self.exact is None:
+            self.exact = ExactSteps(self.keras, tf, self.model)
+        self.exact.arm(micro, k)
+
+    def flush_after(self, last_step):
+        """Keras made the fit's train function: from now on it applies what waits at the end
+        of an epoch (``ExactSteps.wrap_train_function``)."""
+        if self.exact is not None:
+            self.exact.wrap_train_function(last_step)
+
+    def done(self):
+        """The fit ended: the model's own train step again."""
+        if self.exact is not None:
+            self.exact.disarm()
+            self.exact = None
 
     def switch(self, k):
         """The optimizer accumulates ``k`` micro-batches an update from now on (the input is

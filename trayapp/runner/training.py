@@ -256,11 +256,18 @@ class FitRun:
                             "info",
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
+        if self.shrinker is not None:
+            self.shrinker.flush_after(self._last_step)
         tf = sys.modules.get("tensorflow")
         self.gpu_names = forecast.gpu_names(tf)
         self._start_forecast(tf)
         if self.session.control.stop:
             self.request_stop(save=False)
+
+    def _last_step(self):
+        """The micro-step just trained was the epoch's last."""
+        steps, begun = self.steps, self.begun
+        return steps is not None and begun is not None and begun + self.k >= steps
 
     def epoch_begin(self, epoch):
         self.epoch = epoch
