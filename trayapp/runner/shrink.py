@@ -24,6 +24,7 @@ the training, and ``set_accumulation`` refuses (``NoAccumulation``).
 Keras is passed in: the runner cannot import it (the script chooses which Keras it uses).
 """
 
+import re
 import sys
 
 from . import forecast
@@ -99,6 +100,17 @@ def set_accumulation(keras, optimizer, k):
     base = keras.optimizers.schedules.LearningRateSchedule
     if isinstance(schedule, base):
         optimizer._learning_rate = update_schedule(keras, schedule, k) if k > 1 else schedule
+
+
+def empty_at_boundary(optimizer):
+    """At an update boundary (the counter a multiple of the accumulation) nothing waits for an
+    update: empty the accumulators (a checkpoint saved after an out-of-memory error holds what
+    the failed update had gathered; its micro-batches are trained again)."""
+    k = accumulation(optimizer)
+    if k <= 1 or int(optimizer._iterations.numpy()) % k:
+        return
+    for acc in getattr(optimizer, "_accumulated_gradients", None) or ():
+        acc.assign(acc * 0)
 
 
 def to_update_boundary(optimizer):
@@ -236,6 +248,56 @@ def oom_text(error):
     return lines[0][:200] if lines else type(error).__name__
 
 
+HOST = "host"
+GPU = "gpu"
+_NODE = (re.compile(r"\{\{node ([^}\s]+)\}\}"),
+         re.compile(r"Detected at node '?([^'\s]+)'? defined"))
+_GPU = re.compile(r"device:GPU:\d+|by allocator GPU_|by allocator gpu")
+_HOST = re.compile(r"device:CPU:\d+|by allocator (cpu|mklcpu|cuda_host_bfc|gpu_host_bfc)")
+_EXACT_SCOPE = "headroom_exact"
+
+
+class OomSite:
+    """Where an out-of-memory error of ``fit()`` happened: ``device`` (``HOST``, ``GPU``, or
+    None when the error does not say: raised by Python code), ``node`` (the graph node that
+    failed, when known), ``in_update`` (the node is part of the optimizer's update: the weights
+    or the optimizer's state may be half updated) and ``backward`` (a gradient: where steps are
+    not atomic, updates of the layers whose gradients were ready may have been made)."""
+
+    def __init__(self, device, node, in_update, backward):
+        self.device = device
+        self.node = node
+        self.in_update = in_update
+        self.backward = backward
+
+    def __repr__(self):
+        return (f"OomSite({self.device!r}, {self.node!r}, in_update={self.in_update}, "
+                f"backward={self.backward})")
+
+
+def oom_site(error, optimizer=None):
+    """The ``OomSite`` of ``error`` (an out-of-memory error, ``is_oom``), from what TensorFlow
+    says: the device of the allocator that failed, and the node ("Detected at node ...")."""
+    if isinstance(error, MemoryError):
+        return OomSite(HOST, None, False, False)
+    text = str(error)
+    device = GPU if _GPU.search(text) else HOST if _HOST.search(text) else None
+    node = None
+    for pattern in _NODE:
+        found = pattern.search(text)
+        if found:
+            node = found.group(1)
+            break
+    scopes = [_EXACT_SCOPE]
+    name = getattr(optimizer, "name", None)
+    if isinstance(name, str) and name:
+        scopes.append(name)
+    parts = node.split("/") if node else []
+    in_update = any(scope in parts[:-1] for scope in scopes)
+    backward = any(part.startswith("gradient_tape") for part in parts[:-1])
+    return OomSite(device, node, in_update, backward)
+
+
 def release_memory():
     """Give back what the failed step held: its frames are gone once the error is dropped;
     collect their cycles, and hand freed heap pages back to the system (glibc), so the smaller
@@ -304,16 +366,18 @@ class ExactSteps:
     apply them with the next epoch's, or never) and the last of them is shorter (its mean
     gradient would count as much as a whole micro-batch's). The input is trained in micro-batches
     of ``micro`` (``batch / k``) in the order of the batches, so only the epoch's last micro-batch
-    can be short, and every micro-batch before it in its update is whole. Then:
+    can be short, and every micro-batch before it in its update is whole. Then, inside the
+    optimizer's ``apply``:
 
     - each micro-step's gradient is weighted by its share of a whole micro-batch (``n / micro``:
-      1 but for a short one), inside the optimizer's ``apply``;
-    - a short micro-batch ends its update there: the accumulated gradients and its own are
-      scaled from the mean over ``k`` to the mean over the ``j + n / micro`` micro-batches it
-      has (``j`` whole ones before it, read from the optimizer's counter), and the counter is
-      set to the update's last micro-step, so Keras updates now;
+      1 but for a short one);
+    - a short micro-batch ends its update there: the counter is set to the update's last
+      micro-step, so Keras updates now, and the gradient handed to Keras is the one that turns
+      Keras's ``(g + accumulated) / k`` into the mean over the ``j + n / micro`` micro-batches
+      the update has (``j`` whole ones before it, read from the counter);
     - after the epoch's last micro-step (``flush``), micro-batches still waiting (a last batch
-      of whole micro-batches, fewer than ``k``) are applied the same way, with a zero gradient.
+      of whole micro-batches, fewer than ``k``) are applied the same way, by an update of their
+      own.
 
     So the update is the mean gradient over the samples of the batch (each micro-loss weighted by
     its share of the batch), ``optimizer.iterations`` counts the user's batches, and the learning
@@ -344,7 +408,7 @@ class ExactSteps:
             def apply(grads, trainable_variables=None):
                 exact = getattr(optimizer, "_headroom_exact", None)
                 if exact is not None:
-                    grads = exact._weighted(optimizer, list(grads))
+                    grads = exact._weighted(optimizer, list(grads), trainable_variables)
                 return original(grads, trainable_variables)
 
             optimizer.apply = apply
@@ -380,33 +444,51 @@ class ExactSteps:
 
     # -- inside the train step ---------------------------------------------------------------
 
-    def _weighted(self, optimizer, grads):
+    def _weighted(self, optimizer, grads, variables):
         """The micro-step's gradients weighted by its share of a whole micro-batch; a short
-        micro-batch (the epoch's last) ends its update (see the class)."""
+        micro-batch (the epoch's last) ends its update (see the class). Nothing of the
+        optimizer's state changes here but its counter (which an out-of-memory error's restart
+        sets again): Keras's update sees the gradients that give the mean it needs."""
         k = accumulation(optimizer)
         if self.samples is None or not self.micro or k <= 1:
             return grads
         tf = self.tf
-        share = tf.cast(self.samples, tf.float32) / float(self.micro)
-        short = share < 1.0
-        counter = optimizer._iterations
-        waiting = tf.cast(counter % k, tf.float32)  # whole micro-batches before this one
-        rescale = tf.where(short, float(k) / (waiting + share), 1.0)
+        variables = list(variables if variables is not None else optimizer._trainable_variables)
+        if not optimizer.built:  # as Keras's apply builds it, before its first update
+            with self.keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(variables)
+            optimizer.built = True
+        with tf.name_scope(_EXACT_SCOPE):
+            share = tf.cast(self.samples, tf.float32) / float(self.micro)
+            short = share < 1.0
+            counter = optimizer._iterations
+            waiting = tf.cast(counter % k, tf.float32)  # whole micro-batches before this one
+            rescale = float(k) / (waiting + share)
+            accumulators = optimizer._accumulated_gradients
+            kept = [i for i, g in enumerate(grads) if g is not None]
+            dense = [tf.convert_to_tensor(grads[i]) for i in kept]
+            sums = [accumulators[optimizer._get_variable_index(variables[i])] for i in kept]
 
-        def end_update():
-            self._rescale_accumulators(optimizer, rescale)
-            self._to_last_micro_step(optimizer, k)
-            return tf.constant(True)
+            def whole():
+                return [g * tf.cast(share, g.dtype) for g in dense]
 
-        done = tf.cond(short, end_update, lambda: tf.constant(False))
-        with tf.control_dependencies([done]):
-            factor = tf.identity(share * rescale)
-        return [_scaled(tf, g, factor) for g in grads]
+            def closing():
+                # Keras updates with (g + accumulated) / k: this g makes it the mean over the
+                # micro-batches the update has, each weighted by its share.
+                return [g * tf.cast(share * rescale, g.dtype)
+                        + acc * tf.cast(rescale - 1.0, g.dtype) for g, acc in zip(dense, sums)]
 
-    def _rescale_accumulators(self, optimizer, factor):
-        for acc in getattr(optimizer, "_accumulated_gradients", None) or ():
-            if acc is not None:
-                acc.assign(acc * self.tf.cast(factor, acc.dtype))
+            weighted = tf.cond(short, closing, whole)
+
+            def to_last():
+                self._to_last_micro_step(optimizer, k)
+                return tf.constant(True)
+
+            tf.cond(short, to_last, lambda: tf.constant(False))
+        out = list(grads)
+        for i, g in zip(kept, weighted):
+            out[i] = g
+        return out
 
     @staticmethod
     def _to_last_micro_step(optimizer, k):
@@ -435,10 +517,14 @@ class ExactSteps:
         tf = self.tf
         optimizer = self.model.optimizer
         k = accumulation(optimizer)
-        self._rescale_accumulators(optimizer, float(k) / waiting)
-        self._to_last_micro_step(optimizer, k)
-        variables = list(optimizer._trainable_variables)
-        optimizer.apply([tf.zeros(v.shape, v.dtype) for v in variables], variables)
+        with tf.name_scope(_EXACT_SCOPE):
+            variables = list(optimizer._trainable_variables)
+            sums = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
+                    for v in variables]
+            # (g + accumulated) / k with this g: the mean over the waiting micro-batches.
+            grads = [acc * tf.cast(float(k) / waiting - 1.0, acc.dtype) for acc in sums]
+            self._to_last_micro_step(optimizer, k)
+        optimizer.apply(grads, variables)
 
     def wrap_train_function(self, last_step):
         """The model's compiled train function, which flushes (``flush``) after the epoch's
@@ -506,7 +592,9 @@ class Shrinker:
         if self.kind is None and self.x is not None:
             self.session.note("info", f"{self.why}; an out-of-memory error ends the job")
             return
-        if self.refusal() is None and _gpus_visible():
+        # A job relaunched after an out-of-memory error has had one: atomic from the start.
+        relaunched = self.session.options.get("relaunch") is not None
+        if self.refusal() is None and (_gpus_visible() or relaunched):
             self.atomic()
 
     def atomic(self):
@@ -516,6 +604,16 @@ class Shrinker:
         if self.tf_backend and tf is not None and optimizer is not None:
             if make_atomic(tf, optimizer):
                 self.model.train_function = None  # traced again, with the atomic step
+
+    def is_atomic(self):
+        """The fit's optimizer steps are atomic (``make_atomic``)."""
+        return bool(getattr(getattr(self.model, "optimizer", None), "_headroom_atomic", False))
+
+    def trusted(self, site):
+        """The weights and the optimizer's state are those of the last whole update after an
+        out-of-memory error at ``site`` (``OomSite``): the error was not in the optimizer's
+        update, nor in a gradient of a step that is not atomic."""
+        return not site.in_update and (self.is_atomic() or not site.backward)
 
     def effective_batch(self, read=True):
         """The batch each optimizer update sees; a dataset without a static batch dimension

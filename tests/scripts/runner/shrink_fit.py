@@ -2,11 +2,15 @@
 out-of-memory errors (raised by a callback, at chosen batches) with one trained without.
 
 Usage: shrink_fit.py REPORT [--oom EPOCH:BATCH ...] [--above N] [--once FILE] [--keras2]
+                       [--oom-in-update N]
   --oom E:B   raise ResourceExhaustedError as batch B (1-based) of epoch E begins (once: a
               fit trained on after it sees that batch again, as a skipped one)
   --above N   ... only while the batch trained is larger than N samples
   --once FILE ... only when FILE does not exist yet (it is created when raising)
   --keras2    train with Keras 2 (tf_keras)
+  --oom-in-update N   an out-of-memory error of a GPU inside Adam's update N (1-based): the
+              first layer's kernel is updated, what comes after it in the update may be (with
+              --once: in one process only)
 Writes REPORT (JSON): the weights, the optimizer's updates, the loss history and epochs.
 """
 
@@ -32,6 +36,7 @@ parser.add_argument("--oom", action="append", default=[])
 parser.add_argument("--above", type=int, default=0)
 parser.add_argument("--once")
 parser.add_argument("--keras2", action="store_true")
+parser.add_argument("--oom-in-update", type=int, default=0)
 args = parser.parse_args()
 at = {tuple(int(p) for p in spot.split(":")) for spot in args.oom}
 
@@ -42,7 +47,31 @@ y = x.sum(axis=1, keepdims=True)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                           keras.layers.Dense(1)])
 schedule = keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=10, decay_rate=0.7)
-model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+
+
+class Adam(keras.optimizers.Adam):
+    """Adam, failing as a GPU out of memory would inside update ``--oom-in-update``."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(gradient, variable, learning_rate)
+        if args.oom_in_update and self._get_variable_index(variable) == 0:
+            tf.py_function(self._fail, [self.iterations, variable], tf.int64)
+
+    @staticmethod
+    def _fail(update, _variable):
+        if int(update) + 1 == args.oom_in_update and not (args.once and
+                                                          os.path.exists(args.once)):
+            if args.once:
+                open(args.once, "w").close()
+            raise tf.errors.ResourceExhaustedError(
+                None, None, "OOM when allocating tensor with shape[8,16] and type float on "
+                            "/job:localhost/replica:0/task:0/device:GPU:0 by allocator "
+                            "GPU_0_bfc (raised by the test)")
+        return update
+
+
+model.compile(optimizer=(Adam if args.oom_in_update else keras.optimizers.Adam)(schedule),
+              loss="mse")
 
 
 class OutOfMemory(keras.callbacks.Callback):
