@@ -628,6 +628,21 @@ class Shrinker:
                 self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * self.k
         return self.batch
 
+    def one_batch(self):
+        """One sample of the fit's input, as (x, y, sample_weight) or the dataset's element, or
+        None (input of another kind)."""
+        args = self.bound.arguments
+        if self.kind == ARRAYS:
+            tree = self.keras.tree
+
+            def cut(value):
+                return None if value is None else tree.map_structure(lambda a: a[:1], value)
+
+            return cut(args.get("x")), cut(args.get("y")), cut(args.get("sample_weight"))
+        if self.kind == DATASET:
+            return next(iter(self.x.take(1)))
+        return None
+
     def micro(self):
         """The micro-batch trained now, when known without reading the input (else None)."""
         batch = self.effective_batch(read=False)

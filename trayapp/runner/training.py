@@ -289,6 +289,8 @@ class FitRun:
                             "info",
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
+        if self.metric_state is not None:
+            _build_metrics(self.model, self.shrinker)
         if self.shrinker is not None:
             if not self.in_memory and getattr(self.model.optimizer, "built", False):
                 shrink.empty_at_boundary(self.model.optimizer)
@@ -575,14 +577,32 @@ def _metric_state(model):
     return out
 
 
+def _build_metrics(model, shrinker):
+    """Make the compiled metrics' variables now, as Keras does under a distribution strategy
+    (the TensorFlow backend otherwise makes them as the first step is traced), so that a
+    checkpoint's metric state can be put in them as the epoch begins."""
+    metrics = getattr(model, "_compile_metrics", None)
+    if metrics is None or getattr(metrics, "built", True) or shrinker is None or \
+            not hasattr(model, "_symbolic_build"):
+        return
+    try:
+        batch = shrinker.one_batch()
+        if batch is not None:
+            model._symbolic_build(data_batch=batch)
+    except Exception:  # the epoch's metrics then cover the batches trained after the checkpoint
+        pass
+
+
 def _put_metric_state(model, state):
     """The metrics as a checkpoint saved them; False when one of them could not be."""
     whole = True
     for metric in getattr(model, "metrics", None) or ():
         values = state.get(metric.name)
         variables = list(metric.variables)
+        if not values and not variables:
+            continue
         if values is None or len(values) != len(variables):
-            whole = whole and not variables
+            whole = False
             continue
         try:
             for variable, value in zip(variables, values):

@@ -11,6 +11,8 @@ Usage: shrink_fit.py REPORT [--oom EPOCH:BATCH ...] [--above N] [--once FILE] [-
   --oom-in-update N   an out-of-memory error of a GPU inside Adam's update N (1-based): the
               first layer's kernel is updated, what comes after it in the update may be (with
               --once: in one process only)
+  --hold E:B --gate FILE   batch B (1-based) of epoch E waits, as it begins, until FILE exists
+              (REPORT.held is written when it starts waiting): a test parks or stops it there
 Writes REPORT (JSON): the weights, the optimizer's updates, the loss history and epochs.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -37,7 +40,10 @@ parser.add_argument("--above", type=int, default=0)
 parser.add_argument("--once")
 parser.add_argument("--keras2", action="store_true")
 parser.add_argument("--oom-in-update", type=int, default=0)
+parser.add_argument("--hold")
+parser.add_argument("--gate")
 args = parser.parse_args()
+hold = tuple(int(p) for p in args.hold.split(":")) if args.hold else None
 at = {tuple(int(p) for p in spot.split(":")) for spot in args.oom}
 
 keras.utils.set_random_seed(0)
@@ -71,7 +77,7 @@ class Adam(keras.optimizers.Adam):
 
 
 model.compile(optimizer=(Adam if args.oom_in_update else keras.optimizers.Adam)(schedule),
-              loss="mse")
+              loss="mse", metrics=["mae"])
 
 
 class OutOfMemory(keras.callbacks.Callback):
@@ -79,6 +85,10 @@ class OutOfMemory(keras.callbacks.Callback):
         self.epoch = epoch + 1
 
     def on_train_batch_begin(self, batch, logs=None):
+        if hold == (self.epoch, batch + 1) and args.gate and not os.path.exists(args.gate):
+            open(args.report + ".held", "w").close()
+            while not os.path.exists(args.gate):
+                time.sleep(0.02)
         steps = self.params.get("steps") or 1
         size = -(-SAMPLES // steps)
         spot = (self.epoch, batch + 1)
@@ -99,4 +109,5 @@ with open(args.report, "w") as f:
     json.dump({"weights": [w.ravel().tolist() for w in model.get_weights()],
                "updates": int(model.optimizer.iterations),
                "accumulation": getattr(model.optimizer, "gradient_accumulation_steps", None),
-               "loss": history.history.get("loss"), "epochs": history.epoch}, f)
+               "loss": history.history.get("loss"), "epochs": history.epoch,
+               "history": history.history}, f)
