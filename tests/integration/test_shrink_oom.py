@@ -293,6 +293,29 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout
 
 
+def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
+        home: Path, paths: Any, start_engine: Any, tmp_path: Path,
+        reference: Dict[str, Any]) -> None:
+    """Under a real engine: the relaunched process is the same job (its pid, its log, its
+    record), which says hello again and finishes; headroom run follows it to its end."""
+    (home / "config.toml").write_text('[guard]\nmode = "off"\n')
+    start_engine()
+    out, once = home / "report.json", tmp_path / "once"
+    r = run_cli("run", "--name", "relaunched", "--python", sys.executable, str(SHRINK_FIT),
+                str(out), "--oom-in-update", "20", "--once", str(once), timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "relaunched in a fresh process from its start" in r.stdout + r.stderr
+    same_weights(reference, report(out))
+    with EngineClient(paths) as c:
+        (job,) = [JobRecord.from_json(j) for j in c.jobs(all=True)]
+        events = c.events(after_id=0)
+    assert job.state == "finished" and job.exit_code == 0, job
+    assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
+    shrunk = [e for e in events if "relaunched in a fresh process" in e["message"]]
+    assert shrunk and shrunk[0]["kind"] == "job_shrunk" and shrunk[0]["job_id"] == job.id
+    assert not [e for e in events if e["kind"] in ("job_failed", "job_lost")], events
+
+
 def test_a_pydataset_is_said_not_to_shrink_when_fit_starts(tmp_path: Path, engine: TestEngine,
                                                            jobs: List[Job]) -> None:
     spec = JobSpec(script=str(SCRIPTS / "pydataset_fit.py"), python=sys.executable)
