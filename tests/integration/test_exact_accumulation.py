@@ -24,8 +24,8 @@ EXACT_FIT = Path(__file__).resolve().parent.parent / "scripts" / "runner" / "exa
 SHRINKABLE = ["arrays-sgd", "arrays-momentum-schedule", "arrays-adam-validation-split",
               "arrays-adamw-whole-micro-batches", "arrays-rmsprop-sample-weight",
               "arrays-class-weight", "tensors-adam-schedule", "dataset-adam",
-              "dataset-dropped-rmsprop-schedule", "dataset-validation-data-adamw", "one-sample",
-              "batch-over-the-dataset"]
+              "dataset-dropped-rmsprop-schedule", "dataset-validation-data-adamw", "two-fits",
+              "one-sample", "batch-over-the-dataset"]
 ALL = SHRINKABLE + ["generator"]
 
 
@@ -91,6 +91,7 @@ def test_reference_batches_are_not_a_multiple_of_the_batch(reference: Dict[str, 
     assert reference["arrays-adam-validation-split"]["updates"] == 3 * 17
     assert reference["dataset-dropped-rmsprop-schedule"]["updates"] == 3 * 15
     assert reference["one-sample"]["updates"] == 3
+    assert reference["two-fits"]["updates"] == 2 * 3 * 16
     assert reference["batch-over-the-dataset"]["updates"] == 3
 
 

@@ -313,7 +313,8 @@ def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
     assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
     shrunk = [e for e in events if "relaunched in a fresh process" in e["message"]]
     assert shrunk and shrunk[0]["kind"] == "job_shrunk" and shrunk[0]["job_id"] == job.id
-    assert not [e for e in events if e["kind"] in ("job_failed", "job_lost")], events
+    assert not [e for e in events if e["kind"] in ("job_failed", "job_lost",
+                                                    "job_bad_message")], events
 
 
 def test_a_pydataset_is_said_not_to_shrink_when_fit_starts(tmp_path: Path, engine: TestEngine,

@@ -257,6 +257,8 @@ def _resume_shrunk(run, shrinker):
         extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
         saved = _int(extra.get("accumulation"), 1)
         k = max(k, saved)
+    if shrinker.inherited:
+        k = max(k, shrinker.k)  # an earlier fit of this process shrank: so does this one
     relaunched = options.get("relaunch") or {}
     if relaunched.get("fit") == run.index:
         k = relaunched["accumulation"]
@@ -266,11 +268,13 @@ def _resume_shrunk(run, shrinker):
     if refusal is not None:
         run.session.note("warn", f"asked to train micro-batches ({k} to an update), but "
                                  f"{refusal}: trained at the full batch")
+        _full_batch(shrinker)
         return
     batch = shrinker.effective_batch()
     if batch % k:
         run.session.note("warn", f"batch {batch} does not split into {k} micro-batches: "
                                  "trained at the full batch")
+        _full_batch(shrinker)
         return
     if k != saved and _resuming(run):
         _convert_checkpoint(run, shrinker, saved, k)
@@ -280,6 +284,16 @@ def _resume_shrunk(run, shrinker):
     how = "resumed" if options["resume"] else "started"
     run.session.note("info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the "
                              "same training)")
+
+
+def _full_batch(shrinker):
+    """No accumulation left over from an earlier fit that shrank: this one trains its batch."""
+    if shrinker.inherited:
+        try:
+            shrinker.switch(1)
+        except Exception:  # Keras 2 never accumulated
+            pass
+        shrinker.inherited = False
 
 
 def _convert_checkpoint(run, shrinker, saved, k):

@@ -88,6 +88,7 @@ def set_accumulation(keras, optimizer, k):
             "this Keras has no gradient accumulation (Keras 2): a smaller batch would change "
             "the training")
     old = accumulation(optimizer)
+    optimizer._headroom_accumulation = k  # set by the runner, not by the script
     if k == old:
         to_update_boundary(optimizer)
         return
@@ -429,7 +430,8 @@ class ExactSteps:
             model.train_step = train_step
 
     def disarm(self):
-        """The model as it was (its own train_step); the optimizer weights nothing any more."""
+        """The model as it was (its own train_step); the optimizer weights nothing any more, and
+        the train function traced with the weighting is made again when next needed."""
         if self._train_step is not None:
             own, instance = self._train_step
             if instance:
@@ -437,6 +439,7 @@ class ExactSteps:
             else:
                 vars(self.model).pop("train_step", None)
             self._train_step = None
+            self.model.train_function = None
         optimizer = getattr(self.model, "optimizer", None)
         if getattr(optimizer, "_headroom_exact", None) is self:
             optimizer._headroom_exact = None
@@ -572,7 +575,13 @@ class Shrinker:
         self.keras3 = keras3
         self.x = bound.arguments.get("x")
         self.kind, self.why = input_kind(self.x) if self.x is not None else (None, "no input")
-        self.k = accumulation(getattr(model, "optimizer", None))
+        optimizer = getattr(model, "optimizer", None)
+        self.k = accumulation(optimizer)
+        # The optimizer accumulates as an earlier fit of the runner's shrank it: this fit's
+        # batch is the effective batch, trained in micro-batches alike (a script's own
+        # accumulation makes its batch the micro-batch).
+        self.inherited = self.k > 1 and getattr(optimizer, "_headroom_accumulation", None) == \
+            self.k
         self.batch = None  # the effective batch, known once needed
         self.steps_per_epoch = bound.arguments.get("steps_per_epoch")
         self.tf_backend = False  # set by prepare()
@@ -596,6 +605,10 @@ class Shrinker:
         relaunched = self.session.options.get("relaunch") is not None
         if self.refusal() is None and (_gpus_visible() or relaunched):
             self.atomic()
+        batch = self.effective_batch(read=False) if self.refusal() is None else None
+        if self.k > 1 and batch and not self.inherited:
+            # The script's optimizer accumulates: its batch is the micro-batch.
+            self._exact(micro_batch(batch, self.k), self.k)
 
     def atomic(self):
         """Make the fit's optimizer steps atomic (``make_atomic``), once."""
@@ -619,13 +632,14 @@ class Shrinker:
         """The batch each optimizer update sees; a dataset without a static batch dimension
         has one batch read to know it (``read`` False: None instead)."""
         if self.batch is None:
+            times = 1 if self.inherited else self.k
             if self.kind == ARRAYS:
-                self.batch = int(self.bound.arguments.get("batch_size") or 32) * self.k
+                self.batch = int(self.bound.arguments.get("batch_size") or 32) * times
             elif self.kind == DATASET:
                 dim = _batch_dim(self.x.element_spec)
                 if dim is None and not read:
                     return None
-                self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * self.k
+                self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * times
         return self.batch
 
     def one_batch(self):
