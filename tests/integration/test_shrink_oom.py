@@ -293,6 +293,40 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout
 
 
+@pytest.mark.parametrize("folder", [True, False], ids=["checkpoint-folder", "no-folder"])
+def test_an_oom_on_the_host_relaunches_from_where_training_stood(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any],
+        folder: bool) -> None:
+    """The host's allocation failed at batch 4 of epoch 2, the weights those of update 3: saved
+    (without a checkpoint folder, in a private one, deleted as the job ends), and the fresh
+    process trains on from there at 16 x 2."""
+    out, once, ckpt, tmp = (tmp_path / "report.json", tmp_path / "once", tmp_path / "ckpt",
+                            tmp_path / "tmp")
+    tmp.mkdir()
+    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable, env=(("TMPDIR", str(tmp)),),
+                   args=(str(out), "--oom", "2:4", "--host", "--once", str(once)),
+                   checkpoint_dir=str(ckpt) if folder else None)
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 0, job.output[-3000:]
+    got = report(out)
+    same_weights(reference, got)
+    assert got["updates"] == 48 and got["accumulation"] == 2
+    assert got["epochs"] == [0, 1, 2]
+    # Epochs 1 and 3 whole; epoch 2's loss is over the batches trained after the relaunch.
+    assert [got["loss"][0], got["loss"][2]] == pytest.approx(
+        [reference["loss"][0], reference["loss"][2]], rel=1e-5)
+    said = notes(engine)
+    assert any("out of memory at epoch 2, batch 4" in n and "allocation failed on the host" in n
+               and "relaunched in a fresh process from where it stood (epoch 2, batch 4), "
+                   "training micro-batches of 16 x 2" in n for n in said), said
+    assert "resumed at micro-batches of 16 x 2 (batch 32, the same training)" in said
+    if folder:
+        metadata = json.loads((ckpt / "fit-1" / "training_metadata.json").read_text())
+        assert metadata["headroom"]["finished"] and metadata["headroom"]["accumulation"] == 2
+    else:
+        assert not ckpt.exists() and list(tmp.iterdir()) == [], list(tmp.iterdir())
+
+
 def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
         home: Path, paths: Any, start_engine: Any, tmp_path: Path,
         reference: Dict[str, Any]) -> None:

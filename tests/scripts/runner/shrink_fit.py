@@ -11,6 +11,8 @@ Usage: shrink_fit.py REPORT [--oom EPOCH:BATCH ...] [--above N] [--once FILE] [-
   --oom-in-update N   an out-of-memory error of a GPU inside Adam's update N (1-based): the
               first layer's kernel is updated, what comes after it in the update may be (with
               --once: in one process only)
+  --host      ... the error of an allocation that failed on the host (else the device is not
+              said, as for an error raised by Python code)
   --hold E:B --gate FILE   batch B (1-based) of epoch E waits, as it begins, until FILE exists
               (REPORT.held is written when it starts waiting): a test parks or stops it there
 Writes REPORT (JSON): the weights, the optimizer's updates, the loss history and epochs.
@@ -40,6 +42,7 @@ parser.add_argument("--above", type=int, default=0)
 parser.add_argument("--once")
 parser.add_argument("--keras2", action="store_true")
 parser.add_argument("--oom-in-update", type=int, default=0)
+parser.add_argument("--host", action="store_true")
 parser.add_argument("--hold")
 parser.add_argument("--gate")
 args = parser.parse_args()
@@ -99,8 +102,11 @@ class OutOfMemory(keras.callbacks.Callback):
             if os.path.exists(args.once):
                 return
             open(args.once, "w").close()
+        where = " and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator " \
+                "cpu" if args.host else ""
         raise tf.errors.ResourceExhaustedError(
-            None, None, f"OOM when allocating tensor with shape[{size},16] (raised by the test)")
+            None, None, f"OOM when allocating tensor with shape[{size},16]{where} (raised by the "
+                        "test)")
 
 
 history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
