@@ -24,7 +24,8 @@ EXACT_FIT = Path(__file__).resolve().parent.parent / "scripts" / "runner" / "exa
 SHRINKABLE = ["arrays-sgd", "arrays-momentum-schedule", "arrays-adam-validation-split",
               "arrays-adamw-whole-micro-batches", "arrays-rmsprop-sample-weight",
               "arrays-class-weight", "tensors-adam-schedule", "dataset-adam",
-              "dataset-dropped-rmsprop-schedule", "dataset-validation-data-adamw", "two-fits",
+              "dataset-dropped-rmsprop-schedule", "dataset-validation-data-adamw",
+              "dataset-unknown-length-momentum", "two-fits",
               "one-sample", "batch-over-the-dataset"]
 ALL = SHRINKABLE + ["generator"]
 

@@ -317,8 +317,10 @@ def _convert_checkpoint(run, shrinker, saved, k):
     run.accumulation = k
     updates = _int(extra.get("batches_done"), 0) // max(1, saved)
     run.epochs_done = _saved_history(metadata)
+    whole = updates * max(1, saved) == _int(extra.get("batches_done"), 0)  # no update half done
+    kept = extra.get("metrics") if whole else None
     run.save(_int(metadata.get("epoch"), 0), updates * k, "relaunch",
-             finished=bool(extra.get("finished")))
+             finished=bool(extra.get("finished")), metrics=kept if isinstance(kept, dict) else {})
 
 
 def _resuming(run):

@@ -408,9 +408,14 @@ class ExactSteps:
 
             def apply(grads, trainable_variables=None):
                 exact = getattr(optimizer, "_headroom_exact", None)
-                if exact is not None:
-                    grads = exact._weighted(optimizer, list(grads), trainable_variables)
-                return original(grads, trainable_variables)
+                samples = getattr(exact, "samples", None)
+                if exact is None or samples is None or not exact.micro:
+                    return original(grads, trainable_variables)
+                grads = exact._weighted(optimizer, list(grads), trainable_variables)
+                # Keras counts the step even when the input ran out before it (its counter's
+                # increment waits for nothing): here it counts micro-steps that trained.
+                with exact.tf.control_dependencies([samples]):
+                    return original(grads, trainable_variables)
 
             optimizer.apply = apply
             optimizer._headroom_exact_apply = original
@@ -516,6 +521,16 @@ class ExactSteps:
         self._flush(self.tf.constant(waiting, dtype=self.tf.float32))
         return True
 
+    def count_the_end(self):
+        """The step that finds the input's end counts as an update, as it does for plain Keras
+        (the counter's increment runs while the input fails: an epoch of a dataset whose length
+        is not known counts one update more than its batches, and Adam's bias correction and a
+        schedule see it): here it counts a whole update, so they see the same."""
+        optimizer = getattr(self.model, "optimizer", None)
+        k = accumulation(optimizer)
+        if self.micro and k > 1 and getattr(optimizer, "built", False):
+            optimizer._iterations.assign_add(k)
+
     def _flush_step(self, waiting):
         tf = self.tf
         optimizer = self.model.optimizer
@@ -545,6 +560,7 @@ class ExactSteps:
                 logs = inner(iterator)
             except ended:
                 exact.flush()
+                exact.count_the_end()
                 raise
             if last_step():
                 exact.flush()

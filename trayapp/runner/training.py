@@ -175,8 +175,10 @@ class FitRun:
             return None
         return data if isinstance(data, dict) else None
 
-    def save(self, epoch, done, reason, finished=False):
-        """Write the files BackupAndRestore restores; returns True when saved."""
+    def save(self, epoch, done, reason, finished=False, metrics=None):
+        """Write the files BackupAndRestore restores; returns True when saved. ``metrics``: the
+        training metrics' state to keep (default: as they are now, inside an epoch, but after
+        an out-of-memory error, when they may count part of the failed step)."""
         if not self.dir:
             return False
         try:
@@ -196,10 +198,10 @@ class FitRun:
                     "history": [[e, logs] for e, logs in self.epochs_done if e < epoch],
                 },
             }
-            if done and reason != "oom":
+            if metrics is None and done and reason != "oom":
                 metrics = _metric_state(self.model)
-                if metrics:
-                    metadata["headroom"]["metrics"] = metrics
+            if done and metrics:
+                metadata["headroom"]["metrics"] = metrics
             partial = os.path.join(self.dir, METADATA_FILE + ".saving")
             with open(partial, "w") as f:
                 json.dump(metadata, f)

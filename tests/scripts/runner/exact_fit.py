@@ -38,7 +38,8 @@ OPTIMIZERS = {
 }
 
 # name: (samples, input, optimizer, options); input: arrays | tensors | dataset | dropped |
-# generator; options "fits": fit() calls (the out-of-memory errors raised in the first only).
+# unknown (a dataset whose length is not known) | generator; options "fits": fit() calls (the
+# out-of-memory errors raised in the first only).
 # 1003 samples at batch 64: 15 batches and one of 43; 1008: one of 48 (whole micro-batches of
 # 16); 1200 with validation_split 0.1: 1080 to train, one of 56.
 CASES = {
@@ -52,6 +53,7 @@ CASES = {
     "dataset-adam": (1003, "dataset", "adam", {}),
     "dataset-dropped-rmsprop-schedule": (1003, "dropped", "rmsprop-schedule", {}),
     "dataset-validation-data-adamw": (1008, "dataset", "adamw", {"validation": True}),
+    "dataset-unknown-length-momentum": (1003, "unknown", "momentum", {}),
     "two-fits": (1003, "arrays", "adam", {"fits": 2}),
     "one-sample": (1, "arrays", "adam", {}),
     "batch-over-the-dataset": (50, "arrays", "sgd", {}),
@@ -124,6 +126,8 @@ def case(name):
     else:
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH,
                                                                drop_remainder=kind == "dropped")
+        if kind == "unknown":  # its number of batches is not known before an epoch ends
+            data = data.filter(lambda *_: True)
         if options.get("validation"):
             fit["validation_data"] = tf.data.Dataset.from_tensor_slices(
                 (x[:100], y[:100])).batch(BATCH)
