@@ -100,3 +100,30 @@ def test_a_resumed_fit_returns_the_history_of_the_whole_training(
     assert got["accumulation"] == smaller
     same_weights(reference, got)
     same_history(reference, got)
+
+
+def test_a_finished_fit_restored_returns_its_history_too(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+    """Two fits, parked in the second: resumed, the first fit restores its weights and trains
+    no more, and returns its History all the same."""
+    ref_out = tmp_path / "plain.json"
+    r = plain(SHRINK_FIT, str(ref_out), "--fits", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = json.loads(ref_out.read_text())
+    out, gate, ckpt = tmp_path / "report.json", tmp_path / "gate", tmp_path / "ckpt"
+    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable, checkpoint_dir=str(ckpt),
+                   args=(str(out), "--fits", "2", "--hold", "1:3", "--gate", str(gate)))
+    job = start(jobs, spec, tmp_path, engine)
+    wait_for_file(Path(str(out) + ".held"), job)
+    engine.send(protocol.PARK)
+    engine.wait_for(of("state", state="parking"))
+    gate.touch()
+    assert job.wait() == protocol.PARK_EXIT_CODE, job.output[-3000:]
+    resumed = JobSpec(script=str(SHRINK_FIT), python=sys.executable, checkpoint_dir=str(ckpt),
+                      args=(str(out), "--fits", "2"), resume=True)
+    job = start(jobs, resumed, tmp_path, engine)
+    assert job.wait() == 0, job.output[-3000:]
+    got = json.loads(out.read_text())
+    same_weights(want, got)
+    for mine, theirs in zip(got["fits"], want["fits"]):
+        same_history(theirs, mine)

@@ -381,6 +381,9 @@ class FitRun:
             self.session.control.serve(self)
 
     def train_end(self, logs):
+        if not self._attempt_begun:  # a finished fit restored: no epoch left to train
+            self._attempt_begun = True
+            _prepend_history(getattr(self.model, "history", None), self.epochs_done)
         if self.session.control.parked or self.stopping or not self.keras3 or not self.dir:
             return  # parked or stopped: the checkpoint says where training stands
         if self.last_saved == (self.epochs, 0) or (self.restored_finished and not self.trained):

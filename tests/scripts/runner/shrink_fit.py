@@ -15,6 +15,8 @@ Usage: shrink_fit.py REPORT [--oom EPOCH:BATCH ...] [--above N] [--once FILE] [-
               said, as for an error raised by Python code)
   --hold E:B --gate FILE   batch B (1-based) of epoch E waits, as it begins, until FILE exists
               (REPORT.held is written when it starts waiting): a test parks or stops it there
+  --fits N    fit N times, each going on from the one before (--oom and --hold: the last fit);
+              REPORT's "fits" has each fit's History
 Writes REPORT (JSON): the weights, the optimizer's updates, the loss history and epochs.
 """
 
@@ -45,6 +47,7 @@ parser.add_argument("--oom-in-update", type=int, default=0)
 parser.add_argument("--host", action="store_true")
 parser.add_argument("--hold")
 parser.add_argument("--gate")
+parser.add_argument("--fits", type=int, default=1)
 args = parser.parse_args()
 hold = tuple(int(p) for p in args.hold.split(":")) if args.hold else None
 at = {tuple(int(p) for p in spot.split(":")) for spot in args.oom}
@@ -84,10 +87,16 @@ model.compile(optimizer=(Adam if args.oom_in_update else keras.optimizers.Adam)(
 
 
 class OutOfMemory(keras.callbacks.Callback):
+    def __init__(self, last):
+        super().__init__()
+        self.last = last
+
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch + 1
 
     def on_train_batch_begin(self, batch, logs=None):
+        if not self.last:
+            return
         if hold == (self.epoch, batch + 1) and args.gate and not os.path.exists(args.gate):
             open(args.report + ".held", "w").close()
             while not os.path.exists(args.gate):
@@ -109,11 +118,14 @@ class OutOfMemory(keras.callbacks.Callback):
                         "test)")
 
 
-history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                    callbacks=[OutOfMemory()])
+fits = []
+for n in range(args.fits):
+    history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                        callbacks=[OutOfMemory(n == args.fits - 1)])
+    fits.append({"epochs": history.epoch, "history": history.history})
 with open(args.report, "w") as f:
     json.dump({"weights": [w.ravel().tolist() for w in model.get_weights()],
                "updates": int(model.optimizer.iterations),
                "accumulation": getattr(model.optimizer, "gradient_accumulation_steps", None),
                "loss": history.history.get("loss"), "epochs": history.epoch,
-               "history": history.history}, f)
+               "history": history.history, "fits": fits}, f)
