@@ -7,7 +7,7 @@ mean of the ``k`` gradients, which equals the gradient of the whole batch for a 
 mean over the batch and a model without batch-dependent layers; batch normalisation sees
 smaller batches, and a loss that is a sum over the batch changes scale).
 
-Two things Keras does not do by itself, and this module does:
+Three things Keras does not do by itself, and this module does:
 
 - ``optimizer.iterations`` under accumulation is the micro-step counter divided by ``k``, and a
   learning-rate schedule is evaluated on the micro-step counter. Switching ``k`` during training
@@ -17,6 +17,13 @@ Two things Keras does not do by itself, and this module does:
 - The accumulators are optimizer variables: a checkpoint saved with them restores only into an
   optimizer that has them (Keras otherwise skips the whole optimizer state with a warning), so a
   resumed job sets its accumulation before restoring.
+- Keras's mean of ``k`` micro-batch gradients is the gradient of the batch only for ``k`` equal
+  micro-batches: an epoch's last, short batch has fewer, and a shorter last one. ``ExactSteps``
+  makes every batch one update with the gradient of the whole batch.
+
+After an out-of-memory error, ``oom_site`` says where it happened (the host or a GPU, the
+optimizer's update, a gradient), from which the fit hook decides whether training may go on in
+this process or in a fresh one (``runner.relaunch``).
 
 Keras 2 (``tf.keras`` of TensorFlow <= 2.15) has no accumulation: there, shrinking would change
 the training, and ``set_accumulation`` refuses (``NoAccumulation``).

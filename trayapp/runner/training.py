@@ -17,6 +17,12 @@ drops that many batches of the restarted epoch instead of training on them, so a
 since the last checkpoint are trained twice. On other backends the restarted epoch is trained
 from its first batch.
 
+The metadata keeps the fit's History too (``headroom.history``: every whole epoch's number and
+logs), so a resumed ``fit()`` returns the History of the whole training, and, for a checkpoint
+saved inside an epoch, the training metrics' state (``headroom.metrics``: each metric's
+variables, a mean's total and count), put back as the resumed epoch begins, so its logs cover the
+whole epoch.
+
 Park and stop both save where training is (with a checkpoint folder) and end ``fit()`` at the
 batch; the job then exits (``PARK_EXIT_CODE`` / ``STOP_EXIT_CODE``) without running the rest of
 the script, and the checkpoint stays resumable. A stop without a checkpoint folder ends the same
