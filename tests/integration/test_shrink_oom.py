@@ -30,9 +30,9 @@ pytestmark = pytest.mark.tensorflow
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "runner"
 SHRINK_FIT = SCRIPTS / "shrink_fit.py"
 OOM_FIT = SCRIPTS / "oom_fit.py"
-# Measured on tensorflow-cpu: 16384 samples at batch 16384 always raise under this limit, and a
-# fresh process fits batch 1024; after each out-of-memory error the process keeps part of what
-# it held, and the job finishes at micro-batches of 512.
+# Measured on tensorflow-cpu: 16384 samples at batch 16384 always raise under this limit; with
+# Adam, the runner's relaunched processes fail at micro-batches of 8192 down to 1024 and finish
+# at 512.
 AS_LIMIT = int(2.5 * 2**30)
 OOM_SAMPLES = "16384"
 # oneDNN's CPU allocator crashes (SIGSEGV) instead of reporting an allocation that fails under
@@ -194,34 +194,79 @@ def test_keras2_is_not_shrunk_unless_asked_for_a_smaller_batch(tmp_path: Path, e
     assert got["epochs"] == [0, 1, 2] and got["accumulation"] is None
 
 
-def test_a_real_oom_under_an_address_space_limit_finishes_under_headroom(
-        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+def limited_python(tmp_path: Path) -> Path:
+    """An interpreter under an address-space limit (``ulimit -v``), as a wrapper script."""
     python = tmp_path / "python-limited"
     python.write_text(
         f"#!{sys.executable}\nimport os, resource, sys\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({AS_LIMIT}, {AS_LIMIT}))\n"
         f"os.execv({sys.executable!r}, [{sys.executable!r}] + sys.argv[1:])\n")
     python.chmod(0o755)
+    return python
+
+
+def test_a_real_oom_under_an_address_space_limit_is_relaunched_smaller_and_finishes(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
+    """Adam, whose step does not fit under the limit: each out-of-memory error on the host is
+    trained on in a fresh process at half the micro-batch (TensorFlow does not survive another
+    failed allocation there: SIGABRT or SIGSEGV), never in the process that failed."""
+    python = limited_python(tmp_path)
     out, plain_out = tmp_path / "report.json", tmp_path / "plain.json"
-    spec = JobSpec(script=str(OOM_FIT), args=(str(out), OOM_SAMPLES, "1", OOM_SAMPLES),
-                   python=str(python),
-                   env=tuple(NO_ONEDNN.items()))
-    job = start(jobs, spec, tmp_path, engine)
-    # The same script under plain python, with the same limit, meanwhile: it fails.
-    failed = plain(OOM_FIT, str(plain_out), OOM_SAMPLES, "1", OOM_SAMPLES, python=str(python),
-                   **NO_ONEDNN)
-    assert failed.returncode != 0 and "ResourceExhaustedError" in failed.stderr, \
+    args = (OOM_SAMPLES, "1", OOM_SAMPLES, "adam")
+    # The same script under plain python, with the same limit: it fails cleanly.
+    failed = plain(OOM_FIT, str(plain_out), *args, python=str(python), **NO_ONEDNN)
+    assert failed.returncode == 1 and "ResourceExhaustedError" in failed.stderr, \
         failed.stderr[-2000:]
     assert not plain_out.exists()
-    assert job.wait(timeout=300) == 0, job.output[-3000:]
+    spec = JobSpec(script=str(OOM_FIT), args=(str(out),) + args, python=str(python),
+                   env=tuple(NO_ONEDNN.items()))
+    job = start(jobs, spec, tmp_path, engine)
+    code = job.wait(timeout=400)
+    assert code == 0, (code, job.output[-3000:])  # never a signal
     got = report(out)
-    assert got["updates"] == 1 and got["accumulation"] >= 2
+    assert got["updates"] == 1 and got["accumulation"] >= 8
     said = notes(engine)
-    shrinks = [n for n in said if n.startswith("out of memory at epoch 1, batch 1")]
-    assert shrinks and all("OOM when allocating tensor" in n and "the same training" in n
-                           for n in shrinks), said
-    assert f"micro-batches of {16384 // got['accumulation']} x {got['accumulation']}" \
-        in shrinks[-1]
+    relaunched = [n for n in said if n.startswith("out of memory at epoch 1, batch 1")]
+    assert len(relaunched) >= 3, said
+    assert all("OOM when allocating tensor" in n and "an allocation failed on the host" in n
+               and "relaunched in a fresh process" in n and "the same training" in n
+               for n in relaunched), said
+    k = got["accumulation"]
+    assert f"micro-batches of {16384 // k} x {k}" in relaunched[-1]
+    assert f"resumed at micro-batches of {16384 // k} x {k} (batch 16384, the same training)" \
+        in said, said
+    hellos = [m for m in engine.seen if m["type"] == protocol.HELLO]
+    assert len({m["pid"] for m in hellos}) == 1 and len(hellos) > len(relaunched), \
+        "the same process, saying hello again after each relaunch"
+
+
+@pytest.mark.parametrize("folder", [True, False], ids=["checkpoint-folder", "no-folder"])
+def test_an_oom_inside_the_optimizers_update_relaunches_from_the_last_checkpoint(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any],
+        folder: bool) -> None:
+    """The error in Adam's update (the first layer's kernel updated, the rest maybe): no
+    training can go on from those weights, in place or from a checkpoint of them. The job is
+    relaunched from its last checkpoint (the end of epoch 1), or from its start without a
+    checkpoint folder, and trains what plain Keras trains, its History included."""
+    out, once, ckpt = tmp_path / "report.json", tmp_path / "once", tmp_path / "ckpt"
+    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable,
+                   args=(str(out), "--oom-in-update", "20", "--once", str(once)),
+                   checkpoint_dir=str(ckpt) if folder else None)
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 0, job.output[-3000:]
+    assert once.exists()
+    got = report(out)
+    same_weights(reference, got)
+    assert got["updates"] == reference["updates"] == 48 and got["accumulation"] == 2
+    assert got["epochs"] == [0, 1, 2]
+    assert got["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    said = notes(engine)
+    where = "from its last checkpoint" if folder else "from its start"
+    assert any("out of memory at epoch 2, batch 4" in n and "in its update" in n and
+               f"relaunched in a fresh process {where}, training micro-batches of 16 x 2" in n
+               for n in said), said
+    if not folder:
+        assert not ckpt.exists()
 
 
 # -- as a user sees it: headroom run, the job's record, the events ------------------------------
@@ -246,6 +291,64 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     assert shrink_events[0]["kind"] == "job_shrunk"  # its own kind: the tray notifies it
     listing = run_cli("jobs", "--all")
     assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout
+
+
+@pytest.mark.parametrize("folder", [True, False], ids=["checkpoint-folder", "no-folder"])
+def test_an_oom_on_the_host_relaunches_from_where_training_stood(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any],
+        folder: bool) -> None:
+    """The host's allocation failed at batch 4 of epoch 2, the weights those of update 3: saved
+    (without a checkpoint folder, in a private one, deleted as the job ends), and the fresh
+    process trains on from there at 16 x 2."""
+    out, once, ckpt, tmp = (tmp_path / "report.json", tmp_path / "once", tmp_path / "ckpt",
+                            tmp_path / "tmp")
+    tmp.mkdir()
+    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable, env=(("TMPDIR", str(tmp)),),
+                   args=(str(out), "--oom", "2:4", "--host", "--once", str(once)),
+                   checkpoint_dir=str(ckpt) if folder else None)
+    job = start(jobs, spec, tmp_path, engine)
+    assert job.wait() == 0, job.output[-3000:]
+    got = report(out)
+    same_weights(reference, got)
+    assert got["updates"] == 48 and got["accumulation"] == 2
+    assert got["epochs"] == [0, 1, 2]
+    # Epochs 1 and 3 whole; epoch 2's loss is over the batches trained after the relaunch.
+    assert [got["loss"][0], got["loss"][2]] == pytest.approx(
+        [reference["loss"][0], reference["loss"][2]], rel=1e-5)
+    said = notes(engine)
+    assert any("out of memory at epoch 2, batch 4" in n and "allocation failed on the host" in n
+               and "relaunched in a fresh process from where it stood (epoch 2, batch 4), "
+                   "training micro-batches of 16 x 2" in n for n in said), said
+    assert "resumed at micro-batches of 16 x 2 (batch 32, the same training)" in said
+    if folder:
+        metadata = json.loads((ckpt / "fit-1" / "training_metadata.json").read_text())
+        assert metadata["headroom"]["finished"] and metadata["headroom"]["accumulation"] == 2
+    else:
+        assert not ckpt.exists() and list(tmp.iterdir()) == [], list(tmp.iterdir())
+
+
+def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
+        home: Path, paths: Any, start_engine: Any, tmp_path: Path,
+        reference: Dict[str, Any]) -> None:
+    """Under a real engine: the relaunched process is the same job (its pid, its log, its
+    record), which says hello again and finishes; headroom run follows it to its end."""
+    (home / "config.toml").write_text('[guard]\nmode = "off"\n')
+    start_engine()
+    out, once = home / "report.json", tmp_path / "once"
+    r = run_cli("run", "--name", "relaunched", "--python", sys.executable, str(SHRINK_FIT),
+                str(out), "--oom-in-update", "20", "--once", str(once), timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "relaunched in a fresh process from its start" in r.stdout + r.stderr
+    same_weights(reference, report(out))
+    with EngineClient(paths) as c:
+        (job,) = [JobRecord.from_json(j) for j in c.jobs(all=True)]
+        events = c.events(after_id=0)
+    assert job.state == "finished" and job.exit_code == 0, job
+    assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
+    shrunk = [e for e in events if "relaunched in a fresh process" in e["message"]]
+    assert shrunk and shrunk[0]["kind"] == "job_shrunk" and shrunk[0]["job_id"] == job.id
+    assert not [e for e in events if e["kind"] in ("job_failed", "job_lost",
+                                                    "job_bad_message")], events
 
 
 def test_a_pydataset_is_said_not_to_shrink_when_fit_starts(tmp_path: Path, engine: TestEngine,

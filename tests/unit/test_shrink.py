@@ -200,3 +200,57 @@ def test_a_rebatched_dataset_trains_the_same(full: Any) -> None:
     shrink.set_accumulation(keras, m.optimizer, 2)
     m.fit(shrink.rebatch(ds, BATCH // 2), epochs=3, shuffle=False, verbose=0)
     assert max_diff(full.get_weights(), m.get_weights()) < 1e-5
+
+
+class _Flush(keras.callbacks.Callback):
+    """What the runner's FitRun does for ExactSteps: the train function flushes after the
+    epoch's last micro-step."""
+
+    def __init__(self, exact: Any) -> None:
+        super().__init__()
+        self.exact = exact
+        self.step: Any = None
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        steps = self.params.get("steps")
+        self.exact.wrap_train_function(lambda: steps is not None and self.step == steps - 1)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self.step = batch
+
+
+@pytest.mark.parametrize("samples", [250, 248, 20], ids=["short-micro-batch",
+                                                        "whole-micro-batches", "one-batch"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_short_last_batch_is_one_update_with_the_gradient_of_its_samples(samples: int,
+                                                                           k: int) -> None:
+    """250 samples at batch 32: 7 batches and one of 26 (micro-batches of 16: 16 + 10; of 8:
+    8 + 8 + 8 + 2); 248: one of 24 (whole micro-batches, fewer than k when k is 4); 20: one
+    batch, shorter than the batch."""
+    x, y = data()
+    x, y = x[:samples], y[:samples]
+    full = model()
+    fit(full, x, y, BATCH, 2)
+    m = model()
+    shrink.set_accumulation(keras, m.optimizer, k)
+    exact = shrink.ExactSteps(keras, tf, m)
+    exact.arm(BATCH // k, k)
+    m.fit(x, y, batch_size=BATCH // k, epochs=2, shuffle=False, verbose=0,
+          callbacks=[_Flush(exact)])
+    assert int(m.optimizer.iterations) == int(full.optimizer.iterations) == 2 * -(-samples //
+                                                                                  BATCH)
+    assert max_diff(full.get_weights(), m.get_weights()) < 1e-5
+    exact.disarm()
+    assert "train_step" not in vars(m) and m.train_function is None
+
+
+def test_without_exact_steps_the_short_last_batch_changes_the_training() -> None:
+    """What ``ExactSteps`` is for: Keras's own accumulation on a short last batch."""
+    x, y = data()
+    x, y = x[:248], y[:248]  # 7 batches and one of 24: 3 micro-batches of 8 where 4 make one
+    full, m = model(), model()
+    fit(full, x, y, BATCH, 2)
+    shrink.set_accumulation(keras, m.optimizer, 4)
+    fit(m, x, y, BATCH // 4, 2)
+    assert (int(m.optimizer.iterations), int(full.optimizer.iterations)) == (15, 16)
+    assert max_diff(full.get_weights(), m.get_weights()) > 1e-3

@@ -4,10 +4,11 @@ imported (the runner cannot import Keras itself: the script chooses which one)."
 import functools
 import inspect
 import os
+import tempfile
 
-from . import fitbatch, protocol, shrink
+from . import fitbatch, protocol, relaunch, shrink
 from .control import Parked
-from .training import WEIGHTS_FILE, FitRun, _first_line, _int
+from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 
 
 def _callback_classes(callbacks_module, keras3):
@@ -163,6 +164,7 @@ def install(keras, session):
         except Parked:
             history = None
         finally:
+            shrinker.done()
             session.fit_ended(run)
         _after_fit(session)
         return history
@@ -253,34 +255,72 @@ def _resume_shrunk(run, shrinker):
     if run.dir and options["resume"]:
         metadata = run.read_metadata() or {}
         extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
-        saved = max(1, _int(extra.get("accumulation"), 1))
+        saved = _int(extra.get("accumulation"), 1)
         k = max(k, saved)
+    if shrinker.inherited:
+        k = max(k, shrinker.k)  # an earlier fit of this process shrank: so does this one
+    relaunched = options.get("relaunch") or {}
+    if relaunched.get("fit") == run.index:
+        k = relaunched["accumulation"]
     if k <= 1:
         return
     refusal = shrinker.refusal()
     if refusal is not None:
         run.session.note("warn", f"asked to train micro-batches ({k} to an update), but "
                                  f"{refusal}: trained at the full batch")
+        _full_batch(shrinker)
         return
     batch = shrinker.effective_batch()
     if batch % k:
         run.session.note("warn", f"batch {batch} does not split into {k} micro-batches: "
                                  "trained at the full batch")
+        _full_batch(shrinker)
         return
-    if saved < k and _resuming(run):
-        # Saved at fewer micro-batches (ended in the middle of training, not parked, and
-        # relaunched smaller): restored as saved, the optimizer's state with it, then switched.
-        micro = shrinker.apply(k, switch=False)
-        if saved > 1:
-            shrinker.switch(saved)
-        run.switch_after_restore = (saved, k)
-    else:
-        micro = shrinker.apply(k)
+    if k != saved and _resuming(run):
+        _convert_checkpoint(run, shrinker, saved, k)
+    micro = shrinker.apply(k)
     run.accumulation = k
     run.batch = (batch, micro)
     how = "resumed" if options["resume"] else "started"
     run.session.note("info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the "
                              "same training)")
+
+
+def _full_batch(shrinker):
+    """No accumulation left over from an earlier fit that shrank: this one trains its batch."""
+    if shrinker.inherited:
+        try:
+            shrinker.switch(1)
+        except Exception:  # Keras 2 never accumulated
+            pass
+        shrinker.inherited = False
+
+
+def _convert_checkpoint(run, shrinker, saved, k):
+    """The fit's checkpoint, saved at ``saved`` micro-batches an update, saved again at ``k``
+    (a job relaunched smaller after an out-of-memory error): restored into an optimizer set up
+    as it was saved, switched at the update boundary, the batches done counted in the new
+    micro-batches. Keras restores a checkpoint only into an optimizer with the same variables."""
+    model = run.model
+    if not getattr(model, "built", False):
+        return  # the restore says why it cannot
+    metadata = run.read_metadata() or {}
+    extra = metadata.get("headroom") if isinstance(metadata.get("headroom"), dict) else {}
+    try:
+        shrinker.switch(saved)
+        model.load_weights(os.path.join(run.dir, WEIGHTS_FILE))
+        shrink.to_update_boundary(model.optimizer)
+        shrinker.switch(k)
+    except Exception as e:
+        raise RuntimeError(f"cannot restore the checkpoint in {run.dir}: {_first_line(e)}") \
+            from e
+    run.accumulation = k
+    updates = _int(extra.get("batches_done"), 0) // max(1, saved)
+    run.epochs_done = _saved_history(metadata)
+    whole = updates * max(1, saved) == _int(extra.get("batches_done"), 0)  # no update half done
+    kept = extra.get("metrics") if whole else None
+    run.save(_int(metadata.get("epoch"), 0), updates * k, "relaunch",
+             finished=bool(extra.get("finished")), metrics=kept if isinstance(kept, dict) else {})
 
 
 def _resuming(run):
@@ -299,13 +339,13 @@ def _say_batch(run, shrinker):
 
 def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
     """``fit()``, trained again at half the micro-batch (twice the accumulation) after an
-    out-of-memory error, from where it stood, as often as the floor allows."""
+    out-of-memory error, from where it stood, as often as the floor allows: in this process
+    where TensorFlow can be trusted to go on, else in a fresh one (``_relaunch_smaller``)."""
     session = run.session
-    earlier = None
     while True:
         try:
-            history = original(*bound.args, **bound.kwargs)
-            return _merged(earlier, history)
+            # The History has the epochs of the attempts before (and of the checkpoint).
+            return original(*bound.args, **bound.kwargs)
         except Exception as error:
             if not shrink.is_oom(error) or run.stopping:
                 raise
@@ -316,13 +356,27 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
                 raise
             halved = shrinker.halve_plain() if plain else shrinker.halve()
             what = shrink.oom_text(error)
-            earlier = _merged(earlier, getattr(run.model, "history", None))
+            site = shrink.oom_site(error, getattr(run.model, "optimizer", None))
+            trusted = shrinker.trusted(site)
+            fresh = _fresh_process(site, trusted)
             if halved is None:
-                _below_floor(run, shrinker, what, plain)
+                _below_floor(run, shrinker, what, plain, trusted)
                 raise
+            if fresh is not None:
+                cannot = "Keras 2 trains a smaller batch in place only" if plain \
+                    else relaunch.possible()
+                if cannot is not None:
+                    session.note("error", f"out of memory in fit() ({what}); not shrunk: "
+                                          f"{fresh}, and {cannot}")
+                    raise
+            failed = error.with_traceback(None)  # raised again if the relaunch cannot be
         # Out of the except block, the failed step's frames (and their tensors) are gone.
         shrink.release_memory()
         epoch, done = run.updates_done()
+        if fresh is not None:
+            _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, fresh)
+            raise failed
+        del failed
         if plain:
             _smaller_batch(run, shrinker, bound, set_callbacks, halved, epoch, done, what)
             continue
@@ -352,8 +406,62 @@ def _smaller_batch(run, shrinker, bound, set_callbacks, batch, epoch, done, what
                              "(--on-oom smaller-batch)", topic=protocol.TOPIC_SHRUNK)
 
 
-def _below_floor(run, shrinker, what, plain=False):
-    """No smaller micro-batch: with a checkpoint folder, save where training is and park."""
+def _fresh_process(site, trusted):
+    """Why training cannot go on in this process after the out-of-memory error at ``site``
+    (``shrink.OomSite``), or None (a GPU's memory, or an error raised by Python code)."""
+    if not trusted:
+        if site.in_update:
+            return "the failed step may have changed the optimizer's state (the error was " \
+                   "in its update)"
+        return "the failed step may have updated some layers (their gradients were applied " \
+               "as they came)"
+    if site.device == shrink.HOST:
+        return "an allocation failed on the host, where TensorFlow may not survive another " \
+               "in this process"
+    return None
+
+
+def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
+    """Relaunch the job in a fresh process (``runner.relaunch``), resuming this fit at the
+    halved micro-batch: from a checkpoint of where training is when the weights can be trusted
+    (in the job's checkpoint folder, else in a private one), else from its last checkpoint, or
+    from the start. Returns only when the relaunch could not be made."""
+    session = run.session
+    micro, k = halved
+    batch = shrinker.effective_batch()
+    options = dict(session.options)
+    earlier = options.get("relaunch") or {}
+    folder = options["checkpoint_dir"]
+    temporary = bool(folder and earlier.get("temporary"))
+    untrained = (epoch, done) == (run.initial_epoch, 0) and not run.epochs_done
+    if folder is None and trusted and not untrained:
+        try:
+            folder, temporary = tempfile.mkdtemp(prefix="headroom-relaunch-"), True
+        except OSError:
+            folder = None
+    if folder is not None and run.dir is None:
+        run.dir = os.path.join(folder, f"fit-{run.index}")
+    saved = trusted and not untrained and run.dir is not None and \
+        run.save(epoch, done * shrinker.k, "oom")
+    if saved:
+        where = f"where it stood (epoch {epoch + 1}, batch {done + 1})"
+    elif run.dir and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):
+        where = "its last checkpoint"
+    else:
+        where = "its start"
+    options.update(resume=True, checkpoint_dir=folder,
+                   relaunch={"fit": run.index, "accumulation": k, "temporary": temporary})
+    session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+                         f"{why}: relaunched in a fresh process from {where}, training "
+                         f"micro-batches of {micro} x {k} (batch {batch}, the same training)",
+                 topic=protocol.TOPIC_SHRUNK)
+    failure = relaunch.relaunch(session, options)
+    session.note("error", f"the relaunch failed: {failure}")
+
+
+def _below_floor(run, shrinker, what, plain=False, trusted=True):
+    """No smaller micro-batch: with a checkpoint folder, save where training is and park (when
+    the weights cannot be trusted, the last checkpoint stays as it is)."""
     floor = f"micro-batch {shrink.micro_batch(shrinker.effective_batch(), shrinker.k)}, " \
             f"--min-batch {shrinker.floor}"
     session = run.session
@@ -363,22 +471,19 @@ def _below_floor(run, shrinker, what, plain=False):
     if not run.dir or plain:
         session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
         return
+    if not trusted:
+        if os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):
+            session.note("error", f"out of memory in fit() at the smallest batch ({floor}), "
+                                  "in a step that may have changed the weights: parked with "
+                                  "its last checkpoint: resume it when memory is free")
+            session.control.parked = True
+            session.exit_parked()
+        session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
+        return
     epoch, done = run.updates_done()
-    shrink.to_update_boundary(run.model.optimizer)
     run.accumulation = shrinker.k
     if run.save(epoch, done * shrinker.k, "oom"):
         session.note("error", f"out of memory in fit() at the smallest batch ({floor}); "
                               "parked with a checkpoint: resume it when memory is free")
         session.control.parked = True
         session.exit_parked()
-
-
-def _merged(earlier, history):
-    """One History for the whole fit: the epochs of the attempts before an out-of-memory error
-    come first."""
-    if earlier is None or history is None or earlier is history:
-        return history if history is not None else earlier
-    for key, values in (getattr(earlier, "history", None) or {}).items():
-        history.history[key] = list(values) + list(history.history.get(key, []))
-    history.epoch = list(getattr(earlier, "epoch", [])) + list(getattr(history, "epoch", []))
-    return history

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 
-from . import control, hooks, joblog, priority, protocol, tfoptions
+from . import control, hooks, joblog, priority, protocol, relaunch, tfoptions
 from .channel import Channel, NullChannel, start_small
 
 RUNNER_VERSION = 1
@@ -279,6 +279,11 @@ class Session:
             self._timer.cancel()
         if not self.fit_seen:
             self.note("info", NO_FIT_NOTE)
+        relaunched = self.options.get("relaunch") or {}
+        if relaunched.get("temporary") and self.options.get("checkpoint_dir"):
+            from .training import drop_checkpoints  # loaded with fit(): a fit was relaunched
+
+            drop_checkpoints(self.options["checkpoint_dir"])
         if reason is None:
             reason = "finished" if exit_code == 0 else "error"
         bye = protocol.make(protocol.BYE, reason=reason, exit_code=exit_code)
@@ -421,6 +426,9 @@ def main(argv, bootstrap_file=None):
         sys.stderr.write("usage: python bootstrap.py SCRIPT [ARGS...]\n")
         sys.exit(2)
     script, args = argv[0], argv[1:]
+    # What a relaunch in a fresh process starts from (the key file's variable still set).
+    relaunch.remember([sys.executable, bootstrap_file or sys.argv[0], script] + list(args),
+                      os.environ, os.getcwd())
     # First, before any thread starts (threads and children take these from their creator):
     # the job's place below the desktop, and output that a full disk cannot turn into a crash.
     process = process_settings(os.environ.get(protocol.ENV_PROCESS))

@@ -7,7 +7,7 @@ mean of the ``k`` gradients, which equals the gradient of the whole batch for a 
 mean over the batch and a model without batch-dependent layers; batch normalisation sees
 smaller batches, and a loss that is a sum over the batch changes scale).
 
-Two things Keras does not do by itself, and this module does:
+Three things Keras does not do by itself, and this module does:
 
 - ``optimizer.iterations`` under accumulation is the micro-step counter divided by ``k``, and a
   learning-rate schedule is evaluated on the micro-step counter. Switching ``k`` during training
@@ -17,6 +17,13 @@ Two things Keras does not do by itself, and this module does:
 - The accumulators are optimizer variables: a checkpoint saved with them restores only into an
   optimizer that has them (Keras otherwise skips the whole optimizer state with a warning), so a
   resumed job sets its accumulation before restoring.
+- Keras's mean of ``k`` micro-batch gradients is the gradient of the batch only for ``k`` equal
+  micro-batches: an epoch's last, short batch has fewer, and a shorter last one. ``ExactSteps``
+  makes every batch one update with the gradient of the whole batch.
+
+After an out-of-memory error, ``oom_site`` says where it happened (the host or a GPU, the
+optimizer's update, a gradient), from which the fit hook decides whether training may go on in
+this process or in a fresh one (``runner.relaunch``).
 
 Keras 2 (``tf.keras`` of TensorFlow <= 2.15) has no accumulation: there, shrinking would change
 the training, and ``set_accumulation`` refuses (``NoAccumulation``).
@@ -24,6 +31,7 @@ the training, and ``set_accumulation`` refuses (``NoAccumulation``).
 Keras is passed in: the runner cannot import it (the script chooses which Keras it uses).
 """
 
+import re
 import sys
 
 from . import forecast
@@ -87,6 +95,7 @@ def set_accumulation(keras, optimizer, k):
             "this Keras has no gradient accumulation (Keras 2): a smaller batch would change "
             "the training")
     old = accumulation(optimizer)
+    optimizer._headroom_accumulation = k  # set by the runner, not by the script
     if k == old:
         to_update_boundary(optimizer)
         return
@@ -99,6 +108,17 @@ def set_accumulation(keras, optimizer, k):
     base = keras.optimizers.schedules.LearningRateSchedule
     if isinstance(schedule, base):
         optimizer._learning_rate = update_schedule(keras, schedule, k) if k > 1 else schedule
+
+
+def empty_at_boundary(optimizer):
+    """At an update boundary (the counter a multiple of the accumulation) nothing waits for an
+    update: empty the accumulators (a checkpoint saved after an out-of-memory error holds what
+    the failed update had gathered; its micro-batches are trained again)."""
+    k = accumulation(optimizer)
+    if k <= 1 or int(optimizer._iterations.numpy()) % k:
+        return
+    for acc in getattr(optimizer, "_accumulated_gradients", None) or ():
+        acc.assign(acc * 0)
 
 
 def to_update_boundary(optimizer):
@@ -236,6 +256,56 @@ def oom_text(error):
     return lines[0][:200] if lines else type(error).__name__
 
 
+HOST = "host"
+GPU = "gpu"
+_NODE = (re.compile(r"\{\{node ([^}\s]+)\}\}"),
+         re.compile(r"Detected at node '?([^'\s]+)'? defined"))
+_GPU = re.compile(r"device:GPU:\d+|by allocator GPU_|by allocator gpu")
+_HOST = re.compile(r"device:CPU:\d+|by allocator (cpu|mklcpu|cuda_host_bfc|gpu_host_bfc)")
+_EXACT_SCOPE = "headroom_exact"
+
+
+class OomSite:
+    """Where an out-of-memory error of ``fit()`` happened: ``device`` (``HOST``, ``GPU``, or
+    None when the error does not say: raised by Python code), ``node`` (the graph node that
+    failed, when known), ``in_update`` (the node is part of the optimizer's update: the weights
+    or the optimizer's state may be half updated) and ``backward`` (a gradient: where steps are
+    not atomic, updates of the layers whose gradients were ready may have been made)."""
+
+    def __init__(self, device, node, in_update, backward):
+        self.device = device
+        self.node = node
+        self.in_update = in_update
+        self.backward = backward
+
+    def __repr__(self):
+        return (f"OomSite({self.device!r}, {self.node!r}, in_update={self.in_update}, "
+                f"backward={self.backward})")
+
+
+def oom_site(error, optimizer=None):
+    """The ``OomSite`` of ``error`` (an out-of-memory error, ``is_oom``), from what TensorFlow
+    says: the device of the allocator that failed, and the node ("Detected at node ...")."""
+    if isinstance(error, MemoryError):
+        return OomSite(HOST, None, False, False)
+    text = str(error)
+    device = GPU if _GPU.search(text) else HOST if _HOST.search(text) else None
+    node = None
+    for pattern in _NODE:
+        found = pattern.search(text)
+        if found:
+            node = found.group(1)
+            break
+    scopes = [_EXACT_SCOPE]
+    name = getattr(optimizer, "name", None)
+    if isinstance(name, str) and name:
+        scopes.append(name)
+    parts = node.split("/") if node else []
+    in_update = any(scope in parts[:-1] for scope in scopes)
+    backward = any(part.startswith("gradient_tape") for part in parts[:-1])
+    return OomSite(device, node, in_update, backward)
+
+
 def release_memory():
     """Give back what the failed step held: its frames are gone once the error is dropped;
     collect their cycles, and hand freed heap pages back to the system (glibc), so the smaller
@@ -275,6 +345,238 @@ def make_atomic(tf, optimizer):
     return True
 
 
+# -- every batch of an epoch one update: the short last batch too ------------------------------
+
+
+def _samples(keras, tf, data):
+    """The number of samples of one batch of ``data`` (what Keras counts the loss with)."""
+    x = keras.utils.unpack_x_y_sample_weight(data)[0]
+    first = next(v for v in keras.tree.flatten(x) if v is not None)
+    return tf.shape(first)[0]
+
+
+def _scaled(tf, gradient, factor):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+class ExactSteps:
+    """Every batch of the user's one optimizer update with the gradient of the whole batch, the
+    last, short batch of an epoch included.
+
+    Keras accumulates ``k`` micro-batches and updates with the mean of their gradients: right for
+    a batch of ``k`` equal micro-batches, wrong for the last batch of an epoch whose samples are
+    fewer than the batch (most datasets): its micro-batches are fewer than ``k`` (Keras would
+    apply them with the next epoch's, or never) and the last of them is shorter (its mean
+    gradient would count as much as a whole micro-batch's). The input is trained in micro-batches
+    of ``micro`` (``batch / k``) in the order of the batches, so only the epoch's last micro-batch
+    can be short, and every micro-batch before it in its update is whole. Then, inside the
+    optimizer's ``apply``:
+
+    - each micro-step's gradient is weighted by its share of a whole micro-batch (``n / micro``:
+      1 but for a short one);
+    - a short micro-batch ends its update there: the counter is set to the update's last
+      micro-step, so Keras updates now, and the gradient handed to Keras is the one that turns
+      Keras's ``(g + accumulated) / k`` into the mean over the ``j + n / micro`` micro-batches
+      the update has (``j`` whole ones before it, read from the counter);
+    - after the epoch's last micro-step (``flush``), micro-batches still waiting (a last batch
+      of whole micro-batches, fewer than ``k``) are applied the same way, by an update of their
+      own.
+
+    So the update is the mean gradient over the samples of the batch (each micro-loss weighted by
+    its share of the batch), ``optimizer.iterations`` counts the user's batches, and the learning
+    rate is the one of that update: what plain Keras does at the full batch. Nothing is added to
+    the optimizer's variables: what an update waits for is read from its counter, which a
+    checkpoint keeps with the accumulators."""
+
+    def __init__(self, keras, tf, model):
+        self.keras = keras
+        self.tf = tf
+        self.model = model
+        self.micro = None  # the micro-batch trained (None: no accumulation)
+        self.samples = None  # while a train step is traced: its batch's number of samples
+        self._flush = None  # the compiled flush, for this micro-batch and accumulation
+        self._train_step = None  # the model's own train_step, while ours stands in
+
+    # -- set up ----------------------------------------------------------------------------
+
+    def arm(self, micro, k):
+        """Train micro-batches of ``micro``, ``k`` to an update (``k`` = 1: plain Keras)."""
+        optimizer = self.model.optimizer
+        self.micro = int(micro) if int(k) > 1 else None
+        self._flush = None
+        optimizer._headroom_exact = self
+        if getattr(optimizer, "_headroom_exact_apply", None) is None:
+            original = optimizer.apply
+
+            def apply(grads, trainable_variables=None):
+                exact = getattr(optimizer, "_headroom_exact", None)
+                samples = getattr(exact, "samples", None)
+                if exact is None or samples is None or not exact.micro:
+                    return original(grads, trainable_variables)
+                grads = exact._weighted(optimizer, list(grads), trainable_variables)
+                # Keras counts the step even when the input ran out before it (its counter's
+                # increment waits for nothing): here it counts micro-steps that trained.
+                with exact.tf.control_dependencies([samples]):
+                    return original(grads, trainable_variables)
+
+            optimizer.apply = apply
+            optimizer._headroom_exact_apply = original
+        if self._train_step is None:
+            model = self.model
+            own = model.train_step
+            exact = self
+
+            def train_step(data):
+                exact.samples = _samples(exact.keras, exact.tf, data) if exact.micro else None
+                try:
+                    return own(data)
+                finally:
+                    exact.samples = None
+
+            self._train_step = (own, "train_step" in vars(model))
+            model.train_step = train_step
+
+    def disarm(self):
+        """The model as it was (its own train_step); the optimizer weights nothing any more, and
+        the train function traced with the weighting is made again when next needed."""
+        if self._train_step is not None:
+            own, instance = self._train_step
+            if instance:
+                self.model.train_step = own
+            else:
+                vars(self.model).pop("train_step", None)
+            self._train_step = None
+            self.model.train_function = None
+        optimizer = getattr(self.model, "optimizer", None)
+        if getattr(optimizer, "_headroom_exact", None) is self:
+            optimizer._headroom_exact = None
+        self.micro = None
+
+    # -- inside the train step ---------------------------------------------------------------
+
+    def _weighted(self, optimizer, grads, variables):
+        """The micro-step's gradients weighted by its share of a whole micro-batch; a short
+        micro-batch (the epoch's last) ends its update (see the class). Nothing of the
+        optimizer's state changes here but its counter (which an out-of-memory error's restart
+        sets again): Keras's update sees the gradients that give the mean it needs."""
+        k = accumulation(optimizer)
+        if self.samples is None or not self.micro or k <= 1:
+            return grads
+        tf = self.tf
+        variables = list(variables if variables is not None else optimizer._trainable_variables)
+        if not optimizer.built:  # as Keras's apply builds it, before its first update
+            with self.keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(variables)
+            optimizer.built = True
+        with tf.name_scope(_EXACT_SCOPE):
+            share = tf.cast(self.samples, tf.float32) / float(self.micro)
+            short = share < 1.0
+            counter = optimizer._iterations
+            waiting = tf.cast(counter % k, tf.float32)  # whole micro-batches before this one
+            rescale = float(k) / (waiting + share)
+            accumulators = optimizer._accumulated_gradients
+            kept = [i for i, g in enumerate(grads) if g is not None]
+            dense = [tf.convert_to_tensor(grads[i]) for i in kept]
+            sums = [accumulators[optimizer._get_variable_index(variables[i])] for i in kept]
+
+            def whole():
+                return [g * tf.cast(share, g.dtype) for g in dense]
+
+            def closing():
+                # Keras updates with (g + accumulated) / k: this g makes it the mean over the
+                # micro-batches the update has, each weighted by its share.
+                return [g * tf.cast(share * rescale, g.dtype)
+                        + acc * tf.cast(rescale - 1.0, g.dtype) for g, acc in zip(dense, sums)]
+
+            weighted = tf.cond(short, closing, whole)
+
+            def to_last():
+                self._to_last_micro_step(optimizer, k)
+                return tf.constant(True)
+
+            tf.cond(short, to_last, lambda: tf.constant(False))
+        out = list(grads)
+        for i, g in zip(kept, weighted):
+            out[i] = g
+        return out
+
+    @staticmethod
+    def _to_last_micro_step(optimizer, k):
+        counter = optimizer._iterations
+        counter.assign(counter - counter % k + (k - 1))
+
+    # -- after the epoch's last micro-step --------------------------------------------------------
+
+    def flush(self):
+        """Apply the micro-batches still waiting for their update at the epoch's end (a last
+        batch of whole micro-batches, fewer than the accumulation): their mean gradient, as
+        plain Keras applies its last batch. Returns True when an update was made."""
+        optimizer = getattr(self.model, "optimizer", None)
+        k = accumulation(optimizer)
+        if not self.micro or k <= 1 or not getattr(optimizer, "built", False):
+            return False
+        waiting = int(optimizer._iterations.numpy()) % k
+        if not waiting:
+            return False
+        if self._flush is None:
+            self._flush = self.tf.function(self._flush_step, autograph=False)
+        self._flush(self.tf.constant(waiting, dtype=self.tf.float32))
+        return True
+
+    def count_the_end(self):
+        """The step that finds the input's end counts as an update, as it does for plain Keras
+        (the counter's increment runs while the input fails: an epoch of a dataset whose length
+        is not known counts one update more than its batches, and Adam's bias correction and a
+        schedule see it): here it counts a whole update, so they see the same."""
+        optimizer = getattr(self.model, "optimizer", None)
+        k = accumulation(optimizer)
+        if self.micro and k > 1 and getattr(optimizer, "built", False):
+            optimizer._iterations.assign_add(k)
+
+    def _flush_step(self, waiting):
+        tf = self.tf
+        optimizer = self.model.optimizer
+        k = accumulation(optimizer)
+        with tf.name_scope(_EXACT_SCOPE):
+            variables = list(optimizer._trainable_variables)
+            sums = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
+                    for v in variables]
+            # (g + accumulated) / k with this g: the mean over the waiting micro-batches.
+            grads = [acc * tf.cast(float(k) / waiting - 1.0, acc.dtype) for acc in sums]
+            self._to_last_micro_step(optimizer, k)
+        optimizer.apply(grads, variables)
+
+    def wrap_train_function(self, last_step):
+        """The model's compiled train function, which flushes (``flush``) after the epoch's
+        last micro-step: once ``last_step()`` says the step was the epoch's last, or when the
+        input ran out (a dataset whose length is not known). Set once Keras made it."""
+        model = self.model
+        inner = getattr(model, "train_function", None)
+        if inner is None or getattr(inner, "_headroom_flushes", False) or not self.micro:
+            return
+        exact = self
+        ended = (StopIteration, self.tf.errors.OutOfRangeError)
+
+        def train_function(iterator):
+            try:
+                logs = inner(iterator)
+            except ended:
+                exact.flush()
+                exact.count_the_end()
+                raise
+            if last_step():
+                exact.flush()
+            return logs
+
+        train_function._headroom_flushes = True
+        model.train_function = train_function
+
+
 def _gpus_visible():
     return bool(forecast.gpu_names(sys.modules.get("tensorflow")))
 
@@ -296,11 +598,18 @@ class Shrinker:
         self.keras3 = keras3
         self.x = bound.arguments.get("x")
         self.kind, self.why = input_kind(self.x) if self.x is not None else (None, "no input")
-        self.k = accumulation(getattr(model, "optimizer", None))
+        optimizer = getattr(model, "optimizer", None)
+        self.k = accumulation(optimizer)
+        # The optimizer accumulates as an earlier fit of the runner's shrank it: this fit's
+        # batch is the effective batch, trained in micro-batches alike (a script's own
+        # accumulation makes its batch the micro-batch).
+        self.inherited = self.k > 1 and getattr(optimizer, "_headroom_accumulation", None) == \
+            self.k
         self.batch = None  # the effective batch, known once needed
         self.steps_per_epoch = bound.arguments.get("steps_per_epoch")
         self.tf_backend = False  # set by prepare()
         self.plain_batch = None  # the batch trained without accumulation, once halved so
+        self.exact = None  # ExactSteps, once the fit trains micro-batches
 
     def prepare(self, tf_backend):
         """At the start of the fit: say when it cannot shrink; else, on a GPU (where training
@@ -315,8 +624,14 @@ class Shrinker:
         if self.kind is None and self.x is not None:
             self.session.note("info", f"{self.why}; an out-of-memory error ends the job")
             return
-        if self.refusal() is None and _gpus_visible():
+        # A job relaunched after an out-of-memory error has had one: atomic from the start.
+        relaunched = self.session.options.get("relaunch") is not None
+        if self.refusal() is None and (_gpus_visible() or relaunched):
             self.atomic()
+        batch = self.effective_batch(read=False) if self.refusal() is None else None
+        if self.k > 1 and batch and not self.inherited:
+            # The script's optimizer accumulates: its batch is the micro-batch.
+            self._exact(micro_batch(batch, self.k), self.k)
 
     def atomic(self):
         """Make the fit's optimizer steps atomic (``make_atomic``), once."""
@@ -326,18 +641,44 @@ class Shrinker:
             if make_atomic(tf, optimizer):
                 self.model.train_function = None  # traced again, with the atomic step
 
+    def is_atomic(self):
+        """The fit's optimizer steps are atomic (``make_atomic``)."""
+        return bool(getattr(getattr(self.model, "optimizer", None), "_headroom_atomic", False))
+
+    def trusted(self, site):
+        """The weights and the optimizer's state are those of the last whole update after an
+        out-of-memory error at ``site`` (``OomSite``): the error was not in the optimizer's
+        update, nor in a gradient of a step that is not atomic."""
+        return not site.in_update and (self.is_atomic() or not site.backward)
+
     def effective_batch(self, read=True):
         """The batch each optimizer update sees; a dataset without a static batch dimension
         has one batch read to know it (``read`` False: None instead)."""
         if self.batch is None:
+            times = 1 if self.inherited else self.k
             if self.kind == ARRAYS:
-                self.batch = int(self.bound.arguments.get("batch_size") or 32) * self.k
+                self.batch = int(self.bound.arguments.get("batch_size") or 32) * times
             elif self.kind == DATASET:
                 dim = _batch_dim(self.x.element_spec)
                 if dim is None and not read:
                     return None
-                self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * self.k
+                self.batch = int(dim or _batch_size(next(iter(self.x.take(1))))) * times
         return self.batch
+
+    def one_batch(self):
+        """One sample of the fit's input, as (x, y, sample_weight) or the dataset's element, or
+        None (input of another kind)."""
+        args = self.bound.arguments
+        if self.kind == ARRAYS:
+            tree = self.keras.tree
+
+            def cut(value):
+                return None if value is None else tree.map_structure(lambda a: a[:1], value)
+
+            return cut(args.get("x")), cut(args.get("y")), cut(args.get("sample_weight"))
+        if self.kind == DATASET:
+            return next(iter(self.x.take(1)))
+        return None
 
     def micro(self):
         """The micro-batch trained now, when known without reading the input (else None)."""
@@ -367,6 +708,7 @@ class Shrinker:
         if switch:
             self.switch(k)
         self.atomic()
+        self._exact(micro, k)
         if self.kind == ARRAYS:
             self.bound.arguments["batch_size"] = micro
         else:
@@ -375,6 +717,27 @@ class Shrinker:
             self.bound.arguments["steps_per_epoch"] = int(self.steps_per_epoch) * k
         self.model.train_function = None  # compiled for the old optimizer: built again
         return micro
+
+    def _exact(self, micro, k):
+        """Every batch one update with the gradient of the whole batch (``ExactSteps``)."""
+        tf = sys.modules.get("tensorflow")
+        if self.exact is None and (k <= 1 or not self.tf_backend or tf is None):
+            return
+        if self.exact is None:
+            self.exact = ExactSteps(self.keras, tf, self.model)
+        self.exact.arm(micro, k)
+
+    def flush_after(self, last_step):
+        """Keras made the fit's train function: from now on it applies what waits at the end
+        of an epoch (``ExactSteps.wrap_train_function``)."""
+        if self.exact is not None:
+            self.exact.wrap_train_function(last_step)
+
+    def done(self):
+        """The fit ended: the model's own train step again."""
+        if self.exact is not None:
+            self.exact.disarm()
+            self.exact = None
 
     def switch(self, k):
         """The optimizer accumulates ``k`` micro-batches an update from now on (the input is

@@ -21,6 +21,11 @@ The options arrive as JSON in ``HEADROOM_JOB_OPTIONS`` (written by ``trayapp.job
     fit_batch         bool  before training, choose the largest micro-batch forecast to fit (the
                       same training; ``trayapp.runner.fitbatch``)
     no_fit_note_seconds   number (how long after TensorFlow/Keras import to say "no fit()")
+    relaunch          {fit, accumulation, temporary} | null   set by the runner itself when it
+                      relaunches the job in a fresh process (``trayapp.runner.relaunch``): fit
+                      number ``fit`` resumes at micro-batches of batch / ``accumulation``;
+                      ``temporary``: the checkpoint folder is the runner's own, deleted at the
+                      end
 
 Environment-only options (GPU choice, allocator, growth's environment variable) are set by the
 launcher in the job's environment and need nothing here.
@@ -45,6 +50,7 @@ _KEYS = {
     "accumulation": (int,),
     "fit_batch": (bool,),
     "no_fit_note_seconds": (int, float),
+    "relaunch": (dict, type(None)),
 }
 
 DEFAULTS = {
@@ -63,6 +69,7 @@ DEFAULTS = {
     "accumulation": 1,
     "fit_batch": False,
     "no_fit_note_seconds": 60,
+    "relaunch": None,
 }
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -107,7 +114,23 @@ def read_options(text):
         raise OptionError("job option min_batch: {!r} is not valid".format(options["min_batch"]))
     if options["precision"] is not None and options["precision"] not in PRECISIONS:
         raise OptionError("job option precision: {!r} is not valid".format(options["precision"]))
+    if options["relaunch"] is not None:
+        options["relaunch"] = _relaunch(options["relaunch"])
     return options
+
+
+def _relaunch(value):
+    def whole(key, low, high):
+        v = value.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise OptionError(f"job option relaunch: {key} {v!r} is not valid")
+        return v
+
+    temporary = value.get("temporary", False)
+    if not isinstance(temporary, bool):
+        raise OptionError(f"job option relaunch: temporary {temporary!r} is not valid")
+    return {"fit": whole("fit", 1, 1 << 30), "accumulation": whole("accumulation", 2, 1024),
+            "temporary": temporary}
 
 
 def tensorflow_flags(options):

@@ -17,6 +17,12 @@ drops that many batches of the restarted epoch instead of training on them, so a
 since the last checkpoint are trained twice. On other backends the restarted epoch is trained
 from its first batch.
 
+The metadata keeps the fit's History too (``headroom.history``: every whole epoch's number and
+logs), so a resumed ``fit()`` returns the History of the whole training, and, for a checkpoint
+saved inside an epoch, the training metrics' state (``headroom.metrics``: each metric's
+variables, a mean's total and count), put back as the resumed epoch begins, so its logs cover the
+whole epoch.
+
 Park and stop both save where training is (with a checkpoint folder) and end ``fit()`` at the
 batch; the job then exits (``PARK_EXIT_CODE`` / ``STOP_EXIT_CODE``) without running the rest of
 the script, and the checkpoint stays resumable. A stop without a checkpoint folder ends the same
@@ -29,7 +35,7 @@ import os
 import sys
 import time
 
-from . import forecast, protocol
+from . import forecast, protocol, shrink
 from .control import Parked, Stopped
 from .tfoptions import gpu_memory
 
@@ -55,6 +61,24 @@ def _drop_checkpoint(folder):
         os.rmdir(folder)  # only when nothing else is left in it
     except OSError:
         pass
+
+
+def drop_checkpoints(base):
+    """Delete the checkpoints of every fit in ``base`` (a folder of the runner's own), and the
+    folder once empty."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("fit-") and name[4:].isdigit():
+            _drop_checkpoint(os.path.join(base, name))
+    try:
+        os.rmdir(base)
+    except OSError:
+        pass
+
+
 _PROGRESS_SECONDS = 0.25
 
 
@@ -120,14 +144,16 @@ class FitRun:
         self.shrinker = None  # what changes its micro-batch (runner.shrink.Shrinker)
         self.epoch_updates = None  # the optimizer's updates when this epoch began
         self.in_memory = False  # trained on after an out-of-memory error, not from a checkpoint
-        # (saved, k): restored at the accumulation its checkpoint was saved with (a job ended
-        # in the middle of training, not parked), then switched to k before the first batch.
-        self.switch_after_restore = None
         # The batch of this epoch whose step is under way (set before the user's callbacks):
         # if it fails, the batches before it are done.
         self.begun = None
         self.forecast_sent = False
         self.step_meter = None  # the forecast from the first steps (runner.forecast)
+        # Every whole epoch of this fit so far, [epoch, logs], the ones a checkpoint brought
+        # back first: saved with each checkpoint, and the History fit() returns has them.
+        self.epochs_done = []
+        self._attempt_begun = False  # the History of this fit() attempt has the earlier epochs
+        self.metric_state = None  # (epoch, {metric: [values]}) to put back as it begins
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -155,8 +181,10 @@ class FitRun:
             return None
         return data if isinstance(data, dict) else None
 
-    def save(self, epoch, done, reason, finished=False):
-        """Write the files BackupAndRestore restores; returns True when saved."""
+    def save(self, epoch, done, reason, finished=False, metrics=None):
+        """Write the files BackupAndRestore restores; returns True when saved. ``metrics``: the
+        training metrics' state to keep (default: as they are now, inside an epoch, but after
+        an out-of-memory error, when they may count part of the failed step)."""
         if not self.dir:
             return False
         try:
@@ -173,8 +201,13 @@ class FitRun:
                     "finished": finished,
                     "fit": self.index,
                     "time": time.time(),
+                    "history": [[e, logs] for e, logs in self.epochs_done if e < epoch],
                 },
             }
+            if metrics is None and done and reason != "oom":
+                metrics = _metric_state(self.model)
+            if done and metrics:
+                metadata["headroom"]["metrics"] = metrics
             partial = os.path.join(self.dir, METADATA_FILE + ".saving")
             with open(partial, "w") as f:
                 json.dump(metadata, f)
@@ -245,22 +278,31 @@ class FitRun:
         start = _int(getattr(self.model, "_initial_epoch", None), 0) or self.initial_epoch
         self.epoch = start
         self.position = (start, 0)
+        self._attempt_begun = False
         if self.dir and self.keras3 and not self.in_memory:
             metadata = self.read_metadata()
             extra = metadata.get("headroom") if metadata else None
             if isinstance(extra, dict) and metadata.get("epoch") == start:
                 self.restored_finished = bool(extra.get("finished"))
+                self.epochs_done = [[e, logs] for e, logs in _saved_history(metadata)
+                                    if e < start]
                 done = _int(extra.get("batches_done"), 0)
                 if done > 0 and not self.restored_finished:
                     if self.tf_backend and done % self.k == 0:
                         self.skip, self.skip_epoch = done, start
+                        if isinstance(extra.get("metrics"), dict):
+                            self.metric_state = (start, extra["metrics"])
                     else:
                         self.session.note(
                             "info",
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
-        if self.switch_after_restore is not None:
-            self._switch_restored()
+        if self.metric_state is not None:
+            _build_metrics(self.model, self.shrinker)
+        if self.shrinker is not None:
+            if not self.in_memory and getattr(self.model.optimizer, "built", False):
+                shrink.empty_at_boundary(self.model.optimizer)
+            self.shrinker.flush_after(self._last_step)
         tf = sys.modules.get("tensorflow")
         self.gpu_names = forecast.gpu_names(tf)
         self._start_forecast(tf)
@@ -270,9 +312,25 @@ class FitRun:
         if self.session.control.stop:
             self.request_stop(save=False)
 
+    def _last_step(self):
+        """The micro-step just trained was the epoch's last."""
+        steps, begun = self.steps, self.begun
+        return steps is not None and begun is not None and begun + self.k >= steps
+
     def epoch_begin(self, epoch):
         self.epoch = epoch
         self.position = (epoch, 0)
+        if not self._attempt_begun:
+            self._attempt_begun = True
+            _prepend_history(getattr(self.model, "history", None),
+                             [[e, logs] for e, logs in self.epochs_done if e < epoch])
+        if self.metric_state is not None:
+            saved_epoch, state = self.metric_state
+            self.metric_state = None
+            if saved_epoch == epoch and not _put_metric_state(self.model, state):
+                self.session.note("info", f"epoch {epoch + 1}'s metrics cover the batches "
+                                          "trained after the checkpoint only (a metric's state "
+                                          "could not be restored)")
         skipped = self.skip if self.skip and epoch == self.skip_epoch else 0
         self.epoch_updates = self._updates() - skipped // self.accumulation
         self.begun = skipped if skipped else None
@@ -319,6 +377,8 @@ class FitRun:
         complete = epoch_done == epoch + 1 or (self.steps is None and not self.stop_seen)
         if complete:
             self.position = (epoch + 1, 0)
+            self.epochs_done = [[e, v] for e, v in self.epochs_done if e != epoch]
+            self.epochs_done.append([epoch, _epoch_logs(logs)])
             if self.steps is None and done:
                 self.steps = done
             if self.dir and self.keras3 and not self.every and not self.stopping \
@@ -330,6 +390,9 @@ class FitRun:
             self.session.control.serve(self)
 
     def train_end(self, logs):
+        if not self._attempt_begun:  # a finished fit restored: no epoch left to train
+            self._attempt_begun = True
+            _prepend_history(getattr(self.model, "history", None), self.epochs_done)
         if self.session.control.parked or self.stopping or not self.keras3 or not self.dir:
             return  # parked or stopped: the checkpoint says where training stands
         if self.last_saved == (self.epochs, 0) or (self.restored_finished and not self.trained):
@@ -337,21 +400,6 @@ class FitRun:
         # A finished fit (also one the script's own callbacks stopped early): a resumed script
         # restores these weights and trains no more epochs of it.
         self.save(self.epochs, 0, "end", finished=True)
-
-    def _switch_restored(self):
-        """The checkpoint was restored as it was saved; now the micro-batches it is relaunched
-        at: the optimizer accumulates k (its counter and schedule follow), and the batches of
-        the epoch to skip are counted in the new micro-batches."""
-        saved, k = self.switch_after_restore
-        self.switch_after_restore = None
-        try:
-            self.shrinker.switch(k)
-            self.model.make_train_function(force=True)
-        except Exception as e:  # an optimizer that cannot accumulate: the full batch
-            self.session.note("warn", f"cannot train micro-batches of {k}: {_first_line(e)}")
-            return
-        if self.skip:
-            self.skip = self.skip // saved * k
 
     def _to_smaller(self, done):
         """A park to relaunch smaller: switch to the new accumulation here, at an update
@@ -486,6 +534,96 @@ class FitRun:
         self.skip = 0
         self.skipping = True
         model.train_function = skip_batches
+
+
+def _epoch_logs(logs):
+    """An epoch's logs as the History keeps them (numbers), for a checkpoint's JSON."""
+    out = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _saved_history(metadata):
+    """[[epoch, logs], ...]: the whole epochs a checkpoint's metadata holds (none when it holds
+    none, or something else)."""
+    extra = metadata.get("headroom") if isinstance(metadata, dict) else None
+    saved = extra.get("history") if isinstance(extra, dict) else None
+    out = []
+    for item in saved if isinstance(saved, list) else ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict) and \
+                isinstance(item[0], int) and not isinstance(item[0], bool):
+            logs = {str(k): float(v) for k, v in item[1].items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            out.append([item[0], logs])
+    return out
+
+
+def _prepend_history(history, epochs_done):
+    """The earlier epochs (a checkpoint's, an earlier attempt's) first in a fit's History, as
+    its first epoch begins: the History that fit() returns, and that callbacks read as they
+    train, has every epoch."""
+    if history is None or not epochs_done or not hasattr(history, "history"):
+        return
+    logs = {}
+    for _, values in epochs_done:
+        for key, value in values.items():
+            logs.setdefault(key, []).append(value)
+    for key, values in logs.items():
+        history.history[key] = values + list(history.history.get(key, []))
+    history.epoch = [e for e, _ in epochs_done] + list(getattr(history, "epoch", []) or [])
+
+
+def _metric_state(model):
+    """{metric name: [its variables' values]} of the training metrics (the loss's mean, the
+    compiled metrics: totals and counts), for a checkpoint saved inside an epoch."""
+    out = {}
+    try:
+        for metric in model.metrics:
+            values = [v.numpy().tolist() for v in metric.variables]
+            if values:
+                out[metric.name] = values
+    except Exception:  # a metric whose state is not its variables
+        return {}
+    return out
+
+
+def _build_metrics(model, shrinker):
+    """Make the compiled metrics' variables now, as Keras does under a distribution strategy
+    (the TensorFlow backend otherwise makes them as the first step is traced), so that a
+    checkpoint's metric state can be put in them as the epoch begins."""
+    metrics = getattr(model, "_compile_metrics", None)
+    if metrics is None or getattr(metrics, "built", True) or shrinker is None or \
+            not hasattr(model, "_symbolic_build"):
+        return
+    try:
+        batch = shrinker.one_batch()
+        if batch is not None:
+            model._symbolic_build(data_batch=batch)
+    except Exception:  # the epoch's metrics then cover the batches trained after the checkpoint
+        pass
+
+
+def _put_metric_state(model, state):
+    """The metrics as a checkpoint saved them; False when one of them could not be."""
+    whole = True
+    for metric in getattr(model, "metrics", None) or ():
+        values = state.get(metric.name)
+        variables = list(metric.variables)
+        if not values and not variables:
+            continue
+        if values is None or len(values) != len(variables):
+            whole = False
+            continue
+        try:
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+        except Exception:
+            whole = False
+    return whole
 
 
 def _first_line(error):
