@@ -35,24 +35,6 @@ def local_gpus(demo: bool) -> Tuple[GpuReading, ...]:
         backend.close()
 
 
-def current_rlimits() -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
-    """This process's resource limits (``sv.RLIMITS``), as a job spec holds them: the job gets
-    them whoever started the engine. () where there are none (Windows)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return ()
-    out = []
-    for name in sv.RLIMITS:
-        which = getattr(resource, f"RLIMIT_{name}", None)
-        if which is None:
-            continue
-        soft, hard = resource.getrlimit(which)
-        out.append((name, None if soft == resource.RLIM_INFINITY else soft,
-                    None if hard == resource.RLIM_INFINITY else hard))
-    return tuple(sorted(out))
-
-
 def engine_rlimits(paths: Paths) -> Optional[Dict[str, Any]]:
     """The running engine's resource limits, or this process's when none runs (the engine
     that ``headroom run`` starts takes them from here); None when they cannot be told."""
@@ -60,7 +42,7 @@ def engine_rlimits(paths: Paths) -> Optional[Dict[str, Any]]:
         with EngineClient(paths, timeout=2.0) as c:
             limits = (c.status().get("engine") or {}).get("rlimits")
     except EngineUnavailable:
-        return {name: [soft, hard] for name, soft, hard in current_rlimits()}
+        return {name: [soft, hard] for name, soft, hard in sv.own_rlimits()}
     except EngineError:
         return None
     return limits if isinstance(limits, dict) else None
@@ -68,7 +50,7 @@ def engine_rlimits(paths: Paths) -> Optional[Dict[str, Any]]:
 
 def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
     try:
-        spec = dataclasses.replace(spec_from_cli(args), rlimits=current_rlimits())
+        spec = dataclasses.replace(spec_from_cli(args), rlimits=sv.own_rlimits())
     except SpecError as e:
         raise UsageError(one_line(e)) from None
     gpus = local_gpus(demo(args))

@@ -30,7 +30,7 @@ from trayapp.engine.store import Store
 from trayapp.jobs.envfile import hide_stored
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
-from trayapp.jobs.spec_values import RLIMITS
+from trayapp.jobs.spec_values import own_rlimits
 from trayapp.probes.consumers import ram_by_name
 from trayapp.probes.gpu import GpuBackend, make_backend
 from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
@@ -605,16 +605,6 @@ def setup_logging(log_file: Path, to_stderr: bool = True, level: int = logging.I
 
 
 def _rlimits() -> Optional[Dict[str, List[Optional[int]]]]:
-    """The engine's own resource limits (``spec_values.RLIMITS``), None: unlimited; None on
-    Windows. ``headroom run --dry-run`` says where a job's differ."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    out: Dict[str, List[Optional[int]]] = {}
-    for name in RLIMITS:
-        which = getattr(resource, f"RLIMIT_{name}", None)
-        if which is not None:
-            out[name] = [None if v == resource.RLIM_INFINITY else v
-                         for v in resource.getrlimit(which)]
-    return out
+    """The engine's own resource limits, None: unlimited; None on Windows. ``headroom run
+    --dry-run`` says where a job's differ."""
+    return {name: [soft, hard] for name, soft, hard in own_rlimits()} or None

@@ -332,6 +332,22 @@ RLIMITS = ("AS", "DATA", "RSS", "NOFILE", "NPROC", "STACK", "CORE", "CPU")
 RLIMIT_MAX = 2**63  # beyond any real limit; None is "unlimited"
 
 
+def own_rlimits() -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
+    """This process's resource limits (``RLIMITS``) as a job spec holds them, None for
+    unlimited; () where there are none (Windows)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return ()
+    out = []
+    for name in RLIMITS:
+        which = getattr(resource, f"RLIMIT_{name}", None)
+        if which is not None:
+            out.append((name, *(None if v == resource.RLIM_INFINITY else v
+                                 for v in resource.getrlimit(which))))
+    return tuple(sorted(out))  # type: ignore[arg-type]
+
+
 def want_rlimits(name: str, v: Any) -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
     """``{"AS": [soft, hard], ...}`` (None: unlimited) -> sorted (name, soft, hard) tuples.
     Refuses an unknown name, a value that is not a whole number in range, a soft limit above
