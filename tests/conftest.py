@@ -93,6 +93,25 @@ def end_processes_of(home: Path) -> None:
     psutil.wait_procs(mine, timeout=5)
 
 
+def suspended(pid: int) -> bool:
+    """Stopped by signal, or frozen by its v1 freezer cgroup; not merely held at its cgroup's
+    memory limit by the kernel brake (state D too), which the guard's pause follows."""
+    import psutil
+
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+            return True
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "freezer" in controllers.split(","):
+                state = Path(f"/sys/fs/cgroup/freezer{path}/freezer.state")
+                # FREEZING: asked, and a task held at its limit in the kernel freezes later
+                return state.exists() and state.read_text().strip() in ("FROZEN", "FREEZING")
+    except (psutil.Error, OSError, ValueError):
+        pass
+    return False
+
+
 def _thaw(pid: int) -> None:
     """Thaw the v1 freezer cgroup ``pid`` is in, where it has one of its own (a job paused by
     an engine that was killed stays frozen)."""

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import psutil
 import pytest
 
-from tests.conftest import REPO, EngineProcess, headroom_cmd, run_cli
+from tests.conftest import REPO, EngineProcess, headroom_cmd, run_cli, suspended
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
 from trayapp.probes.memory import make_memory_probe
@@ -194,23 +194,6 @@ def _process_stopped(pid: int) -> bool:
         return False
 
 
-def _suspended_by_the_guard(pid: int) -> bool:
-    """Stopped by signal, or frozen by its freezer cgroup; not merely held at its cgroup's
-    limit by the kernel brake (also state D), which the guard's pause follows."""
-    try:
-        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
-            return True
-        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "freezer" in controllers.split(","):
-                state = Path(f"/sys/fs/cgroup/freezer{path}/freezer.state")
-                # FREEZING: asked, and a task held at its limit in the kernel freezes later
-                return state.exists() and state.read_text().strip() in ("FROZEN", "FREEZING")
-    except (psutil.Error, OSError, ValueError):
-        pass
-    return False
-
-
 def test_the_guard_acts_with_no_client_connected(
         start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
     engine = start_engine()
@@ -221,7 +204,7 @@ def test_the_guard_acts_with_no_client_connected(
     pid = job["pid"]
     try:
         # Nobody is connected now: the hog is watched through /proc alone.
-        wait_for("the hog to be suspended", lambda: _suspended_by_the_guard(pid), 30)
+        wait_for("the hog to be suspended", lambda: suspended(pid), 30)
         assert progress_mib(progress) <= 350
         with engine.client() as c:
             job = c.job_get(job["id"])

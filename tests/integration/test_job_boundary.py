@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator
 import psutil
 import pytest
 
-from tests.conftest import REPO, EngineProcess, wait_for
+from tests.conftest import REPO, EngineProcess, suspended, wait_for
 from trayapp.config import Config, Paths
 from trayapp.engine import service
 from trayapp.engine.client import EngineClient
@@ -24,14 +24,6 @@ SCRIPTS = REPO / "tests" / "scripts"
 HOSTILE = str(SCRIPTS / "jobs" / "hostile.py")
 HOG = str(SCRIPTS / "guard" / "hog.py")
 MiB = 1 << 20
-
-
-def stopped(pid: int) -> bool:
-    # Stopped by signal, or frozen in its cgroup by the kernel brake's freezer (state D).
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP)
-    except psutil.Error:
-        return False
 
 
 def progress_mib(path: Path) -> float:
@@ -58,8 +50,10 @@ def kill_job(client: EngineClient, job: Dict[str, Any]) -> None:
 
 def assert_hog_paused_by_guard(client: EngineClient, hog: Dict[str, Any],
                                progress: Path) -> None:
-    wait_for(lambda: stopped(hog["pid"]), 40, "the guard to suspend the hog")
-    job = client.job_get(hog["id"])
+    # Held by the kernel at its limit (state D) a moment before the guard pauses it.
+    job = wait_for(lambda: (lambda j: j if suspended(hog["pid"]) and j["state"] == "paused"
+                            else None)(client.job_get(hog["id"])), 40,
+                   "the guard to pause the hog")
     assert job["state"] == "paused" and job["paused_by"] == "guard", job
     assert progress_mib(progress) <= 400  # paused near its 300 MiB budget, not at its bound
 
@@ -149,7 +143,7 @@ def test_the_ladder_acts_when_the_rest_of_the_tick_fails(engine_in_process: Any,
         monkeypatch.setattr(engine.store, "add_sample", broken)
         monkeypatch.setattr(engine.store, "add_event", broken)
         monkeypatch.setattr(type(engine), "status", broken)
-        wait_for(lambda: stopped(hog["pid"]), 40, "the guard to suspend the hog")
+        wait_for(lambda: suspended(hog["pid"]), 40, "the guard to suspend the hog")
         assert progress_mib(progress) <= 400
         # The guard's own status (published at the end of the tick that acted) says so too.
         wait_for(lambda: engine.guard.state_json()["state"] == "pause", 10, "the guard's status")
