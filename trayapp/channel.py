@@ -576,7 +576,7 @@ class ChannelServer:
                         answer = {"id": None, "ok": False, "code": "internal",
                                   "error": "internal error in the engine (see its log)"}
                     if answer is not None:
-                        peer.send(answer)
+                        peer.send_bytes(self._bounded(answer))
                 finally:
                     peer.last_active = time.monotonic()
                     peer.handling = False
@@ -590,6 +590,22 @@ class ChannelServer:
                     self.on_close(peer)
                 except Exception:
                     log.exception("%s: on_close failed", self.name)
+
+    def _bounded(self, answer: Any) -> bytes:
+        """``answer`` encoded; one larger than a client reads is replaced by a refusal that says
+        so (the client would otherwise drop the connection on it)."""
+        data = encode(answer)
+        if len(data) <= self.max_message_bytes:
+            return data
+        req_id = answer.get("id") if isinstance(answer, dict) else None
+        log.warning("%s: an answer of %d bytes was not sent (at most %d)", self.name, len(data),
+                    self.max_message_bytes)
+        if not isinstance(req_id, (int, str)) or len(str(req_id)) > 200:
+            req_id = None
+        return encode({"id": req_id,
+                       "ok": False, "code": "too_large",
+                       "error": f"the answer is larger than {self.max_message_bytes} bytes; "
+                                "ask for less"})
 
     def _idle_too_long(self, peer: Peer) -> bool:
         return (self.idle_timeout is not None and not peer.subscriptions

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.channel import encode
 from trayapp.runner.protocol import MAX_MESSAGE_BYTES, ProtocolError
+from trayapp.text import one_line
 
 __all__ = ["MAX_MESSAGE_BYTES", "ProtocolError", "REQUESTS", "encode", "parse_request",
            "ok", "error", "push"]
@@ -87,6 +88,8 @@ def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
     req_id = msg.get("id")
     if not isinstance(req_id, (int, str, type(None))) or isinstance(req_id, bool):
         raise ProtocolError("id must be a number or a string")
+    if isinstance(req_id, str) and len(req_id) > MAX_ID_CHARS:
+        raise ProtocolError(f"id is longer than {MAX_ID_CHARS} characters")
     op = msg.get("op")
     if not isinstance(op, str) or op not in REQUESTS:
         raise ProtocolError(f"unknown op {op!r}" if isinstance(op, str) else "no op")
@@ -138,8 +141,14 @@ def ok(req_id: Any, result: Any) -> Dict[str, Any]:
     return {"id": req_id, "ok": True, "result": result}
 
 
+MAX_ID_CHARS = 200  # a request's id, given back in its answer
+MAX_ERROR_CHARS = 500  # an error's message (it may quote the request)
+
+
 def error(req_id: Any, message: str, code: str = "error") -> Dict[str, Any]:
-    return {"id": req_id, "ok": False, "error": message, "code": code}
+    """A refusal; its message is one line of at most ``MAX_ERROR_CHARS`` (a request's words
+    quoted in it cannot make the answer larger than a client reads)."""
+    return {"id": req_id, "ok": False, "error": one_line(message, MAX_ERROR_CHARS), "code": code}
 
 
 def push(kind: str, data: Any) -> Dict[str, Any]:
