@@ -19,6 +19,7 @@ from trayapp.probes.gpu import (
     cuda_version_text,
     make_backend,
 )
+from trayapp.probes.names import person_name
 from trayapp.probes.snapshot import GpuReading
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -236,7 +237,8 @@ def test_process_name_comes_from_psutil_for_a_live_pid() -> None:
     try:
         (g,) = b.read()
         (p,) = [p for p in g.processes if p.pid == os.getpid()]
-        assert p.name == psutil.Process().name()
+        me = psutil.Process()
+        assert p.name == person_name(me.name(), me.cmdline())  # "pytest", not "python3"
     finally:
         b.close()
 

@@ -11,6 +11,7 @@ from typing import Iterator, List
 import psutil
 import pytest
 
+from trayapp.probes.names import person_name
 from trayapp.probes.processes import (
     SAME_PROCESS_TOLERANCE_S,
     ProcessSampler,
@@ -156,7 +157,8 @@ def test_gone_process(hog: subprocess.Popen) -> None:
 
 
 def test_process_name_of_this_process() -> None:
-    assert process_name(os.getpid()) == psutil.Process().name()
+    me = psutil.Process()
+    assert process_name(os.getpid()) == person_name(me.name(), me.cmdline())
 
 
 # Grows by SIZE MiB (touched) each time a line comes on its stdin, and says so.

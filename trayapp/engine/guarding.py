@@ -43,6 +43,7 @@ from trayapp.engine.guard import (
 )
 from trayapp.engine.parts import Parts
 from trayapp.jobs.record import JobRecord
+from trayapp.probes.names import Namer
 from trayapp.probes.processes import (
     ProcessRow,
     ProcessSampler,
@@ -140,6 +141,7 @@ class GuardService:
         self._interval: Optional[float] = None
         self._gpus_seen: Any = None
         self._top: List[ProcessRow] = []
+        self._namer = Namer()
         self._top_at = -1e18  # monotonic time of the last process sample
         self._foreign_paused: Dict[int, Tuple[float, str, int]] = {}  # pid -> (created, name,
         # rss)
@@ -438,10 +440,12 @@ class GuardService:
         owner = {pid: j.id for j in jobs for pid in j.pids}
         out: Dict[int, ProcessView] = {}
         if time.monotonic() - self._top_at <= TOP_MAX_AGE:
-            for pid, name, rss, _, rate in self._top:
+            for pid, name, rss, created, rate in self._top:
                 job_id = owner.get(pid)
-                rule = None if job_id or pid == self._self_pid else _rule_for(name, policy.rules)
-                out[pid] = ProcessView(pid, name, rss, rate, job_id, rule,
+                shown = self._namer.name(pid, name, created)  # "train.py", not "python3"
+                rule = None if job_id or pid == self._self_pid else (
+                    _rule_for(name, policy.rules) or _rule_for(shown, policy.rules))
+                out[pid] = ProcessView(pid, shown, rss, rate, job_id, rule,
                                        pid in self._foreign_paused, pid == self._self_pid)
         for pid, (_, name, rss) in self._foreign_paused.items():
             if pid not in out:

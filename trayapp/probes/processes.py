@@ -25,6 +25,7 @@ from typing import (
 
 import psutil
 
+from trayapp.probes.names import Namer
 from trayapp.probes.snapshot import GpuReading, ProcessMemory
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
@@ -42,10 +43,15 @@ def tree_pids(pid: int) -> List[int]:
     return [pid] + [c.pid for c in children]
 
 
+_NAMER = Namer()
+
+
 def process_name(pid: int) -> str:
-    """The process's name (``python3``, ``Xorg``); "" when it is gone or hidden from us."""
+    """The process's name as a person knows it (``train.py``, ``Xorg``, ``Headroom engine``:
+    ``probes.names``); "" when it is gone or hidden from us."""
     try:
-        return psutil.Process(pid).name()
+        proc = psutil.Process(pid)
+        return _NAMER.name(pid, proc.name(), proc.create_time())
     except (psutil.Error, OSError, ValueError):
         return ""
 
