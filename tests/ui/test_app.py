@@ -187,6 +187,7 @@ def test_a_second_instance_asks_the_first_to_open_a_window(qtbot, paths, home) -
             assert blocker.args == [window]
             out, err = proc.communicate(timeout=20)
             assert proc.returncode == 0, err.decode()
+            assert out.decode() == f"Headroom is already running; opened the {window}\n"
         # Another state folder is another user's tray: it does not ask this one.
         other = SingleInstance(get_paths_for(home.parent / "other"))
         try:

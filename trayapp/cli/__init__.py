@@ -28,6 +28,7 @@ from trayapp.cli.base import (
     EXIT_USAGE,
     UsageError,
     say,
+    show,
 )
 from trayapp.cli.doctor import cmd_doctor
 from trayapp.cli.jobs import cmd_action, cmd_jobs
@@ -35,6 +36,7 @@ from trayapp.cli.kernel import cmd_kernel
 from trayapp.cli.logs import cmd_attach, cmd_logs, cmd_resume
 from trayapp.cli.parser import ACTIONS, build_parser
 from trayapp.cli.run import cmd_run
+from trayapp.cli.second_start import ask_running_tray
 from trayapp.cli.status import cmd_status, format_status
 from trayapp.config import Paths, get_paths
 from trayapp.engine.client import EngineError, EngineUnavailable
@@ -61,6 +63,14 @@ def cmd_engine(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_tray(args: argparse.Namespace, paths: Paths) -> int:
+    window = getattr(args, "open", None) or "dashboard"
+    answer = ask_running_tray(paths, window)  # a tray runs: it opens the window, at once
+    if answer == "":
+        show(f"Headroom is already running; opened the {window}")
+        return 0
+    if answer is not None:
+        say(answer)
+        return EXIT_FAILED
     problem = no_display()
     if problem:
         say(problem)

@@ -446,6 +446,7 @@ def run_tray(args: Any, paths: Paths) -> int:
         return 1
     if not primary:
         if single.forward(window):
+            print(f"Headroom is already running; opened the {window}", flush=True)
             return 0
         print("headroom: another Headroom is running for this state folder but does not answer",
               file=sys.stderr)
