@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import List, Optional
+from typing import Any, List, Mapping, Optional
 
 NA = "n/a"
 # A start time older than this is shown with its date.
@@ -141,3 +141,15 @@ def checkpoint_at(epoch: Optional[int], step: Optional[int]) -> str:
     if isinstance(step, int) and not isinstance(step, bool) and step > 0:
         return f"epoch {epoch + 1}, batch {step}"
     return f"end of epoch {epoch}" if epoch else "before epoch 1"
+
+
+def exhaustion_words(guard: Mapping[str, Any]) -> str:
+    """"memory runs out in ~9 min 39 s" from the guard's status where it predicts it and is
+    not at ease; "" otherwise. At ease ("ok"), the prediction is a straight line through a few
+    seconds of growth beyond the guard's own horizon (a job loading its data, with 22 GiB free):
+    said, it reads as an alarm the guard does not raise."""
+    tte = guard.get("seconds_to_exhaustion")
+    state = guard.get("state") or "ok"
+    if not isinstance(tte, (int, float)) or isinstance(tte, bool) or state == "ok":
+        return ""
+    return f"memory runs out in ~{duration(tte)}"

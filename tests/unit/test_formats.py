@@ -111,3 +111,23 @@ def test_progress(epoch: Any, epochs: Any, step: Any, steps: Any, parts: list) -
                                          (2, "2")])
 def test_loss(value: Optional[float], text: str) -> None:
     assert formats.loss(value) == text
+
+
+def test_memory_runs_out_is_said_only_where_the_guard_is_not_at_ease() -> None:
+    from trayapp.cli.status import format_status
+    from trayapp.ui.model import guard_line, tooltip_text
+
+    # 22 GiB free and a job loading its data at 38 MB/s: a straight line says 9 min 39 s.
+    at_ease = {"state": "ok", "mode": "act", "reasons": [], "seconds_to_exhaustion": 579.0}
+    warning = dict(at_ease, state="warn", reasons=["RAM 91% used"], seconds_to_exhaustion=42.0)
+    assert formats.exhaustion_words(at_ease) == ""
+    assert formats.exhaustion_words(warning) == "memory runs out in ~42 s"
+    assert formats.exhaustion_words({"state": "warn", "seconds_to_exhaustion": None}) == ""
+    assert formats.exhaustion_words({"state": "warn", "seconds_to_exhaustion": True}) == ""
+    assert guard_line({"guard": at_ease}) == "Guard: ok"
+    assert guard_line({"guard": warning}) == ("Guard: warn — RAM 91% used; memory runs out "
+                                              "in ~42 s")
+    status = {"engine": {"running": True, "pid": 9}, "guard": at_ease, "memory": {}, "jobs": []}
+    assert "runs out" not in format_status(status)
+    assert "runs out" not in tooltip_text(status)
+    assert "memory runs out in ~42 s" in format_status(dict(status, guard=warning))

@@ -53,9 +53,9 @@ def _head_lines(eng: Dict[str, Any], guard: Dict[str, Any]) -> List[str]:
         state = guard.get("state") or GuardLevel.OK
         mode = guard.get("mode")
         head += f" · guard {state}" + (f" ({mode})" if mode and mode != "act" else "")
-        tte = guard.get("seconds_to_exhaustion")
-        if tte is not None:
-            head += f" · memory runs out in ~{tte:.0f} s"
+        runs_out = formats.exhaustion_words(guard)
+        if runs_out:
+            head += f" · {runs_out}"
     else:
         head = "no engine is running: readings taken now; the guard is not watching"
     lines = [f"Headroom {__version__} · {head}"]

@@ -173,9 +173,9 @@ def guard_line(status: Dict[str, Any]) -> str:
     reasons = [str(r) for r in guard.get("reasons") or [] if r]
     if reasons:
         text += f" — {reasons[0]}"
-    tte = guard.get("seconds_to_exhaustion")
-    if tte is not None:
-        text += f"; memory runs out in ~{format_duration(tte)}"
+    runs_out = formats.exhaustion_words(guard)
+    if runs_out:
+        text += f"; {runs_out}"
     return one_line(text)
 
 
@@ -329,9 +329,9 @@ def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
     words = BANNER_WORDS[state]
     text = words + ": " + ("; ".join(str(r) for r in guard.get("reasons") or []) or
                            "memory is running low")
-    tte = guard.get("seconds_to_exhaustion")
-    if tte is not None:
-        text += f". Memory runs out in ~{format_duration(tte)}"
+    runs_out = formats.exhaustion_words(guard)
+    if runs_out:
+        text += f". M{runs_out[1:]}"
     if guard.get("mode") == "dry-run":
         text += " (dry run: the guard records and does nothing)"
     return state, one_line(text)
