@@ -100,6 +100,9 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     assert stopped["state"] == "stopped", stopped
     assert stopped["exit_code"] == STOP_EXIT_CODE
     assert f"headroom resume {jid}" in err  # it says how to go on
+    # `headroom jobs` lists it (it can still be resumed), not only `headroom jobs --all`.
+    shown = run_cli("jobs", timeout=60)
+    assert shown.returncode == 0 and jid in shown.stdout and "stopped" in shown.stdout, shown
     assert not Path(str(out) + ".after-fit").exists(), "the script went on after the stop"
     meta = metadata(ckpt)
     begun = epochs_begun(out)
@@ -112,6 +115,7 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     # A later engine knows the stopped job too (from its store).
     eng.stop()
     eng = start_engine()
+    assert jid in run_cli("jobs", timeout=60).stdout  # from the store
     r = run_cli("resume", jid, timeout=60)
     assert r.returncode == 0, r.stderr
     wait_for(lambda: job_state(eng, jid)["state"] not in ("starting", "running", "stopping"),
@@ -125,6 +129,7 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     # Nothing lost, nothing trained twice: one optimizer step per batch of the whole training.
     assert report["iterations"] == EPOCHS * STEPS
     assert metadata(ckpt)["headroom"]["finished"] is True
+    assert jid not in run_cli("jobs", timeout=60).stdout  # finished: --all lists it
 
     # A new run on that folder must say which it wants.
     r = run_cli("run", "--cpu-only", "--checkpoint-dir", str(ckpt), *job_args(out), timeout=60)

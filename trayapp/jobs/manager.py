@@ -99,15 +99,17 @@ class JobManager(KernelJobs):
         }
 
     def list(self, include_finished: bool = False) -> List[Dict[str, Any]]:
-        """Job dicts, newest first: live and parked jobs, and with ``include_finished`` the
-        ended ones the store keeps."""
+        """Job dicts, newest first: live and parked jobs, stopped ones that can still be
+        resumed (a checkpoint to continue from), and with ``include_finished`` every ended one
+        the store keeps."""
         with self._lock:
             out = {j.id: j.rec for j in self._jobs.values()}
             recent = dict(self._ended)
-        if include_finished:
-            for rec in self._stored_list(True, LIST_LIMIT):
+        for rec in self._stored_list(True, LIST_LIMIT):
+            if include_finished or (rec.resumable and rec.state == S.STOPPED):
                 out.setdefault(rec.id, rec)
-            for k, v in recent.items():
+        for k, v in recent.items():
+            if include_finished or (v.resumable and v.state == S.STOPPED):
                 if k not in out or out[k].state in vocab.LIVE:
                     out[k] = v
         return [r.to_json() for r in sorted(out.values(), key=lambda r: -(r.started or 0))]
