@@ -125,7 +125,7 @@ def test_a_fast_spew_is_capped_with_its_head_and_tail(home: Path, tmp_path: Path
                                                        ) -> None:
     (home / "config.toml").write_text(QUIET + "[jobs]\nlog_max_mb = 1\n")
     engine = start_engine()
-    count, line = 100_000, 1000  # 100 MB, printed as fast as print() goes
+    count, line = 100_000, 1000  # 100 MiB, printed as fast as print() goes
     report = tmp_path / "peak"
     with engine.client(timeout=30) as c:
         job = c.job_start(spec("spew.py", count, line, report, cwd=tmp_path))

@@ -200,7 +200,7 @@ def test_validation_marks_the_field(qtbot, paths, start_engine, probe_cache,  # 
     dialog.vram_spin.setValue(50000)
     settle(dialog)
     assert not dialog.row_errors["growth"].isVisibleTo(dialog)
-    assert "--vram-limit: 50000 MB is more than GPU 0 has (12282 MB)" in \
+    assert "--vram-limit: 50000 MiB is more than GPU 0 has (12282 MiB)" in \
         dialog.row_errors["vram"].text()
     dialog.vram_spin.setValue(6144)
     settle(dialog)

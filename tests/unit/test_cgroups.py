@@ -336,7 +336,7 @@ def test_the_dry_runs_line(tmp_path: Path) -> None:
     assert offer.brakes
     assert cgroups.plan_line(True, 1350, offer) == (
         "protection: kernel brake (cgroup v1): the kernel holds the job at the smaller of its "
-        "budget (1350 MB) and what the machine can give it, with its OOM killer off; stalled "
+        "budget (1.3 GiB) and what the machine can give it, with its OOM killer off; stalled "
         "there, a fit that can shrink is relaunched at half its micro-batch; a pause freezes its "
         "cgroup")
     assert "at what the machine can give it" in cgroups.plan_line(True, None, offer)

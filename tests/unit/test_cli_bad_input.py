@@ -74,12 +74,12 @@ def test_a_ram_budget_under_tensorflows_own_is_a_warning_with_the_number(
         home: Path, capsys: Any) -> None:
     (warning,) = [w for w in validate(JobSpec(script=TICKER, ram_budget_mb=1),
                                       check_paths=False) if "--ram-budget" in w]
-    assert f"{TF_RAM_FLOOR_MB} MB" in warning and "--ram-budget 1 MB" in warning
+    assert f"{TF_RAM_FLOOR_MB} MiB" in warning and "--ram-budget 1 MiB" in warning
     assert not [w for w in validate(JobSpec(script=TICKER, ram_budget_mb=4096),
                                     check_paths=False) if "--ram-budget" in w]
     code, out, err = run(capsys, "run", "--dry-run", "--ram-budget", "1", TICKER)
     assert code == 0, err
-    assert f"! --ram-budget 1 MB is below the {TF_RAM_FLOOR_MB} MB" in out
+    assert f"! --ram-budget 1 MiB is below the {TF_RAM_FLOOR_MB} MiB" in out
     with pytest.raises(SpecError):
         validate(JobSpec(script=TICKER, ram_budget_mb=0), check_paths=False)
 
@@ -97,9 +97,9 @@ def test_the_dry_runs_plan_has_the_guards_part(home: Path, tmp_path: Path,
                        "4096", "--checkpoint-dir", str(tmp_path / "ck"), TICKER)
     assert code == 0
     guard = out.split("The guard:\n")[1].split("\n\n")[0]
-    assert "RAM budget: 12288 MB (--ram-budget): a warning at 90% (11059 MB), a pause at " \
-           "12288 MB" in guard
-    assert "VRAM budget: 4096 MB" in guard
+    assert "RAM budget: 12.0 GiB (--ram-budget): a warning at 90% (10.8 GiB), a pause at " \
+           "12.0 GiB" in guard
+    assert "VRAM budget: 4.0 GiB" in guard
     assert "a warning below 15% available, a pause below 8%, a park below 5%, a stop below " \
            "2%" in guard
     assert f"park: a checkpoint in {tmp_path / 'ck'}" in guard and "exit status 75" in guard
@@ -124,3 +124,11 @@ def test_a_preset_budget_is_in_the_dry_run(home: Path, capsys: Any) -> None:
     assert code == 0
     # desktop-safe: a RAM budget of 75% of this machine's RAM, as the engine would apply it.
     assert "\n  RAM budget: none" not in out and "\n  RAM budget: " in out
+
+
+def test_sizes_given_in_si_units_are_shown_in_binary_ones(home: Path, capsys: Any) -> None:
+    # "12GB" is 12 * 10**9 bytes (SI), 11444 MiB: shown as the binary size it is, never "MB".
+    code, out, err = run(capsys, "run", "--dry-run", "--ram-budget", "12GB", TICKER)
+    assert code == 0, err
+    assert "RAM budget: 11.2 GiB (--ram-budget)" in out
+    assert " MB" not in out

@@ -160,24 +160,24 @@ def test_from_json_takes_env_as_an_object_too():
         (
             spec(vram_limit_mb=20000),
             (gpu(total_mb=8192),),
-            "--vram-limit: 20000 MB is more than GPU 0 has (8192 MB)",
+            "--vram-limit: 20000 MiB is more than GPU 0 has (8192 MiB)",
         ),
         (
             spec(gpus=(1,), vram_limit_mb=9000),
             (gpu(0, 16384), gpu(1, 8192)),
-            "more than GPU 1 has (8192 MB)",
+            "more than GPU 1 has (8192 MiB)",
         ),
         (
             spec(vram_reserve_mb=8192),
             (gpu(total_mb=8192),),
-            "--vram-reserve: 8192 MB is not less than GPU 0's total (8192 MB)",
+            "--vram-reserve: 8192 MiB is not less than GPU 0's total (8192 MiB)",
         ),
         (spec(vram_reserve_mb=512), (gpu(total_mb=None),), "GPU 0's total memory is unknown"),
         (spec(vram_limit_mb=1024, vram_reserve_mb=512), (), "cannot be combined: choose one"),
-        (spec(vram_limit_mb=0), (), "--vram-limit: 0 MB is not a size"),
-        (spec(vram_reserve_mb=-1), (), "--vram-reserve: -1 MB"),
-        (spec(ram_budget_mb=0), (), "--ram-budget: 0 MB"),
-        (spec(vram_budget_mb=-5), (), "--vram-budget: -5 MB"),
+        (spec(vram_limit_mb=0), (), "--vram-limit: 0 MiB is not a size"),
+        (spec(vram_reserve_mb=-1), (), "--vram-reserve: -1 MiB"),
+        (spec(ram_budget_mb=0), (), "--ram-budget: 0 MiB"),
+        (spec(vram_budget_mb=-5), (), "--vram-budget: -5 MiB"),
         (spec(checkpoint_every_steps=0, checkpoint_dir="ck"), (), "--checkpoint-every: 0"),
         (spec(intra_threads=-1), (), "--threads: -1 is negative"),
         (spec(preset="fastest"), (), "--preset: unknown preset 'fastest'"),
@@ -227,7 +227,7 @@ def test_variables_tensorflow_does_not_read_earn_a_warning_naming_the_real_optio
 def test_the_tf_memory_allocation_warning_reads_as_documented():
     warnings = validate(spec(env=(("TF_MEMORY_ALLOCATION", "0.5"),)), (), check_paths=False)
     assert warnings == [
-        "TensorFlow does not read TF_MEMORY_ALLOCATION; use --vram-limit MB (or --memory-growth)"
+        "TensorFlow does not read TF_MEMORY_ALLOCATION; use --vram-limit MiB (or --memory-growth)"
     ]
 
 
@@ -467,7 +467,7 @@ def test_the_scripts_own_flags_after_the_script_stay_the_scripts(parser):
         (["--threads", "x", "t.py"], "--threads: expected INTRA or INTRA,INTER"),
         (["--threads", "1,2,3", "t.py"], "--threads"),
         (["--vram-limit", "lots", "t.py"], "--vram-limit: 'lots' is not a size (like 4096"),
-        (["--vram-limit", "512KiB", "t.py"], "--vram-limit: '512KiB' is less than 1 MB"),
+        (["--vram-limit", "512KiB", "t.py"], "--vram-limit: '512KiB' is less than 1 MiB"),
         (["--env", "NOVALUE", "t.py"], "--env: 'NOVALUE' is not KEY=VALUE"),
         (["--checkpoint-every", "often", "t.py"], "--checkpoint-every: 'often' is not a number"),
         (

@@ -274,7 +274,7 @@ def test_a_user_choice_beats_the_preset(script):
 
 def test_variables_tensorflow_ignores_in_the_callers_environment_are_warned(script):
     plan = plan_for(script, base=dict(BASE, TF_GPU_MEMORY_FRACTION="0.5"))
-    assert "TensorFlow does not read TF_GPU_MEMORY_FRACTION; use --vram-limit MB" in plan.warnings
+    assert "TensorFlow does not read TF_GPU_MEMORY_FRACTION; use --vram-limit MiB" in plan.warnings
     assert plan.env["TF_GPU_MEMORY_FRACTION"] == "0.5"  # left alone, only explained
 
 
@@ -403,7 +403,7 @@ def test_format_plan_shows_the_command_variables_reasons_and_tensorflow_calls(tm
     assert "--gpu 0: TensorFlow sees only these" in text
     assert "unset TF_GPU_ALLOCATOR" in text
     assert "PYTHONUNBUFFERED=1" in text
-    assert "capped at 4096 MB" in text
+    assert "capped at 4096 MiB" in text
     assert "LogicalDeviceConfiguration(memory_limit=4096)" in text
     assert "keras.config.set_dtype_policy('mixed_float16')" in text
     assert "tf.config.optimizer.set_jit('autoclustering')" in text

@@ -28,7 +28,7 @@ def test_a_size_reads_the_same_on_the_command_line_and_in_the_dialog(typed, mb):
 
 
 @pytest.mark.parametrize("typed, words", [
-    ("512KiB", "'512KiB' is less than 1 MB"), ("lots", "'lots' is not a size"),
+    ("512KiB", "'512KiB' is less than 1 MiB"), ("lots", "'lots' is not a size"),
 ])
 def test_a_size_under_1_mb_or_not_a_size_is_refused_by_both(typed, words):  # type: ignore
     with pytest.raises(SpecError, match=words) as e:
@@ -42,7 +42,7 @@ def test_a_size_under_1_mb_or_not_a_size_is_refused_by_both(typed, words):  # ty
 def test_zero_mb_as_a_number_is_refused_by_validate_naming_the_flag() -> None:
     s = cli_spec("--vram-budget", "0")
     assert s.vram_budget_mb == 0
-    with pytest.raises(SpecError, match="--vram-budget: 0 MB is not a size") as e:
+    with pytest.raises(SpecError, match="--vram-budget: 0 MiB is not a size") as e:
         validate(s, check_paths=False)
     assert e.value.field == sv.VRAM_BUDGET
 

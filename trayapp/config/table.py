@@ -216,9 +216,9 @@ SETTINGS: Tuple[Setting, ...] = (
             "brings back, and not the desktop (Linux only).", 0, 1000,
             label="Jobs' OOM score (the kernel kills higher first)"),
     Setting("jobs", "log_max_mb", 32, _as_int,
-            "Most MB of output a job's log keeps: past it, the first eighth and the last half "
+            "Most MiB of output a job's log keeps: past it, the first eighth and the last half "
             "are kept, with a line saying how much was dropped between them.", 1, 1024 * 1024,
-            label="Keep at most this much of a job's output", unit="MB"),
+            label="Keep at most this much of a job's output", unit="MiB"),
     # [metrics]
     Setting("metrics", "listen", "", as_listen,
             "Serve Prometheus metrics at http://ADDRESS:PORT/metrics: \"9835\" listens on this "

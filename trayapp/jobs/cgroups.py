@@ -23,6 +23,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
+from trayapp.formats import format_bytes
+
 V1 = "v1"
 V2 = "v2"
 NONE = "none"
@@ -565,7 +567,8 @@ def plan_line(enabled: bool, budget_mb: Optional[float], offer: Optional[Offer] 
     found = offer if offer is not None else detect(enabled=enabled, probe=False)
     if not found.brakes:
         return f"protection: {found.words}"
-    held = (f"the smaller of its budget ({budget_mb:g} MB) and what the machine can give it"
+    held = (f"the smaller of its budget ({format_bytes(budget_mb * MiB)}) and what the "
+            "machine can give it"
             if budget_mb else "what the machine can give it")
     freezer = "a pause freezes its cgroup" if found.freezer_parent else \
         "a pause suspends it by signal (no freezer)"

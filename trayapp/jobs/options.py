@@ -9,7 +9,7 @@ flags, and ``SpecError`` (which names the spec field it is about) are in ``spec_
 Presets and explicit choices: a preset only fills options the user left unset. The VRAM options
 (growth, limit, reserve) are one group, because TensorFlow cannot combine growth with a limit on
 one GPU: any user choice in the group replaces the preset's choice for the whole group. So
-``--preset desktop-safe --vram-limit 4096`` means a 4096 MB limit and no growth.
+``--preset desktop-safe --vram-limit 4096`` means a 4096 MiB limit and no growth.
 """
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ DESKTOP_RAM_PERCENT = 75
 # Environment variables that TensorFlow does not read (though advice on the web uses them), and
 # the option that does what was meant.
 UNREAD_VARIABLES: Dict[str, str] = {
-    "TF_MEMORY_ALLOCATION": "--vram-limit MB (or --memory-growth)",
-    "TF_GPU_MEMORY_ALLOCATION": "--vram-limit MB (or --memory-growth)",
-    "TF_GPU_MEMORY_FRACTION": "--vram-limit MB",
-    "TF_PER_PROCESS_GPU_MEMORY_FRACTION": "--vram-limit MB",
-    "GPU_MEMORY_FRACTION": "--vram-limit MB",
-    "TF_GPU_MEMORY_LIMIT": "--vram-limit MB",
-    "TF_MEMORY_LIMIT": "--vram-limit MB",
-    "CUDA_MEMORY_LIMIT": "--vram-limit MB",
-    "CUDA_MEMORY_FRACTION": "--vram-limit MB",
+    "TF_MEMORY_ALLOCATION": "--vram-limit MiB (or --memory-growth)",
+    "TF_GPU_MEMORY_ALLOCATION": "--vram-limit MiB (or --memory-growth)",
+    "TF_GPU_MEMORY_FRACTION": "--vram-limit MiB",
+    "TF_PER_PROCESS_GPU_MEMORY_FRACTION": "--vram-limit MiB",
+    "GPU_MEMORY_FRACTION": "--vram-limit MiB",
+    "TF_GPU_MEMORY_LIMIT": "--vram-limit MiB",
+    "TF_MEMORY_LIMIT": "--vram-limit MiB",
+    "CUDA_MEMORY_LIMIT": "--vram-limit MiB",
+    "CUDA_MEMORY_FRACTION": "--vram-limit MiB",
     "TF_MEMORY_GROWTH": "--memory-growth",
     "TF_GPU_MEMORY_GROWTH": "--memory-growth",
     "TF_GPU_ALLOW_GROWTH": "--memory-growth",
@@ -372,7 +372,7 @@ def _check_numbers(spec: JobSpec) -> None:
         ("--vram-budget", spec.vram_budget_mb, sv.VRAM_BUDGET),
     ):
         if value is not None and value <= 0:
-            raise SpecError(f"{flag}: {value} MB is not a size; give more than 0 MB", field)
+            raise SpecError(f"{flag}: {value} MiB is not a size; give more than 0 MiB", field)
     if spec.checkpoint_every_steps is not None and spec.checkpoint_every_steps <= 0:
         raise SpecError(
             f"--checkpoint-every: {spec.checkpoint_every_steps} is not a number of steps; "
@@ -438,7 +438,7 @@ def _budget_warnings(spec: JobSpec) -> List[str]:
     budget = spec.ram_budget_mb
     if budget is None or budget >= TF_RAM_FLOOR_MB:
         return []
-    return [f"--ram-budget {budget} MB is below the {TF_RAM_FLOOR_MB} MB that a Python takes "
+    return [f"--ram-budget {budget} MiB is below the {TF_RAM_FLOOR_MB} MiB that a Python takes "
             "once it has imported TensorFlow: the guard pauses the job at its budget as soon "
             "as it starts"]
 
@@ -463,20 +463,20 @@ def _check_against_gpus(o: MemoryOptions, gpus: Sequence[GpuReading]) -> List[st
             if o.vram_reserve_mb is not None:
                 raise SpecError(
                     f"--vram-reserve: GPU {g.index}'s total memory is unknown; "
-                    "use --vram-limit MB",
+                    "use --vram-limit MiB",
                     sv.VRAM_RESERVE,
                 )
             continue
         if o.vram_limit_mb is not None and o.vram_limit_mb > total:
             raise SpecError(
-                f"--vram-limit: {o.vram_limit_mb} MB is more than GPU {g.index} has "
-                f"({total} MB)",
+                f"--vram-limit: {o.vram_limit_mb} MiB is more than GPU {g.index} has "
+                f"({total} MiB)",
                 sv.VRAM_LIMIT,
             )
         if o.vram_reserve_mb is not None and o.vram_reserve_mb >= total:
             raise SpecError(
-                f"--vram-reserve: {o.vram_reserve_mb} MB is not less than GPU {g.index}'s "
-                f"total ({total} MB)",
+                f"--vram-reserve: {o.vram_reserve_mb} MiB is not less than GPU {g.index}'s "
+                f"total ({total} MiB)",
                 sv.VRAM_RESERVE,
             )
     return []

@@ -195,12 +195,12 @@ def _runner_options(
         if visible is None or any(total_mb(g) is None for g in visible):
             raise SpecError(
                 "--vram-reserve: cannot tell the total memory of each GPU the job sees; "
-                "use --gpu or --vram-limit MB", field="options.vram_reserve_mb"
+                "use --gpu or --vram-limit MiB", field="options.vram_reserve_mb"
             )
         if not visible:
             raise SpecError(
                 "--vram-reserve: the GPUs' total memory is unknown (no NVML reading); "
-                "use --vram-limit MB", field="options.vram_reserve_mb"
+                "use --vram-limit MiB", field="options.vram_reserve_mb"
             )
         limit = [int(total_mb(g) or 0) - o.vram_reserve_mb for g in visible]
     return {
@@ -425,7 +425,7 @@ def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
         for i, mb in enumerate(limit):
             out.append(
                 (
-                    f"GPU:{i} capped at {mb} MB ({options.get('vram_option')})",
+                    f"GPU:{i} capped at {mb} MiB ({options.get('vram_option')})",
                     f"tf.config.set_logical_device_configuration(gpu, "
                     f"[LogicalDeviceConfiguration(memory_limit={mb})])",
                 )
@@ -433,7 +433,7 @@ def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
     elif limit is not None:
         out.append(
             (
-                f"every visible GPU capped at {limit} MB",
+                f"every visible GPU capped at {limit} MiB",
                 f"tf.config.set_logical_device_configuration(gpu, "
                 f"[LogicalDeviceConfiguration(memory_limit={limit})])",
             )
@@ -511,8 +511,9 @@ def guard_lines(spec: JobSpec, settings: Mapping[str, Any]) -> List[str]:
             lines.append(f"{name} budget: none ({flag}); the job is paused only when the "
                          "machine runs short")
         else:
-            lines.append(f"{name} budget: {budget} MB ({flag}): a warning at {warn:g}% "
-                         f"({budget * warn / 100:.0f} MB), a pause at {budget} MB")
+            size = format_bytes(budget * sv.MIB)
+            lines.append(f"{name} budget: {size} ({flag}): a warning at {warn:g}% "
+                         f"({format_bytes(budget * sv.MIB * warn / 100)}), a pause at {size}")
     lines.append(
         f"the machine's memory: a warning below {settings['guard.warn_available']} available, "
         f"a pause below {settings['guard.pause_available']}, a park below "

@@ -23,7 +23,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 PRESETS: Dict[str, str] = {
     "desktop-safe": (
-        "memory growth; when one of the job's GPUs drives a display, instead 1024 MB left free "
+        "memory growth; when one of the job's GPUs drives a display, instead 1024 MiB left free "
         "on each of the job's GPUs and no growth (TensorFlow cannot combine growth with a "
         "limit on a GPU, and one choice holds for all of a job's GPUs); a RAM budget of 75% of "
         "RAM"
@@ -87,7 +87,7 @@ def parse_mb(flag: str, value: Any, field: Optional[str] = None) -> Optional[int
     if value is None:
         return None
     if isinstance(value, bool):
-        raise SpecError(f"{flag}: {value!r} is not a size in MB", field)
+        raise SpecError(f"{flag}: {value!r} is not a size in MiB", field)
     if isinstance(value, int):
         return value
     text = str(value).strip()
@@ -100,10 +100,10 @@ def parse_mb(flag: str, value: Any, field: Optional[str] = None) -> Optional[int
     try:
         mb = parse_size(text) // MIB
     except ConfigError:
-        raise SpecError(f"{flag}: {text!r} is not a size (like 4096 for MB, or 4 GiB)",
+        raise SpecError(f"{flag}: {text!r} is not a size (like 4096 for MiB, or 4 GiB)",
                         field) from None
     if mb <= 0:
-        raise SpecError(f"{flag}: {text!r} is less than 1 MB", field)
+        raise SpecError(f"{flag}: {text!r} is less than 1 MiB", field)
     return mb
 
 
@@ -223,8 +223,8 @@ def add_option_arguments(parser: argparse.ArgumentParser, resume: bool = True) -
         help="take GPU memory as needed instead of all at start",
     )
     vram = m.add_mutually_exclusive_group()
-    vram.add_argument("--vram-limit", metavar="MB", help="hard cap of GPU memory per GPU")
-    vram.add_argument("--vram-reserve", metavar="MB", help="leave this much free on each GPU")
+    vram.add_argument("--vram-limit", metavar="MiB", help="hard cap of GPU memory per GPU")
+    vram.add_argument("--vram-reserve", metavar="MiB", help="leave this much free on each GPU")
     m.add_argument("--allocator", choices=ALLOCATORS, help="TensorFlow's GPU allocator")
     m.add_argument("--precision", choices=PRECISIONS, help="Keras's global dtype policy")
     m.add_argument(
@@ -233,8 +233,8 @@ def add_option_arguments(parser: argparse.ArgumentParser, resume: bool = True) -
     m.add_argument("--threads", metavar="INTRA[,INTER]", help="TensorFlow's CPU thread pools")
     m.add_argument("--preset", choices=tuple(PRESETS), help="desktop-safe | throughput | cpu-only")
     b = parser.add_argument_group("guard and checkpoints")
-    b.add_argument("--ram-budget", metavar="MB", help="RAM budget of this job for the guard")
-    b.add_argument("--vram-budget", metavar="MB", help="VRAM budget of this job for the guard")
+    b.add_argument("--ram-budget", metavar="MiB", help="RAM budget of this job for the guard")
+    b.add_argument("--vram-budget", metavar="MiB", help="VRAM budget of this job for the guard")
     b.add_argument("--checkpoint-dir", metavar="DIR", help="keep training progress here")
     b.add_argument(
         "--checkpoint-every",

@@ -327,9 +327,9 @@ class LaunchForm(QDialog):
         self.vram_spin = QSpinBox()
         self.vram_spin.setRange(1, 10_000_000)
         self.vram_spin.setSingleStep(256)
-        self.vram_spin.setSuffix(" MB")
+        self.vram_spin.setSuffix(" MiB")
         self.vram_spin.setValue(4096)
-        self.vram_spin.setAccessibleName("VRAM cap in MB")
+        self.vram_spin.setAccessibleName("VRAM cap in MiB")
         self._row(form, "GPU memory", "vram", self.vram_mode, EXPLAIN["vram"],
                   extra=self.vram_spin)
         self.allocator_combo = combo([("TensorFlow's default (BFC)", None)]
