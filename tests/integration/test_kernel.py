@@ -4,7 +4,9 @@ tensorflow-cpu, and the engine adopts, pauses, interrupts and watches it."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -358,7 +360,13 @@ def test_a_kernel_without_an_engine_registers_when_one_starts(setup: Dict[str, A
         with EngineClient(paths) as c:
             job = wait_for(lambda: kernel_job(c, pid).get("connected") and kernel_job(c, pid),
                            30, "the kernel registering")
-            assert job["kind"] == "kernel" and job["name"] == Path(km.connection_file).stem
+            # No notebook named by Jupyter: the kernel spec's display name and its start time,
+            # never the temporary connection file's name.
+            spec = json.loads((prefix / "share" / "jupyter" / "kernels" / "hr2" /
+                               "kernel.json").read_text())
+            assert job["kind"] == "kernel" and re.fullmatch(
+                re.escape(spec["display_name"]) + r" \d\d:\d\d", job["name"]), job["name"]
+            assert Path(km.connection_file).stem not in job["name"]
             os.kill(pid, signal.SIGKILL)
             ended = wait_for(lambda: next((j for j in c.request("jobs", all=True)
                                            if j["id"] == job["id"] and j["state"] == "lost"),

@@ -3,6 +3,8 @@ how a fit in a notebook is matched to its checkpoint."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,18 @@ def test_without_headroom_home_the_platform_folder(tmp_path: Path,
 def test_a_kernel_is_named_after_its_notebook() -> None:
     assert kernel_name({"JPY_SESSION_NAME": "/w/a b/train.ipynb"}, "/r/kernel-1.json") == \
         "train.ipynb"
-    assert kernel_name({}, "/r/kernel-1.json") == "kernel-1"
+    # Started by jupyter_client or nbconvert (a temporary connection file, no session name):
+    # the kernel spec's display name and the time it started.
+    at = time.mktime((2026, 12, 2, 14, 5, 0, 0, 0, -1))
+    spec = json.dumps({"v": 1, "name": "headroom", "display_name": "Python 3 (Headroom)"})
+    assert kernel_name({"HEADROOM_KERNEL": spec}, "/tmp/tmprem_e3j6.json", now=at) == \
+        "Python 3 (Headroom) 14:05"
+    assert kernel_name({"HEADROOM_KERNEL": json.dumps({"name": "gpu-safe"})}, "", now=at) == \
+        "gpu-safe 14:05"
+    assert kernel_name({"HEADROOM_KERNEL": "not json"}, "/r/kernel-1.json", now=at) == \
+        "kernel 14:05"
+    long = json.dumps({"display_name": "x" * 500})
+    assert len(kernel_name({"HEADROOM_KERNEL": long}, "", now=at)) <= 200
 
 
 def test_an_answer_that_is_not_one_is_not_taken() -> None:

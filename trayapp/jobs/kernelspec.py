@@ -207,15 +207,16 @@ def kernel_json(
     env[protocol.ENV_OPTIONS] = plan.env[protocol.ENV_OPTIONS]
     env[protocol.ENV_PROCESS] = plan.env[protocol.ENV_PROCESS]
     engine_spec = {k: v for k, v in spec.to_json().items() if k not in _NOT_FOR_THE_ENGINE}
-    env[KERNEL_ENV] = json.dumps({"v": SPEC_VERSION, "name": name, "spec": engine_spec},
-                                 sort_keys=True, separators=(",", ":"))
+    shown = display_name or default_display_name(given.preset)
+    env[KERNEL_ENV] = json.dumps({"v": SPEC_VERSION, "name": name, "display_name": shown,
+                                  "spec": engine_spec}, sort_keys=True, separators=(",", ":"))
     if environ.get(HOME_ENV):
         env[HOME_ENV] = os.path.abspath(environ[HOME_ENV])
     env.update(dict(spec.env))
     return {
         "argv": [python, str(runner / "bootstrap.py"), "--kernel", "-f",
                  "{connection_file}"],
-        "display_name": display_name or default_display_name(given.preset),
+        "display_name": shown,
         "language": "python",
         "interrupt_mode": "signal",
         "env": env,

@@ -49,14 +49,19 @@ _FIT_ARGS = ("epochs", "batch_size", "steps_per_epoch", "validation_split", "val
 # -- the kernel's name and spec -------------------------------------------------------------------
 
 
-def kernel_name(environ, connection_file):
-    """The notebook Jupyter says it runs (``JPY_SESSION_NAME``, a path), else the connection
-    file's name, as the job's name."""
+def kernel_name(environ, connection_file, now=None):
+    """The job's name: the notebook Jupyter says it runs (``JPY_SESSION_NAME``, a path), else
+    the kernel spec's display name with the time it started ("Python 3 (Headroom) 14:05": a
+    kernel started by jupyter_client or nbconvert has only a temporary connection file, whose
+    name says nothing)."""
     session = (environ.get("JPY_SESSION_NAME") or "").strip()
     if session:
         return os.path.basename(session.rstrip("/\\"))[:MAX_NAME] or session[:MAX_NAME]
-    base = os.path.basename(connection_file or "")
-    return (os.path.splitext(base)[0] or "kernel")[:MAX_NAME]
+    spec = read_kernel(environ.get(ENV_KERNEL))
+    shown = spec.get("display_name") or spec.get("name")
+    shown = shown.strip() if isinstance(shown, str) else ""
+    at = time.strftime("%H:%M", time.localtime(now))
+    return f"{shown[:MAX_NAME - 6] or 'kernel'} {at}"
 
 
 def read_kernel(text):
