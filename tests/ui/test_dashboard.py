@@ -158,8 +158,8 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     assert d.spans[-1] == (t0 + 8, t0 + 13, "warn")
     text = d.show_values_at(t0 + 5.2)
     assert text.startswith("at " + time.strftime("%H:%M:%S", time.localtime(t0 + 5)))
-    assert "mnist (job) 3.00 GiB (19%)" in text and "available 12.00 GiB" in text
-    assert "GPU 0 mnist (job) 4.00 GiB (33%) · Xorg 1.00 GiB (8%) · other 1.00 GiB" in text
+    assert "mnist (job j1) 3.00 GiB (19%)" in text and "available 12.00 GiB" in text
+    assert "GPU 0 mnist (job j1) 4.00 GiB (33%) · Xorg 1.00 GiB (8%) · other 1.00 GiB" in text
     # A message with braces cannot break a marker label (they are format strings).
     d.add_event(event(8, "job_failed", t0 + 9, "KeyError: {'x'}", job_id=None))
     assert d.marker_text(8) == "KeyError: {'x'}"

@@ -58,21 +58,21 @@ def test_a_job_and_foreign_processes_are_their_own_areas(qtbot, tmp_path: Path) 
     for k in range(5):
         d.apply_snapshot(status_with(consumers, t=T0 + k, available=4 * GiB, jobs=[job()]))
     ram = layers(d, "ram")
-    assert list(ram) == ["mnist (job)", "code", "firefox", "other", "available"]
-    assert ram["mnist (job)"].job and not ram["firefox"].job
+    assert list(ram) == ["mnist (job j1)", "code", "firefox", "other", "available"]
+    assert ram["mnist (job j1)"].job and not ram["firefox"].job
     # Stacked: each area's top edge is the sum up to it; the whole stack is the RAM used, and
     # what is available fills the rest up to the limit.
     assert [top_of(la) for la in ram.values()] == pytest.approx([3, 4.5, 9.5, 12, 16])
     title = d.ram_plot.titleLabel.text
-    assert "mnist (job)" in title and "firefox" in title and "available" in title
+    assert "mnist (job j1)" in title and "firefox" in title and "available" in title
     # The GPU: the job's process, the desktop's Xorg by name, and what no process accounts for.
     gpu = layers(d, 0)
-    assert list(gpu) == ["mnist (job)", "Xorg", "other"]
+    assert list(gpu) == ["mnist (job j1)", "Xorg", "other"]
     assert [top_of(la) for la in gpu.values()] == pytest.approx([4, 5, 6])
     text = d.show_values_at(T0 + 4)
-    assert "mnist (job) 3.00 GiB (19%) · firefox 5.00 GiB (31%) · other 2.50 GiB (16%) · " \
+    assert "mnist (job j1) 3.00 GiB (19%) · firefox 5.00 GiB (31%) · other 2.50 GiB (16%) · " \
            "code 1.50 GiB (9%) · available 4.00 GiB" in text
-    assert "GPU 0 mnist (job) 4.00 GiB (33%) · Xorg 1.00 GiB (8%)" in text
+    assert "GPU 0 mnist (job j1) 4.00 GiB (33%) · Xorg 1.00 GiB (8%)" in text
     # A name that leaves the top few leaves the stack; its memory goes back to "other".
     d.apply_snapshot(status_with(consumers[:1], t=T0 + 6, available=4 * GiB, jobs=[job()]))
     d.apply_snapshot(status_with(consumers[:1], t=T0 + 7, available=4 * GiB, jobs=[job()]))
@@ -87,7 +87,7 @@ def test_shared_pages_do_not_lift_the_stack_above_the_memory_used(qtbot, tmp_pat
     consumers = [{"name": "chrome", "rss_bytes": 20 * GiB, "processes": 40}]
     d.apply_snapshot(status_with(consumers, t=T0, available=4 * GiB, jobs=[job()]))
     ram = layers(d, "ram")
-    assert top_of(ram["mnist (job)"]) == pytest.approx(3)
+    assert top_of(ram["mnist (job j1)"]) == pytest.approx(3)
     assert top_of(ram["chrome"]) == pytest.approx(12) and top_of(ram["other"]) == pytest.approx(12)
 
 
@@ -136,10 +136,11 @@ def test_a_real_engine_serves_ram_by_process_to_the_dashboard(qtbot, demo_engine
             app.start()
             d = app.open_window("dashboard")
             qtbot.waitUntil(lambda: d.history_loads >= 1 and d.updates >= 2, timeout=20000)
-            qtbot.waitUntil(lambda: "ticker (job)" in layers(d, "ram"), timeout=10000)
+            label = f"ticker (job {job_id[:4]})"  # the job's name and short id
+            qtbot.waitUntil(lambda: label in layers(d, "ram"), timeout=10000)
             ram = layers(d, "ram")
             assert set(names) & set(ram), (names, list(ram))
-            assert ram["ticker (job)"].job and np.isfinite(top_of(ram[list(ram)[-1]]))
+            assert ram[label].job and np.isfinite(top_of(ram[list(ram)[-1]]))
             assert list(ram)[-2:] == ["other", "available"]
             assert d._stacks["ram"].layers[-2].key == REST
             # The simulated desktop on GPU 0, by name.

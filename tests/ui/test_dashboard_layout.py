@@ -107,7 +107,7 @@ def test_the_readout_says_its_time_and_fits(qtbot, tmp_path: Path) -> None:
     assert now.startswith("now " + formats.clock(T0 + 9))
     text = d.show_values_at(T0 + 3.1)
     assert text.startswith("at " + formats.clock(T0 + 3))
-    assert "a-long-job-name-3 (job)" in text and "GPU 0" in text
+    assert "a-long-job-name-3 (job j3)" in text and "GPU 0" in text
     for width in (1280, 760):
         d.resize(width, 760)
         d.show_values_at(T0 + 3.1 + width / 10000)

@@ -43,6 +43,12 @@ PY = "/home/me/.venv/bin/python"
     ("Xorg", ["/usr/lib/xorg/Xorg", ":0"], "Xorg"),
     ("chrome", ["/opt/google/chrome/chrome", "--type=renderer"], "chrome"),
     ("bash", ["bash", "train.py"], "bash"),  # not Python: its own name
+    # A job Headroom runs, through its runner's bootstrap: the script, or the kernel.
+    ("python3", [PY, "/opt/headroom/trayapp/runner/bootstrap.py", "/w/train.py", "-e", "3"],
+     "train.py"),
+    ("python3", [PY, "/opt/headroom/trayapp/runner/bootstrap.py", "--kernel", "-f", "k.json"],
+     names.KERNEL),
+    ("python3", [PY, "/w/tools/bootstrap.py"], "bootstrap.py"),  # someone else's bootstrap
 ])
 def test_a_process_is_named_by_what_it_runs(name: str, argv: List[str], expected: str) -> None:
     assert person_name(name, argv) == expected

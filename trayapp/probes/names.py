@@ -97,6 +97,14 @@ def person_name(name: str, argv: Sequence[str]) -> str:
         return _headroom(argv[i + 1:])
     if script == "ipykernel_launcher.py":
         return KERNEL
+    if script == "bootstrap.py" and _basename(argv[i][: -len(script)]) == "runner":
+        # A job Headroom runs: ``<python> <runner>/bootstrap.py <script> ...`` (or --kernel).
+        rest = argv[i + 1:]
+        if "--kernel" in rest[:1]:
+            return KERNEL
+        if rest and rest[0] == "-m" and len(rest) > 1:
+            return _module(rest[1], rest[2:])
+        return _basename(rest[0]) if rest else script
     return script or name
 
 

@@ -44,6 +44,8 @@ from trayapp.vocab import GuardLevel as L
 # Drawing order: the stacked areas (z 1 up to their number of layers), the guard's spans as a
 # tint over them, then the lines, then the labels (dashboard_labels).
 SPANS_Z = 20
+TITLE_SIZE = "9pt"
+LABEL_CHARS = 36  # a legend's name is cut to this (its tooltip has it whole)
 LINES_Z = 45
 
 
@@ -74,6 +76,7 @@ class DashboardPlots(QWidget):
         self._curves: List[Curve] = []
         self._titles: Dict[int, Tuple[str, List[Tuple[str, str]]]] = {}
         self._notes: Dict[int, str] = {}  # a plot's note after its legend
+        self._title_widths: Dict[int, int] = {}  # the width each title was cut for
         self._grid: Dict[int, List[Any]] = {}
         self.hover_t: Optional[float] = None  # the time pointed at; None: now
         self.ram_plot = self._plot("RAM by process", "GiB")
@@ -127,7 +130,15 @@ class DashboardPlots(QWidget):
             ax.setTextPen(pg.mkPen("#333333"))
         plot.getAxis("left").setWidth(48)
         plot.vb.sigRangeChangedManually.connect(self._manual_range)
+        # The title line is cut to the plot's width: again whenever that width changes.
+        plot.geometryChanged.connect(lambda p=plot: self._width_changed(p))
         return plot
+
+    def _width_changed(self, plot: Any) -> None:
+        width = round(plot.width())
+        if self._title_widths.get(id(plot)) != width:
+            self._title_widths[id(plot)] = width
+            self._show_title(plot)
 
     def _set_y(self, plot: Any, top: float, headroom: float = 1.05) -> None:
         """Fix the plot's vertical range at 0..top (no autorange) with light lines at each
@@ -148,13 +159,13 @@ class DashboardPlots(QWidget):
         # The legend rides in the title line: no box over the data, nothing anchored to the
         # plot that could outlive it.
         title, keys = self._titles[id(plot)]
-        parts = [f"<b>{html.escape(title)}</b>"] + [
-            f"<span style='color:{colour}'>&#9632;</span>&nbsp;{html.escape(label)}"
-            for label, colour in keys]
-        note = self._notes.get(id(plot))
-        if note:
-            parts.append(f"<i style='color:#8a4b00'>{html.escape(note)}</i>")
-        plot.setTitle("&nbsp;&nbsp;&nbsp;".join(parts), size="9pt", color="#222222")
+        note = self._notes.get(id(plot), "")
+        plot.setTitle(fitted_title(title, keys, note, plot.width() or self.width()),
+                      size=TITLE_SIZE, color="#222222")
+        # The title never sets the plot's width (a long legend once pushed "now" off screen):
+        # it is cut to fit instead, and its tooltip has every name in full.
+        plot.titleLabel.setMinimumWidth(0)
+        plot.titleLabel.setToolTip("\n".join(label for label, _ in keys))
 
     def set_note(self, plot: Any, note: str) -> None:
         """A line of words after the plot's legend ("" for none)."""
@@ -243,9 +254,10 @@ class DashboardPlots(QWidget):
     def _sync_stacks(self) -> None:
         """The stacks' layers follow the table's columns; the legends follow the layers."""
         columns = list(self.table.columns)
+        start, end = self.ram_plot.vb.viewRange()[0]
         for stack in self._stacks.values():
-            if stack.sync(columns, self.job_names):
-                self._set_keys(stack.plot, stack.legend())
+            stack.sync(columns, self.job_names)
+            self._set_keys(stack.plot, stack.legend(self.table, start, end))
 
     def _now(self) -> float:
         return float((self.status or {}).get("time") or time.time())
@@ -480,3 +492,43 @@ class DashboardPlots(QWidget):
             line.setVisible(t is not None)
             if t is not None:
                 line.setValue(t)
+
+
+def _elided(text: str, chars: int = LABEL_CHARS) -> str:
+    """``text`` cut to ``chars``; a job's label keeps its id ("sweep_lr_0.0… (job 5a5b)")."""
+    if len(text) <= chars:
+        return text
+    name, sep, job = text.rpartition(" (job ")
+    if sep and len(job) < chars // 2:
+        keep = chars - len(sep + job) - 1
+        return name[:keep] + "\u2026" + sep + job
+    return text[:chars - 1] + "\u2026"
+
+
+def fitted_title(title: str, keys: Sequence[Tuple[str, str]], note: str, width: float) -> str:
+    """A plot's title line: its title, the legend (names cut to ``LABEL_CHARS``) and its note,
+    within ``width`` pixels: legend entries that do not fit are left out from the end and
+    counted ("+3 more")."""
+    from PySide6.QtGui import QFont, QTextDocument
+
+    def line(shown: int) -> str:
+        parts = [f"<b>{html.escape(title)}</b>"] + [
+            f"<span style='color:{colour}'>&#9632;</span>&nbsp;{html.escape(_elided(label))}"
+            for label, colour in keys[:shown]]
+        if shown < len(keys):
+            parts.append(f"+{len(keys) - shown} more")
+        if note:
+            parts.append(f"<i style='color:#8a4b00'>{html.escape(note)}</i>")
+        return "&nbsp;&nbsp;&nbsp;".join(parts)
+
+    doc = QTextDocument()
+    font = QFont()
+    font.setPointSizeF(float(TITLE_SIZE.removesuffix("pt")))
+    doc.setDefaultFont(font)
+    shown = len(keys)
+    while True:
+        text = line(shown)
+        doc.setHtml(text)
+        if shown == 0 or width <= 0 or doc.idealWidth() <= width - 24:
+            return text
+        shown -= 1

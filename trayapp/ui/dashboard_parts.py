@@ -106,6 +106,9 @@ def escape(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
+NAME_PIXELS = 160  # a job's name in the strip at most this wide
+
+
 class JobsStrip(QWidget):
     """One row per running job: name and state, epoch and step bars, loss, ETA, memory."""
 
@@ -133,6 +136,7 @@ class JobsStrip(QWidget):
             for w in row.values():
                 if isinstance(w, QWidget):
                     self._grid.removeWidget(w)
+                    w.hide()  # not drawn again until the event loop deletes it
                     w.deleteLater()
         self.rows = {}
         self._order = ids
@@ -168,8 +172,13 @@ class JobsStrip(QWidget):
 
     def _fill(self, row: Dict[str, Any], job: JobRecord) -> None:
         idle = job.kernel_idle  # the bars and numbers below are its last fit's
-        row["name"].setText(one_line(f"{job.name or job.id}  ({job.state}"
-                                     f"{', idle' if idle else ''})"))
+        label = row["name"]
+        state = f"  ({job.state}{', idle' if idle else ''})"
+        name = one_line(job.name or job.id)
+        # A long name is cut (its tooltip has it whole); the state always shows.
+        cut = label.fontMetrics().elidedText(name, Qt.TextElideMode.ElideMiddle, NAME_PIXELS)
+        label.setText(cut + state)
+        label.setToolTip(name if cut != name else "")
         self._bar(row["epoch"], "epoch", job.epoch, job.epochs)
         self._bar(row["step"], "step", job.step, job.steps)
         loss = job.metrics.get("loss")

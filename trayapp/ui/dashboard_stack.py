@@ -112,7 +112,8 @@ class Stack:
             return "available"
         jid = self.job_of(key)
         if jid is not None:
-            return f"{names.get(jid, jid)} (job)"
+            # Told apart by a short id: five runs of "train" are five jobs.
+            return f"{names.get(jid, jid)} (job {jid[:4]})"
         return str(self.proc_of(key))
 
     def values(self, tb: Table) -> Dict[str, np.ndarray]:
@@ -155,8 +156,23 @@ class Stack:
                 y = y[start:].reshape(-1, k).max(axis=1)
             layer.item.setData(t_drawn, y)
 
-    def legend(self) -> List[Tuple[str, str]]:
-        return [(la.label, la.colour) for la in self.layers]
+    def legend(self, tb: Optional[Table] = None, start: float = -math.inf,
+               end: float = math.inf) -> List[Tuple[str, str]]:
+        """The layers' labels and colours; with ``tb``, only those with memory between
+        ``start`` and ``end`` (the range shown: a job that ended an hour ago is not listed in
+        the last five minutes), what is left and what is free always."""
+        if tb is None or not len(tb):
+            return [(la.label, la.colour) for la in self.layers]
+        t = tb.t()
+        inside = (t >= start) & (t <= end)
+        out = []
+        for la in self.layers:
+            if la.key not in (REST, FREE):
+                v = tb.column(la.key)[inside]
+                if not v.size or not np.nanmax(np.nan_to_num(v, nan=0.0)) > 0:
+                    continue
+            out.append((la.label, la.colour))
+        return out
 
     def readout(self, tb: Table, i: int, whole: float) -> List[str]:
         """Each layer's value at row ``i``, largest first after the jobs, with its share of
@@ -167,8 +183,8 @@ class Stack:
             if layer.key == FREE:
                 continue
             v = float(values[layer.key][i])
-            if not np.isfinite(v) or (v <= 0 and not layer.job):
-                continue
+            if not np.isfinite(v) or v <= 0:
+                continue  # a job that has ended, a name gone: not "0 MiB (0%)"
             share = f" ({v / whole:.0%})" if whole and whole > 0 else ""
             text = f"{layer.label} {format_gib(v)}{share}"
             parts.append((layer.job, v, f"<b>{text}</b>" if layer.job else text))
