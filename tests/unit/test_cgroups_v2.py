@@ -364,3 +364,29 @@ def test_the_manager_places_a_job_in_a_scope_or_guards_it_without(
     assert [r.getMessage() for r in caplog.records] == [
         "job j2: the systemd user manager made no scope for it: Failed to connect to bus; it "
         "is guarded without the kernel brake"]
+
+
+def test_an_oom_kill_is_read_from_the_scope_or_from_the_manager_once_it_is_gone(
+        tmp_path: Path) -> None:
+    folder = fake_scope(fake_v2(tmp_path))
+    scope = ScopeCgroup(str(folder), folder.name)
+    assert scope.oom_killed(0) is None
+    (folder / "memory.events").write_text(EVENTS.format(high=0, oom=1))
+    assert scope.oom_killed(0) == 180 * MiB  # its memory.peak
+    assert scope.oom_killed(1) is None
+    scope.set_limit(200 * MiB)
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()  # the manager removed it as its last process died
+    asked: List[List[str]] = []
+
+    def manager(result: str) -> Any:
+        def ask(argv: List[str], env: dict) -> subprocess.CompletedProcess:
+            asked.append(argv)
+            return subprocess.CompletedProcess(argv, 0, result + "\n", "")
+        return ask
+
+    assert scope.oom_killed(1, ask=manager("oom-kill")) == 200 * MiB  # at least its limit
+    assert asked == [cgroups_v2.result_argv(folder.name), cgroups_v2.reset_argv(folder.name)]
+    assert scope.oom_killed(1, ask=manager("success")) is None
+    assert scope.oom_killed(0, ask=manager("")) == 200 * MiB  # seen before it went

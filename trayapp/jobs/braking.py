@@ -466,9 +466,9 @@ class Brakes(JobTable):
         if group is None or code != -signal.SIGKILL:  # (no cgroup, no SIGKILL: Windows)
             return None
         try:
-            if group.read().oom_kill <= st.oom_kills:
-                return None
-            peak = group.peak()
+            peak = group.oom_killed(st.oom_kills)
         except CgroupError:
+            return None
+        if peak is None:
             return None
         return brake_end(job.rec, OOM_KILL, peak)

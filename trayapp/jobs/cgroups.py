@@ -452,6 +452,13 @@ class JobCgroup:
             raise CgroupError(f"the peak of {self.memory} cannot be read as a number") \
                 from None
 
+    def oom_killed(self, since: int) -> Optional[int]:
+        """After its run ended: how much it held (its peak) when the kernel's OOM killer
+        ended it (its ``oom_kill`` count above ``since``), else None. Raises CgroupError."""
+        if self.read().oom_kill <= since:
+            return None
+        return self.peak()
+
     def pids(self) -> List[int]:
         """The processes in its memory cgroup now. Raises CgroupError."""
         return [int(p) for p in self._read(self.memory, "cgroup.procs").split() if p.isdigit()]

@@ -94,12 +94,24 @@ def is_scope_of(name: str, prefix: str, job_id: str) -> bool:
 
 def start_argv(unit: str, pid: int, description: str) -> list:
     """The ``busctl`` command that asks the user's systemd manager for transient scope ``unit``
-    holding process ``pid`` (memory accounting on, collected once it ends, failed or not)."""
+    holding process ``pid`` (memory accounting on). It is collected once it ends, unless it
+    failed: a scope whose process the OOM killer ended stays, failed with the result
+    ``oom-kill``, until the engine has asked (``result_argv``) and reset it."""
     return ["busctl", "--user", "--quiet", "call", "org.freedesktop.systemd1",
             "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
             "StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "fail",
-            "4", "PIDs", "au", "1", str(int(pid)), "MemoryAccounting", "b", "true",
-            "CollectMode", "s", "inactive-or-failed", "Description", "s", description, "0"]
+            "3", "PIDs", "au", "1", str(int(pid)), "MemoryAccounting", "b", "true",
+            "Description", "s", description, "0"]
+
+
+def result_argv(unit: str) -> list:
+    """The command that says how scope ``unit`` ended (``oom-kill``, ``success``; "" where
+    the manager no longer has it)."""
+    return ["systemctl", "--user", "show", "--property=Result", "--value", unit]
+
+
+def reset_argv(unit: str) -> list:
+    return ["systemctl", "--user", "reset-failed", unit]
 
 
 def manager_environ(environ: Mapping[str, str], uid: int) -> Dict[str, str]:

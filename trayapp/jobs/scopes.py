@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 from trayapp.jobs import cgroups_v2 as v2
 from trayapp.jobs.cgroups import PREFIX, V2, CgroupError, Offer, Reading, _below, _why, own_cgroups
@@ -75,6 +75,8 @@ class ScopeCgroup:
         self._clock = clock
         self._high_seen: Optional[int] = None  # memory.events "high" at the last read
         self._high_at: Optional[float] = None  # when it last rose
+        self._seen = 0  # the most it was seen using (memory.peak goes with the scope)
+        self._kills = 0  # the OOM kills it was last seen with
 
     def __repr__(self) -> str:
         return f"ScopeCgroup({self.memory!r})"
@@ -206,10 +208,36 @@ class ScopeCgroup:
             self._high_seen = count
         lately = self._high_at is not None and now - self._high_at <= v2.HIGH_WINDOW_SECONDS
         try:
-            return reading_v2(texts[0], texts[1], texts[2], texts[3], pressure, lately)
+            r = reading_v2(texts[0], texts[1], texts[2], texts[3], pressure, lately)
         except ValueError:
             raise CgroupError(f"the memory files of {self.memory} cannot be read as "
                               "numbers") from None
+        self._seen = max(self._seen, r.usage)
+        self._kills = r.oom_kill
+        return r
+
+    def oom_killed(self, since: int, ask: Optional[Callable[..., Any]] = None) -> Optional[int]:
+        """After its run ended: how much it held when the kernel's OOM killer ended it (its
+        ``oom_kill`` count above ``since``), None where that did not happen. The manager
+        removes an emptied scope at once, so where it is gone already the manager's word for
+        it (the scope's result ``oom-kill``) is asked; the failed scope is then reset."""
+        try:
+            if self.read().oom_kill <= since:
+                return None
+            return max(self._seen, self.peak())
+        except CgroupError as e:
+            if "is gone" not in str(e):
+                raise
+        ask = _ask if ask is None else ask
+        env = v2.manager_environ(os.environ, os.getuid())
+        try:
+            said = ask(v2.result_argv(self.unit), env)
+            if said.returncode != 0 or said.stdout.strip() != "oom-kill":
+                return None if self._kills <= since else max(self._seen, self.limit or 0)
+            ask(v2.reset_argv(self.unit), env)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return max(self._seen, self.limit or 0)
 
     def peak(self) -> int:
         """The most it has used (``memory.peak``; its use now on kernels before 5.19)."""
