@@ -36,7 +36,7 @@ from typing import List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
-from trayapp.jobs import cgroups
+from trayapp.jobs import cgroups, cgroups_v2
 from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
 from trayapp.jobs.job import SUSPENDED, Event, Job, smallest_micro_batch
 from trayapp.jobs.record import JobRecord
@@ -300,7 +300,10 @@ class Brakes(JobTable):
             reserve = Threshold.parse(default)
         budget = self._brake_budget(job)
         st = job.brake
-        if budget is not None and budget < r.usage and st is not None and not st.budget_said:
+        # (Above a v2 memory.high by the kernel's reclaim slack is being held at it, not over.)
+        slack = cgroups_v2.high_slack(r.limit) if r.limit is not None else 0
+        if budget is not None and budget < r.usage and st is not None and \
+                not st.budget_said and not (r.limit is not None and r.usage <= r.limit + slack):
             st.budget_said = True
             log.warning("job %s: its RAM budget of %s is below what it already uses (%s): its "
                         "limit stays a margin above its use, and the guard handles it",
