@@ -33,9 +33,10 @@ PSI_FULL_STALL = 10.0
 
 
 def high_slack(high: int) -> int:
-    """How far under ``memory.high`` a job held at it may read (the kernel reclaims it a
-    batch of pages below): one percent, at least one MiB."""
-    return max(MiB, high // 100)
+    """How far from ``memory.high`` a job held at it may read (the kernel reclaims it a batch
+    of pages below, or lets an allocation in flight pass it a little): two percent, at least
+    four MiB."""
+    return max(4 * MiB, high // 50)
 
 
 def max_above(high: int) -> int:
