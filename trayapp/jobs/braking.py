@@ -36,7 +36,7 @@ from typing import List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
-from trayapp.jobs import cgroups, cgroups_v2
+from trayapp.jobs import cgroups, cgroups_v2, scopes
 from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
 from trayapp.jobs.job import SUSPENDED, Event, Job, smallest_micro_batch
 from trayapp.jobs.record import JobRecord
@@ -168,6 +168,8 @@ class Brakes(JobTable):
         if found is None or found[0] != enabled:
             offer = cgroups.detect(self.cgroup_root, self.proc_cgroup, enabled=enabled)
             log.info("the jobs' protection: %s", offer.words)
+            if found is None and offer.kind == cgroups.V2:
+                scopes.reset_failed()  # scopes of jobs OOM-killed while no engine watched
             if found is None and offer.brakes:
                 gone = cgroups.sweep(offer)
                 if gone:
@@ -300,10 +302,11 @@ class Brakes(JobTable):
             reserve = Threshold.parse(default)
         budget = self._brake_budget(job)
         st = job.brake
-        # (Above a v2 memory.high by the kernel's reclaim slack is being held at it, not over.)
-        slack = cgroups_v2.high_slack(r.limit) if r.limit is not None else 0
+        # (A few MiB above a v2 memory.high at its budget is being held there, not over it.)
+        held_at = r.limit is not None and budget is not None and budget >= r.limit and \
+            r.usage <= r.limit + cgroups_v2.high_slack(r.limit)
         if budget is not None and budget < r.usage and st is not None and \
-                not st.budget_said and not (r.limit is not None and r.usage <= r.limit + slack):
+                not st.budget_said and not held_at:
             st.budget_said = True
             log.warning("job %s: its RAM budget of %s is below what it already uses (%s): its "
                         "limit stays a margin above its use, and the guard handles it",

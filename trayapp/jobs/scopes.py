@@ -323,3 +323,12 @@ class ScopeCgroup:
                 self.thaw()
         except CgroupError:
             pass
+
+
+def reset_failed() -> None:
+    """Forget the failed job scopes the user's manager keeps (jobs the OOM killer ended while
+    no engine asked about them). Best effort, never raises."""
+    try:
+        _ask(v2.reset_argv(PREFIX + "*.scope"), v2.manager_environ(os.environ, os.getuid()))
+    except (OSError, subprocess.SubprocessError):
+        pass
