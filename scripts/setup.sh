@@ -63,4 +63,18 @@ if [[ $what == test ]]; then
 else
   .venv/bin/python -m pip install -q -e .
 fi
+if [[ $what == test ]]; then
+  # The test VM's image (tests/vm): built once, cached outside the checkout by its recipe's
+  # hash, so the tests only boot it. It needs root (a chroot); without it those tests skip.
+  if [[ $(id -u) == 0 ]] && command -v mmdebstrap >/dev/null 2>&1; then
+    image=$(scripts/vm/build-image.sh --path)
+    if [[ ! -f $image/ready ]]; then
+      echo "setup: building the test VM image in $image (a few minutes, once)"
+      scripts/vm/build-image.sh >"${TMPDIR:-/tmp}/headroom-vm-build.log" 2>&1 \
+        || echo "setup: the test VM image was not built (see ${TMPDIR:-/tmp}/headroom-vm-build.log): the vm tests are skipped" >&2
+    fi
+  else
+    echo "setup: not root (or no mmdebstrap): the test VM image is not built, the vm tests are skipped"
+  fi
+fi
 echo "setup: ready ($(.venv/bin/headroom --version))"

@@ -119,14 +119,17 @@ def test_a_read_only_cgroupfs_is_the_guard_only(tmp_path: Path,
     assert "cannot make a cgroup in" in offer.why and "read-only file system" in offer.why
 
 
-def test_v2_is_found_and_said_but_gives_no_brake_yet(tmp_path: Path) -> None:
+def test_v2_without_its_hierarchy_or_a_user_manager_is_the_guard_only(tmp_path: Path) -> None:
+    # (tests/unit/test_cgroups_v2.py has the v2 brake, found, and each thing it may lack.)
     proc = tmp_path / "cgroup"
     proc.write_text(V2_PROC)
     offer = detect(str(tmp_path / "none"), str(proc), environ={})
-    assert offer.kind == NONE and "systemd user manager" in offer.why
+    assert offer.kind == NONE and "is not a cgroup v2 hierarchy" in offer.why
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("memory\n")
     proc.write_text("0::/init.scope\n")
-    offer = detect(str(tmp_path / "none"), str(proc), environ={})
-    assert "without a systemd user manager" in offer.why
+    offer = detect(str(tmp_path / "v2"), str(proc), environ={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert "without a running systemd user manager" in offer.why
 
 
 def test_the_setting_turns_the_brake_off(tmp_path: Path) -> None:

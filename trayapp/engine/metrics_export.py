@@ -197,8 +197,9 @@ def job_families(held: Held) -> List[Metric]:
     answering = _gauge("headroom_job_answering", "0 for a live job whose runner does not read "
                        "what the engine sends (cut off: handled by signals), else 1.", keys)
     protection = _gauge("headroom_job_protection_info", "1, labelled with what guards a job "
-                        "besides the guard: brake-v1 (its cgroup's limit held by the kernel) or "
-                        "guard (the guard alone).", [*keys, "protection"])
+                        "besides the guard: brake-v1 or brake-v2 (its cgroup's limit held by the "
+                        "kernel: cgroup v1, or a systemd scope on cgroup v2) or guard (the guard "
+                        "alone).", [*keys, "protection"])
     for job in held.jobs[:JOBS_MAX]:
         ids = [label(job.id), label(job.name)]
         _add(memory, [*ids, "ram"], job.rss_bytes)

@@ -97,6 +97,21 @@ class EngineLock:
 # -- making the process sturdy ------------------------------------------------------------------
 
 
+def memlock_refused(euid: Optional[int] = None, limit: Optional[int] = None) -> str:
+    """Why the engine's memory is not locked here ("" where it may be): with MCL_FUTURE every
+    later mapping (a new thread's stack) is locked too and counts against RLIMIT_MEMLOCK, so a
+    user's finite limit (8 MiB on most desktops) would make the engine unable to start a
+    thread once it is reached. Root (CAP_IPC_LOCK) and an unlimited limit may lock."""
+    import resource
+
+    uid = os.geteuid() if euid is None else euid
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] if limit is None else limit
+    if uid == 0 or soft == resource.RLIM_INFINITY:
+        return ""
+    return (f"RLIMIT_MEMLOCK is {soft // 1024} KiB, and a locked engine could not start a "
+            "thread past it")
+
+
 def harden_process() -> List[str]:
     """Lock the engine's memory and raise its priority where the OS allows it (Linux).
 
@@ -105,13 +120,17 @@ def harden_process() -> List[str]:
     notes: List[str] = []
     if not sys.platform.startswith("linux"):
         return notes
+    refused = memlock_refused()
     try:
         import ctypes  # Linux only (mlockall)
 
         libc = ctypes.CDLL(None, use_errno=True)
         # MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT: pages stay in RAM once touched, without
         # faulting in every thread stack up front.
-        if libc.mlockall(1 | 2 | 4) != 0:
+        if refused:
+            notes.append(f"memory not locked ({refused}); the engine may be swapped out "
+                         "under pressure")
+        elif libc.mlockall(1 | 2 | 4) != 0:
             err = ctypes.get_errno()
             notes.append(f"memory not locked (mlockall refused: {os.strerror(err)}); the engine "
                          "may be swapped out under pressure")

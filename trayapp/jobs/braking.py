@@ -2,7 +2,8 @@
 memory limit following what it may have, and a job the limit stalls handled, not left stalled.
 
 How a job gets in: right after its process starts (``place``), before the runner has read the
-job's options, let alone run the script, its pid is written to the job's ``cgroup.procs``;
+job's options, let alone run the script, its pid is written to the job's ``cgroup.procs`` (v1),
+or the user's systemd manager is asked for a transient scope holding it (v2, ``scopes``);
 what it forks from then on is born inside. (A ``preexec_fn`` would run in the forked child of
 a threaded engine, where a lock another thread held at the fork is never released.)
 
@@ -10,8 +11,10 @@ The limit (``cgroups.brake_limit``) is written on every tick of the engine: the 
 the job's RAM budget and its use + the machine's available memory - the park reserve (the
 setting ``guard.park_available``; ``guard.stop_available`` for a job asked to park or stop,
 which must reach a batch end to save). The kernel holds a job at it: with the cgroup's OOM
-killer off, a task that needs more waits in the kernel (``under_oom``) instead of being
-killed.
+killer off (v1), a task that needs more waits in the kernel (``under_oom``) instead of being
+killed; on v2 the limit is ``memory.high``, where a task stalls in reclaim (``memory.max`` a
+margin above it is the last line), taken for held when its ``high`` events rise or its
+scope's pressure says it stalls.
 
 A job that waits there for ``STALL_SECONDS`` cannot reach a batch end, so it cannot park. One
 that can train at half its micro-batch is ended and relaunched so: from its checkpoint where
@@ -33,10 +36,11 @@ from typing import List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
-from trayapp.jobs import cgroups
+from trayapp.jobs import cgroups, cgroups_v2, scopes
 from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
 from trayapp.jobs.job import SUSPENDED, Event, Job, smallest_micro_batch
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.scopes import ScopeCgroup
 from trayapp.jobs.table import JobTable
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -164,6 +168,8 @@ class Brakes(JobTable):
         if found is None or found[0] != enabled:
             offer = cgroups.detect(self.cgroup_root, self.proc_cgroup, enabled=enabled)
             log.info("the jobs' protection: %s", offer.words)
+            if found is None and offer.kind == cgroups.V2:
+                scopes.reset_failed()  # scopes of jobs OOM-killed while no engine watched
             if found is None and offer.brakes:
                 gone = cgroups.sweep(offer)
                 if gone:
@@ -187,6 +193,17 @@ class Brakes(JobTable):
             return
         group: Optional[JobCgroup] = None
         try:
+            if offer.kind == cgroups.V2:
+                # The manager makes the scope with the job in it; its limit is written at once.
+                scope = ScopeCgroup.start(offer, job.id, pid)
+                first = scope.read()
+                limit = self._limit_for(job, first)
+                if limit is not None:
+                    scope.set_limit(limit)
+                job.brake.oom_kills = first.oom_kill
+                job.cgroup = scope
+                job.change(protection=offer.words, cgroup_memory=None)
+                return
             group = JobCgroup.make(offer, job.id)
             first = group.read()
             limit = self._limit_for(job, first)
@@ -217,7 +234,8 @@ class Brakes(JobTable):
         job.cgroup, job.brake = None, BrakeState()
         offer = self.cgroup_offer()
         pid = job.rec.pid
-        group = JobCgroup.of_process(offer, pid, job.id) if pid else None
+        kind = ScopeCgroup if offer.kind == cgroups.V2 else JobCgroup
+        group = kind.of_process(offer, pid, job.id) if pid else None
         if group is None:
             job.change(protection=offer.words if not offer.brakes else
                        f"{cgroups.WORDS[cgroups.NONE]} (it runs in no cgroup of its own)")
@@ -284,7 +302,11 @@ class Brakes(JobTable):
             reserve = Threshold.parse(default)
         budget = self._brake_budget(job)
         st = job.brake
-        if budget is not None and budget < r.usage and st is not None and not st.budget_said:
+        # (A few MiB above a v2 memory.high at its budget is being held there, not over it.)
+        held_at = r.limit is not None and budget is not None and budget >= r.limit and \
+            r.usage <= r.limit + cgroups_v2.high_slack(r.limit)
+        if budget is not None and budget < r.usage and st is not None and \
+                not st.budget_said and not held_at:
             st.budget_said = True
             log.warning("job %s: its RAM budget of %s is below what it already uses (%s): its "
                         "limit stays a margin above its use, and the guard handles it",
@@ -309,7 +331,7 @@ class Brakes(JobTable):
                 # The guard off or in its dry run: nothing holds the job; its memory still
                 # read exactly from its cgroup.
                 if r.limit is not None:
-                    group.set_limit(-1)  # v1's "no limit"
+                    group.set_limit(-1)  # "no limit"
                 job.change(rss_bytes=r.held, memory_method="cgroup",
                            cgroup_memory=r.to_json())
                 return
@@ -450,9 +472,9 @@ class Brakes(JobTable):
         if group is None or code != -signal.SIGKILL:  # (no cgroup, no SIGKILL: Windows)
             return None
         try:
-            if group.read().oom_kill <= st.oom_kills:
-                return None
-            peak = group.peak()
+            peak = group.oom_killed(st.oom_kills)
         except CgroupError:
+            return None
+        if peak is None:
             return None
         return brake_end(job.rec, OOM_KILL, peak)

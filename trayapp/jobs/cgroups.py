@@ -2,8 +2,9 @@
 
 What this machine offers is found once (``detect``): cgroup v1 where the engine's own memory
 cgroup takes children (a writable hierarchy; the freezer beside it when mounted), cgroup v2
-with a systemd user manager (found and said; its per-job scopes are not made yet), or neither.
-A job then gets ``JobCgroup.make``: a child of the engine's memory cgroup with the OOM killer
+with a systemd user manager that has the memory controller (a transient scope a job:
+``trayapp.jobs.scopes``, found by ``cgroups_v2.user_manager``), or neither. On v1 a job gets
+``JobCgroup.make``: a child of the engine's memory cgroup with the OOM killer
 off for it (``memory.oom_control`` = 1: a task at the limit waits in the kernel instead of
 being killed) and a child of the engine's freezer cgroup. The engine writes its limit
 (``brake_limit``) on every tick, reads its use, freezes and thaws it, and removes it when the
@@ -19,9 +20,12 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from trayapp.jobs import cgroups_v2
 
 from trayapp.formats import format_bytes
 
@@ -55,7 +59,8 @@ class CgroupError(Exception):
 @dataclass(frozen=True)
 class Offer:
     """What this machine offers a job: ``kind`` (V1, V2, NONE), a line saying where or why not,
-    and for V1 the engine's own memory and freezer cgroup folders (the jobs' parents)."""
+    and for V1 the engine's own memory and freezer cgroup folders (the jobs' parents); for V2
+    the folder of the user's ``user@UID.service`` (both parents) and the v2 mount."""
 
     kind: str
     why: str = ""
@@ -66,19 +71,19 @@ class Offer:
 
     @property
     def brakes(self) -> bool:
-        """Jobs get cgroups of their own here (only v1 is made so far)."""
-        return self.kind == V1 and self.memory_parent is not None
+        """Jobs get cgroups of their own here (v1 children, or v2 scopes)."""
+        return self.kind in (V1, V2) and self.memory_parent is not None
 
     @property
     def words(self) -> str:
         """The protection in words, with why where there is none."""
         if self.brakes:
-            return WORDS[V1]
+            return WORDS[self.kind]
         return WORDS[NONE] + (f" ({self.why})" if self.why else "")
 
     @property
     def tag(self) -> str:
-        return TAGS[V1] if self.brakes else TAGS[NONE]
+        return TAGS[self.kind] if self.brakes else TAGS[NONE]
 
     def to_json(self) -> Dict[str, Any]:
         return {"kind": self.kind if self.brakes else NONE, "words": self.words,
@@ -162,13 +167,17 @@ def _read_only(folder: str) -> bool:
 
 
 def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bool = True,
-           environ: Optional[Mapping[str, str]] = None, probe: bool = True) -> Offer:
+           environ: Optional[Mapping[str, str]] = None, probe: bool = True,
+           uid: Optional[int] = None,
+           which: Optional[Callable[[str], Optional[str]]] = None) -> Offer:
     """What this machine offers the engine's jobs (``proc_cgroup``: where the engine is).
 
     V1 when the engine's memory cgroup (under ``root``) takes a child, which is tried (with
     ``probe``; else only asked, as a command that makes nothing does); its freezer beside it
-    when that takes one too. V2 is found and said (the user's systemd manager runs) but gives
-    no brake yet. NONE otherwise, with why. Never raises."""
+    when that takes one too. V2 where ``/sys/fs/cgroup`` is the unified hierarchy and the
+    user's systemd manager runs with the memory controller delegated to it, writable, and can
+    be asked for scopes (``cgroups_v2.user_manager``: ``uid``, ``which`` for tests). NONE
+    otherwise, with why. Never raises."""
     if not enabled:
         return Offer(NONE, "the kernel brake is off (guard.kernel_brake)")
     try:
@@ -196,20 +205,13 @@ def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bo
                      fmount if freezer else None)
     if "" in own:
         env = os.environ if environ is None else environ
-        manager = _user_manager(own[""], env)
-        if manager:
-            return Offer(NONE, "cgroup v2 with a systemd user manager: per-job scopes are "
-                         "not made yet")
-        return Offer(NONE, "cgroup v2 without a systemd user manager (no delegation)")
+        user = os.getuid() if uid is None else uid
+        service, why = cgroups_v2.user_manager(root, own[""], env, user,
+                                               which or shutil.which)
+        if service is None:
+            return Offer(NONE, why)
+        return Offer(V2, why, service, service, root, root)
     return Offer(NONE, "no memory cgroup")
-
-
-def _user_manager(path: str, environ: Mapping[str, str]) -> bool:
-    """The user's systemd manager runs: its private socket, or a session below ``user@``."""
-    runtime = environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.exists(os.path.join(runtime, "systemd", "private")):
-        return True
-    return "/user@" in path
 
 
 # -- readings ------------------------------------------------------------------------------------
@@ -234,7 +236,9 @@ class Reading:
     """One look at a job's memory cgroup, in bytes: its use (``usage``, what the limit is
     held against), the anonymous and file-backed parts of it, the inactive file cache the
     kernel takes back first, the limit; and whether a task waits at the limit
-    (``under_oom``), the OOM kills counted in it, how often it hit the limit (``failcnt``)."""
+    (``under_oom``), the OOM kills counted in it, how often it hit the limit (``failcnt``).
+    On v2 the limit is ``memory.high``, ``failcnt`` its ``high`` events, and the reading has
+    the ``high`` and ``max`` counts of ``memory.events`` and the scope's PSI avg10."""
 
     usage: int
     limit: Optional[int]
@@ -244,6 +248,10 @@ class Reading:
     under_oom: bool
     oom_kill: int
     failcnt: int
+    high_events: Optional[int] = None  # v2 only, from here on
+    max_events: Optional[int] = None
+    psi_some: Optional[float] = None
+    psi_full: Optional[float] = None
 
     @property
     def working_set(self) -> int:
@@ -260,10 +268,14 @@ class Reading:
         return self.working_set
 
     def to_json(self) -> Dict[str, Any]:
-        return {"usage_bytes": self.usage, "limit_bytes": self.limit,
-                "anon_bytes": self.anon, "file_bytes": self.file,
-                "working_set_bytes": self.working_set, "under_oom": self.under_oom,
-                "oom_kill": self.oom_kill, "failcnt": self.failcnt}
+        out: Dict[str, Any] = {
+            "usage_bytes": self.usage, "limit_bytes": self.limit, "anon_bytes": self.anon,
+            "file_bytes": self.file, "working_set_bytes": self.working_set,
+            "under_oom": self.under_oom, "oom_kill": self.oom_kill, "failcnt": self.failcnt}
+        if self.high_events is not None:
+            out.update(high_events=self.high_events, max_events=self.max_events,
+                       psi_some_avg10=self.psi_some, psi_full_avg10=self.psi_full)
+        return out
 
 
 def reading(usage: str, limit: str, stat: str, oom_control: str, failcnt: str) -> Reading:
@@ -442,6 +454,13 @@ class JobCgroup:
             raise CgroupError(f"the peak of {self.memory} cannot be read as a number") \
                 from None
 
+    def oom_killed(self, since: int) -> Optional[int]:
+        """After its run ended: how much it held (its peak) when the kernel's OOM killer
+        ended it (its ``oom_kill`` count above ``since``), else None. Raises CgroupError."""
+        if self.read().oom_kill <= since:
+            return None
+        return self.peak()
+
     def pids(self) -> List[int]:
         """The processes in its memory cgroup now. Raises CgroupError."""
         return [int(p) for p in self._read(self.memory, "cgroup.procs").split() if p.isdigit()]
@@ -572,16 +591,22 @@ def plan_line(enabled: bool, budget_mb: Optional[float], offer: Optional[Offer] 
             if budget_mb else "what the machine can give it")
     freezer = "a pause freezes its cgroup" if found.freezer_parent else \
         "a pause suspends it by signal (no freezer)"
-    return (f"protection: {found.words}: the kernel holds the job at {held}, with its OOM "
-            f"killer off; stalled there, a fit that can shrink is relaunched at half its "
+    how = ("in a systemd scope of its own, at memory.high (it stalls in reclaim, it is not "
+           "killed; memory.max a margin above)") if found.kind == V2 else \
+        "with its OOM killer off"
+    return (f"protection: {found.words}: the kernel holds the job at {held}, {how}; "
+            f"stalled there, a fit that can shrink is relaunched at half its "
             f"micro-batch; {freezer}")
 
 
 def sweep(offer: Offer) -> List[str]:
     """Remove the empty job cgroups an engine left under the offer's parents (its jobs were
     killed while no engine watched them). One with a process in it is left alone (the
-    kernel refuses to remove it). Returns the folders removed; never raises."""
+    kernel refuses to remove it). Returns the folders removed; never raises. (A v2 scope is
+    collected by systemd when it empties: nothing to sweep.)"""
     removed: List[str] = []
+    if offer.kind != V1:
+        return removed
     for parent in (offer.memory_parent, offer.freezer_parent):
         if parent is None:
             continue

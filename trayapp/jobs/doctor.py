@@ -308,8 +308,10 @@ def protection_check(config_file: Optional[Path] = None,
         offer = cgroups.detect(enabled=enabled, probe=False)
     fix = None
     if not offer.brakes and sys.platform.startswith("linux") and "is off" not in offer.why:
-        fix = ("run the engine where it may make child memory cgroups (cgroup v1 writable, "
-               "as root or in a delegated cgroup); until then the guard alone guards jobs")
+        fix = ("on cgroup v2, log in to a systemd session whose user manager "
+               "(user@UID.service) has the memory controller delegated; on cgroup v1, run the "
+               "engine where it may make child memory cgroups (as root or in a delegated "
+               "cgroup); until then the guard alone guards jobs")
     return Check("Memory protection", "ok", offer.words, fix)
 
 
