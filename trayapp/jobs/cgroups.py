@@ -25,9 +25,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from trayapp.jobs import cgroups_v2
-
 from trayapp.formats import format_bytes
+from trayapp.jobs import cgroups_v2
 
 V1 = "v1"
 V2 = "v2"
