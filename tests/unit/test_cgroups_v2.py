@@ -76,7 +76,7 @@ def test_a_user_manager_with_the_memory_controller_is_the_v2_brake(tmp_path: Pat
     assert tag_of(offer.words) == "brake-v2"
     line = cgroups.plan_line(True, 800, offer)
     assert line.startswith("protection: kernel brake (cgroup v2, systemd): the kernel holds "
-                           "the job at the smaller of its budget (800 MB)")
+                           "the job at the smaller of its budget (800.0 MiB)")
     assert "memory.high" in line and "a pause freezes its cgroup" in line
 
 
@@ -390,3 +390,28 @@ def test_an_oom_kill_is_read_from_the_scope_or_from_the_manager_once_it_is_gone(
     assert asked == [cgroups_v2.result_argv(folder.name), cgroups_v2.reset_argv(folder.name)]
     assert scope.oom_killed(1, ask=manager("success")) is None
     assert scope.oom_killed(0, ask=manager("")) == 200 * MiB  # seen before it went
+
+
+def test_a_scope_the_kernel_is_removing_is_gone_and_its_oom_kill_asked_of_the_manager(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between the last process's death and the folder's removal, its files answer ENODEV
+    # (seen in the VM): that is a scope gone, not a fault.
+    import builtins
+    import errno
+
+    folder = fake_scope(fake_v2(tmp_path))
+    scope = ScopeCgroup(str(folder), folder.name)
+    real_open = builtins.open
+
+    def removing(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith(str(folder)):
+            raise OSError(errno.ENODEV, "No such device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", removing)
+    with pytest.raises(CgroupError, match=f"^its scope {folder} is gone$"):
+        scope.read()
+    with pytest.raises(CgroupError, match=f"^its scope {folder} is gone$"):
+        scope.set_limit(MiB)
+    said = subprocess.CompletedProcess([], 0, "oom-kill\n", "")
+    assert scope.oom_killed(0, ask=lambda argv, env: said) is not None

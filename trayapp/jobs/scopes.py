@@ -18,6 +18,7 @@ its last process does: nothing to remove.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -150,6 +151,8 @@ class ScopeCgroup:
                 return ""
             raise CgroupError(f"its scope {self.memory} is gone") from None
         except OSError as e:
+            if e.errno == errno.ENODEV:  # the kernel is removing it: as good as gone
+                raise CgroupError(f"its scope {self.memory} is gone") from None
             raise CgroupError(f"cannot read {name} of {self.memory}: {_why(e)}") from None
 
     def _write(self, name: str, value: str) -> None:
@@ -159,6 +162,8 @@ class ScopeCgroup:
         except FileNotFoundError:
             raise CgroupError(f"its scope {self.memory} is gone") from None
         except OSError as e:
+            if e.errno == errno.ENODEV:
+                raise CgroupError(f"its scope {self.memory} is gone") from None
             raise CgroupError(f"cannot write {value} to {name} of {self.memory}: {_why(e)}") \
                 from None
 
