@@ -57,6 +57,8 @@ EXTERNAL_WINDOWS: Dict[str, tuple] = {
 }
 # How long quitting waits for the engine to stop the jobs or shut down before leaving anyway.
 QUIT_TIMEOUT_MS = 10_000
+# An open dashboard redraws its plots at most this often (its words follow every status).
+DASHBOARD_REDRAW_SECONDS = 2.0
 QUIT_KEEP, QUIT_STOP, QUIT_CANCEL = "keep", "stop", "cancel"
 
 
@@ -157,6 +159,7 @@ class HeadroomApp(QObject):
             from trayapp.ui.dashboard import Dashboard  # pyqtgraph and numpy load only now
 
             d = Dashboard(self.settings, no_tray_reason=self.no_tray_reason, demo=self.demo)
+            d.live_redraw_seconds = DASHBOARD_REDRAW_SECONDS
             d.setWindowIcon(make_icon(IconState(L.OK, 10, 5)))
             d.historyRequested.connect(self._fetch_history)
             if self.tray is None:
