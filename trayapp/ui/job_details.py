@@ -6,6 +6,7 @@ Each pane only shows what it is given; the window asks the engine and hands the 
 
 from __future__ import annotations
 
+import html
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pyqtgraph as pg
@@ -233,8 +234,6 @@ class MemoryChart(QWidget):
         plot.setLabel("left", "MiB")
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMenuEnabled(False)
-        plot.addLegend(offset=(-8, 4), labelTextSize="8pt",  # top right
-                       brush=pg.mkBrush(255, 255, 255, 200))
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         for ax in ("left", "bottom"):
@@ -245,11 +244,19 @@ class MemoryChart(QWidget):
         self.vram_curve = plot.plot([], [], name="VRAM",
                                     pen=pg.mkPen("#6a3d9a", width=1), antialias=False)
         self.budget_lines: List[Any] = []
+        self.keys: List[Tuple[str, str, bool]] = []  # the legend: (label, colour, dashed)
+        self._legend([])
         self.note = plain_label()  # metric names are the job's
         self.note.setStyleSheet(NOTE_STYLE)
         layout = QVBoxLayout(self)
         layout.addWidget(self.chart, 1)
         layout.addWidget(self.note)
+
+    def _legend(self, budgets: List[Tuple[str, str, bool]]) -> None:
+        # In the title line, never over the curves.
+        self.keys = [("RAM (process tree)", "#2e7d32", False), ("VRAM", "#6a3d9a", False)] + \
+            budgets
+        self.chart.getPlotItem().setTitle(title_legend(self.keys), size="8pt")
 
     def clear(self) -> None:
         self.rss_curve.setData([], [])
@@ -298,19 +305,50 @@ class MemoryChart(QWidget):
             plot.removeItem(line)
         self.budget_lines = []
         notes = []
+        keys: List[Tuple[str, str, bool]] = []
+        peak = self._peak()
+        top = peak
         for value, colour, label in (
                 (job.ram_budget_bytes if job else None, "#2e7d32", "RAM budget"),
                 (job.vram_budget_bytes if job else None, "#6a3d9a", "VRAM budget")):
             if value:
+                y = float(value) / scale
                 notes.append(f"{label} {format_bytes(value)}")
-                line = pg.InfiniteLine(pos=float(value) / scale, angle=0, movable=False,
+                line = pg.InfiniteLine(pos=y, angle=0, movable=False,
                                        pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
-                                       label=label, labelOpts={"position": 0.95,
+                                       label=label, labelOpts={"position": 0.05,
                                                                "color": colour})
-                # A budget far above the use must not flatten the curves: it shows once near.
                 plot.addItem(line, ignoreBounds=True)
                 self.budget_lines.append(line)
+                keys.append((label, colour, True))
+                # A budget near the use is in view; one far above it would flatten the curves,
+                # so it is said instead.
+                if not peak or y <= BUDGET_IN_VIEW * peak:
+                    top = max(top, y)
+                else:
+                    notes[-1] += f" (above the chart: {y / peak:.0f}x the most used)"
+        if top > 0:
+            plot.setYRange(0, top * 1.08, padding=0)
+        self._legend(keys)
         return notes
+
+    def _peak(self) -> float:
+        peak = 0.0
+        for curve in (self.rss_curve, self.vram_curve):
+            _, y = curve.getData()
+            if y is not None and len(y):
+                peak = max(peak, float(max(y)))
+        return peak
+
+
+BUDGET_IN_VIEW = 3.0  # a budget up to this many times the most used is drawn in view
+
+
+def title_legend(keys: Sequence[Tuple[str, str, bool]]) -> str:
+    """A legend as a title line: a coloured square (a dash for a dashed line) and the name."""
+    return "&nbsp;&nbsp;".join(
+        f"<span style='color:{colour}'>{'&#9476;' if dashed else '&#9632;'}</span>&nbsp;"
+        f"{html.escape(label)}" for label, colour, dashed in keys)
 
 
 CURVE_COLOURS = ("#1f5fa8", "#c0392b", "#2e7d32", "#6a3d9a", "#b26a00", "#117a8b", "#555555")
@@ -334,12 +372,11 @@ class CurvesChart(QWidget):
         plot.setLabel("bottom", "epoch")
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setMenuEnabled(False)
-        self.legend = plot.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2,
-                                     brush=pg.mkBrush(255, 255, 255, 200))
         for ax in ("left", "bottom"):
             plot.getAxis(ax).setPen(pg.mkPen("#888888"))
             plot.getAxis(ax).setTextPen(pg.mkPen("#333333"))
         self.curves: Dict[str, Any] = {}  # "loss" (batches) and "loss@epoch" -> its item
+        self.keys: List[Tuple[str, str, bool]] = []  # the legend, in the title line
         self.fit_lines: List[Any] = []  # where each later fit() call began
         self.note = plain_label()  # metric names are the job's
         self.note.setStyleSheet(NOTE_STYLE)
@@ -354,7 +391,8 @@ class CurvesChart(QWidget):
             plot.removeItem(item)
         self.curves = {}
         self._mark_fits([])
-        self.legend.clear()
+        self.keys = []
+        self.chart.getPlotItem().setTitle(None)
         self.note.setText("")
 
     def _mark_fits(self, fits: List[Dict[str, Any]]) -> None:
@@ -390,12 +428,14 @@ class CurvesChart(QWidget):
             if epochs:
                 item = plot.plot([], [], pen=pg.mkPen(colour, width=2, style=style),
                                  symbol="o", symbolSize=6, symbolBrush=colour,
-                                 symbolPen=colour, antialias=True,
-                                 name=name if named else None)  # in the legend once
+                                 symbolPen=colour, antialias=True)
             else:
                 item = plot.plot([], [], pen=pg.mkPen(colour, width=1, style=style),
-                                 antialias=False, name=name)
+                                 antialias=False)
             self.curves[key] = item
+            if named:  # in the legend once, in the title line (never over the curves)
+                self.keys.append((name, colour, name.startswith("val_")))
+                plot.setTitle(title_legend(self.keys), size="8pt")
         return item
 
     def show_curves(self, curves: Optional[Dict[str, Any]], job: Optional[JobRecord]) -> None:
