@@ -114,8 +114,8 @@ def test_tooltip_says_ram_vram_guard_and_jobs() -> None:
     text = tooltip_text(st)
     lines = text.splitlines()
     assert lines[0] == "Headroom (simulated GPUs)"
-    assert "RAM 15.0 GiB used of 16.0 GiB, 1.0 GiB available" in text
-    assert "GPU0 VRAM 6.0 GiB of 12.0 GiB (50%)" in text
+    assert "RAM (left bar) 15.0 GiB used of 16.0 GiB, 1.0 GiB available" in text
+    assert "GPU0 VRAM (right bar) 6.0 GiB of 12.0 GiB (50%)" in text
     assert "Guard: warn — available memory below 15%; memory runs out in ~1 min 35 s" in text
     assert "Jobs: mnist — running, epoch 2/10, step 120/500" in text
     gone = tooltip_text(st, reachable=False, reason="the engine went away")

@@ -193,16 +193,19 @@ def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
             return escaped_lines("\n".join(lines))
         lines.append("Last known:")
     m = status.get("memory") or {}
-    lines.append(f"RAM {format_bytes(m.get('used_bytes'))} used of "
+    # The icon's two bars, said by name: the left one RAM, the right one the fullest GPU's.
+    lines.append(f"RAM (left bar) {format_bytes(m.get('used_bytes'))} used of "
                  f"{format_bytes(m.get('total_bytes'))}, "
                  f"{format_bytes(m.get('available_bytes'))} available")
     gpus = status.get("gpus") or []
     if not gpus:
         lines.append("VRAM n/a (" + ((status.get("gpu_status") or {}).get("message")
-                                      or "no GPU") + ")")
+                                      or "no GPU") + "; the right bar is empty)")
+    shown = fullest_gpu(status)
     for g in gpus:
-        lines.append(f"GPU{g.get('index')} VRAM {format_bytes(g.get('memory_used_bytes'))} of "
-                     f"{format_bytes(g.get('memory_total_bytes'))} "
+        bar = " (right bar)" if g is shown else ""
+        lines.append(f"GPU{g.get('index')} VRAM{bar} {format_bytes(g.get('memory_used_bytes'))}"
+                     f" of {format_bytes(g.get('memory_total_bytes'))} "
                      f"({percent(g.get('memory_used_bytes'), g.get('memory_total_bytes'))})")
     if reachable:
         lines.append(guard_line(status))
