@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from trayapp import formats
 from trayapp.config import ConfigError, Threshold, format_bytes
 from trayapp.ui.dashboard_charts import DashboardPlots
+from trayapp.ui.dashboard_now import NowBars
 from trayapp.ui.dashboard_parts import (
     BANNER_STYLES,
     GIB,
@@ -148,6 +149,8 @@ class Dashboard(DashboardPlots):
         self.readout.setStyleSheet("color:#333;")
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         outer.addWidget(self.readout)
+        self.now_bars = NowBars()  # what holds each memory now, whatever the scale
+        outer.addWidget(self.now_bars)
 
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setBackground("w")

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 from trayapp import formats, series
 from trayapp.ui import data as datamod
 from trayapp.ui.dashboard_labels import LabelLayer
+from trayapp.ui.dashboard_now import Segment
 from trayapp.ui.dashboard_parts import (
     FOLLOW_STEP,
     LAYER_COLOURS,
@@ -416,6 +417,7 @@ class DashboardPlots(QWidget):
         self._sync_stacks()
         for stack in self._stacks.values():
             stack.draw(tb)
+        self._show_now()
         if self.following and follow_to is not None:
             # The view moves in steps of 2% of the range, not on every update: a moved range
             # redraws every axis, which costs more than the curves themselves.
@@ -426,6 +428,17 @@ class DashboardPlots(QWidget):
                 self.ram_plot.setXRange(right - self.range_seconds, right, padding=0)
         if self.hover_t is None and len(tb):
             self.show_values_at(None)
+
+    def _show_now(self) -> None:
+        """The "now" bars: RAM and each GPU's memory by consumer at the newest row."""
+        bars = getattr(self, "now_bars", None)
+        if bars is None:
+            return
+        parts = [("RAM", self._stacks["ram"], self._totals.get("ram", 0.0))]
+        parts += [(f"GPU {i}", self._stacks[i], self._totals.get(f"gpu{i}", 0.0))
+                  for i in sorted(self.vram_plots)]
+        bars.show_parts([(name, [Segment(*p) for p in stack.now(self.table)], total)
+                         for name, stack, total in parts])
 
     def _mouse_moved(self, args: Tuple[Any, ...]) -> None:
         pos = args[0]

@@ -174,6 +174,22 @@ class Stack:
             out.append((la.label, la.colour))
         return out
 
+    def now(self, tb: Table) -> List[Tuple[str, float, str, bool]]:
+        """Each layer's (label, bytes, colour, job) at the newest row, jobs first then by size,
+        what is free last: the "now" bar's parts."""
+        if not len(tb):
+            return []
+        values = self.values(tb)
+        parts: List[Tuple[str, float, str, bool]] = []
+        free: List[Tuple[str, float, str, bool]] = []
+        for layer in self.layers:
+            v = float(values[layer.key][-1]) if layer.key in values else math.nan
+            if math.isfinite(v) and v > 0:
+                (free if layer.key == FREE else parts).append(
+                    (layer.label, v, layer.colour, layer.job))
+        parts.sort(key=lambda p: (not p[3], -p[1]))
+        return parts + free
+
     def readout(self, tb: Table, i: int, whole: float) -> List[str]:
         """Each layer's value at row ``i``, largest first after the jobs, with its share of
         ``whole`` (the memory's total) when known."""
