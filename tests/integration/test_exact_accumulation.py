@@ -79,7 +79,7 @@ def same_training(name: str, want: Dict[str, Any], got: Dict[str, Any],
 def run_job(tmp_path: Path, engine: TestEngine, jobs: List[Job], *args: str,
             **spec: Any) -> Dict[str, Any]:
     out = tmp_path / "report.json"
-    job = start(jobs, JobSpec(script=str(EXACT_FIT), args=(str(out), *args),
+    job = start(jobs, JobSpec(fit_batch=False, script=str(EXACT_FIT), args=(str(out), *args),
                               python=sys.executable, **spec), tmp_path, engine)
     assert job.wait(timeout=300) == 0, job.output[-3000:]
     return json.loads(out.read_text())
@@ -129,7 +129,8 @@ def test_shrunk_in_place_at_an_epoch_start_and_in_its_short_last_batch(
 def test_a_micro_batch_floor_above_the_batch_fails_as_keras_would(
         tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
     out = tmp_path / "report.json"
-    job = start(jobs, JobSpec(script=str(EXACT_FIT), python=sys.executable, min_batch=128,
+    job = start(jobs, JobSpec(fit_batch=False, script=str(EXACT_FIT), python=sys.executable,
+                              min_batch=128,
                               args=(str(out), "--cases", "arrays-sgd", "--oom", "1:3")),
                 tmp_path, engine)
     assert job.wait() == 1

@@ -184,7 +184,8 @@ def test_pause_park_and_stop_reach_every_worker(home: Path, tmp_path: Path,
     engine = start_engine()
     ckpt = tmp_path / "ckpt"
     with engine.client(timeout=60) as c:
-        job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "keras_workers.py"),
+        job = c.job_start(JobSpec(fit_batch=False,
+                                  script=str(SCRIPTS / "faults" / "keras_workers.py"),
                                   args=("50", "40", "0.05"), checkpoint_dir=str(ckpt),
                                   cwd=str(tmp_path)).to_json())
         jid = job["id"]

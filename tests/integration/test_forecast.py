@@ -140,3 +140,78 @@ def test_a_resumed_job_keeps_the_micro_batch_of_its_checkpoint(
     assert job.wait() == 0, job.output()
     assert not any(m["type"] == protocol.FORECAST and m.get("how") == "probe"
                    for m in engine.drain())
+
+
+# -- the probe by default ------------------------------------------------------------------------
+
+
+def test_without_any_flag_the_probe_decides_the_first_steps_micro_batch(
+        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+    """The full batch has not run yet: the probe decides the first step's micro-batch by
+    default, and the training is the one plain python gives."""
+    real = start_engine()
+    out, ref = tmp_path / "report.json", tmp_path / "reference.json"
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "2"), python=sys.executable,
+                   ram_budget_mb=BUDGET_MB)  # no fit_batch given
+    assert spec.fit_batch
+    client = real.client()
+    job_id = client.job_start(spec.to_json())["id"]
+    plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", "2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        said = events(client, job_id)
+        messages = [e["message"] for e in said]
+        assert job.state == S.FINISHED, (job, messages)
+        assert job.accumulation and job.accumulation >= 2, job
+        kinds = [e["kind"] for e in said]
+        assert E.GUARD_PAUSE not in kinds and E.GUARD_PARK not in kinds, messages
+        assert E.JOB_BRAKED not in kinds, messages
+        probe = [e for e in said if e["kind"] == E.JOB_FORECAST and e["data"]["how"] == "probe"]
+        assert probe and f"will train micro-batches of {job.micro_batch} x {job.accumulation}" \
+            in probe[0]["message"], messages
+        report = json.loads(out.read_text())
+        _, err = plain.communicate(timeout=240)
+        assert plain.returncode == 0, err[-2000:]
+        expected = json.loads(ref.read_text())
+        assert report["updates"] == expected["updates"] == 2 * 2
+        assert report["weights"] == pytest.approx(expected["weights"], rel=1e-5)
+    finally:
+        if plain.poll() is None:
+            plain.kill()
+            plain.wait()
+        if plain.stderr is not None:
+            plain.stderr.close()
+        try:
+            client.job_action(job_id, "kill")
+        except Exception:
+            pass
+        client.close()
+
+
+def test_no_fit_batch_starts_at_the_full_batch(
+        start_engine: Callable[..., EngineProcess], tmp_path: Path) -> None:
+    """--no-fit-batch: no probe before the first step; it trains the full batch (here one the
+    machine holds, without a budget: it finishes at 4096 x 1)."""
+    real = start_engine()
+    out = tmp_path / "report.json"
+    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "1"), python=sys.executable,
+                   fit_batch=False)
+    client = real.client()
+    job_id = client.job_start(spec.to_json())["id"]
+    try:
+        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        said = events(client, job_id)
+        assert job.state == S.FINISHED, (job, [e["message"] for e in said])
+        assert job.batch == 4096 and (job.accumulation or 1) == 1, job
+        assert [e for e in said if e["kind"] == E.JOB_FORECAST
+                and e["data"]["how"] == "probe"] == []
+        assert not any("--fit-batch" in e["message"] for e in said), said
+        report = json.loads(out.read_text())
+        assert report["updates"] == 2 and report["accumulation"] in (None, 1), report
+    finally:
+        try:
+            client.job_action(job_id, "kill")
+        except Exception:
+            pass
+        client.close()

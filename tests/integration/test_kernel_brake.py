@@ -317,7 +317,8 @@ def test_a_keras_step_over_its_budget_is_braked_and_relaunched_smaller(
     engine = start_engine()
     client = client_of(engine)
     out, ckpt, ref = tmp_path / "report.json", tmp_path / "ckpt", tmp_path / "reference.json"
-    spec = JobSpec(script=WIDE_FIT, args=(str(out), "4096", "2"), python=sys.executable,
+    spec = JobSpec(fit_batch=False, script=WIDE_FIT, args=(str(out), "4096", "2"),
+                   python=sys.executable,
                    ram_budget_mb=1100, checkpoint_dir=str(ckpt))
     job_id = client.job_start(spec.to_json())["id"]
     plain = subprocess.Popen([sys.executable, WIDE_FIT, str(ref), "4096", "2"],
@@ -449,7 +450,7 @@ def test_a_keras_job_the_oom_killer_ended_is_relaunched_smaller(paths: Paths,
         (parent / "memory.limit_in_bytes").write_text(str(1100 * MiB))
         with engine_in_cgroup(paths, parent):
             client = EngineClient(paths)
-            spec = JobSpec(script=WIDE_FIT, args=(str(out), "1024", str(epochs)),
+            spec = JobSpec(fit_batch=False, script=WIDE_FIT, args=(str(out), "1024", str(epochs)),
                            python=sys.executable, checkpoint_dir=str(ckpt))
             job_id = client.job_start(spec.to_json())["id"]
             wait_for("the fit's batch", lambda: client.job_get(job_id)["shrinkable"], 120)

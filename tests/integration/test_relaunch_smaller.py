@@ -46,7 +46,7 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
     guard_alone(paths)
     engine = start_engine()
     out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
-    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
+    spec = JobSpec(fit_batch=False, script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
                    python=sys.executable, ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt))
     client = engine.client()
     job_id = client.job_start(spec.to_json())["id"]
@@ -94,7 +94,7 @@ def test_a_job_that_cannot_shrink_stays_paused_at_its_budget(
     guard_alone(paths)
     engine = start_engine()
     out, ckpt = tmp_path / "report.json", tmp_path / "ckpt"
-    spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
+    spec = JobSpec(fit_batch=False, script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
                    python=sys.executable, ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt),
                    on_oom="stop")
     client = engine.client()

@@ -71,7 +71,8 @@ def test_a_resumed_fit_returns_the_history_of_the_whole_training(
     out, gate, ckpt = tmp_path / "report.json", tmp_path / "gate", tmp_path / "ckpt"
     held = Path(str(out) + ".held")
     # Epoch 2 (of 3) holds as its 6th batch begins, until the request is in.
-    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable, checkpoint_dir=str(ckpt),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), python=sys.executable,
+                   checkpoint_dir=str(ckpt),
                    args=(str(out), "--hold", "2:6", "--gate", str(gate)))
     job = start(jobs, spec, tmp_path, engine)
     wait_for_file(held, job)
@@ -91,7 +92,8 @@ def test_a_resumed_fit_returns_the_history_of_the_whole_training(
                                                            rel=1e-5)
     assert sorted(extra["metrics"]) == ["compile_metrics", "loss"]
 
-    resumed = JobSpec(script=str(SHRINK_FIT), python=sys.executable, checkpoint_dir=str(ckpt),
+    resumed = JobSpec(fit_batch=False, script=str(SHRINK_FIT), python=sys.executable,
+                      checkpoint_dir=str(ckpt),
                       args=(str(out),), resume=True, accumulation=smaller)
     job = start(jobs, resumed, tmp_path, engine)
     assert job.wait() == 0, job.output[-3000:]
@@ -111,7 +113,8 @@ def test_a_finished_fit_restored_returns_its_history_too(
     assert r.returncode == 0, r.stderr[-2000:]
     want = json.loads(ref_out.read_text())
     out, gate, ckpt = tmp_path / "report.json", tmp_path / "gate", tmp_path / "ckpt"
-    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable, checkpoint_dir=str(ckpt),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), python=sys.executable,
+                   checkpoint_dir=str(ckpt),
                    args=(str(out), "--fits", "2", "--hold", "1:3", "--gate", str(gate)))
     job = start(jobs, spec, tmp_path, engine)
     wait_for_file(Path(str(out) + ".held"), job)
@@ -119,7 +122,8 @@ def test_a_finished_fit_restored_returns_its_history_too(
     engine.wait_for(of("state", state="parking"))
     gate.touch()
     assert job.wait() == protocol.PARK_EXIT_CODE, job.output[-3000:]
-    resumed = JobSpec(script=str(SHRINK_FIT), python=sys.executable, checkpoint_dir=str(ckpt),
+    resumed = JobSpec(fit_batch=False, script=str(SHRINK_FIT), python=sys.executable,
+                      checkpoint_dir=str(ckpt),
                       args=(str(out), "--fits", "2"), resume=True)
     job = start(jobs, resumed, tmp_path, engine)
     assert job.wait() == 0, job.output[-3000:]

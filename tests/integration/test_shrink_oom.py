@@ -92,7 +92,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
 def test_an_oom_mid_epoch_trains_on_at_half_the_batch_and_the_weights_are_the_same(
         tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any]) -> None:
     out = tmp_path / "report.json"
-    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "2:4"), python=sys.executable)
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=(str(out), "--oom", "2:4"),
+                   python=sys.executable)
     job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 0, job.output[-3000:]
     got = report(out)
@@ -112,7 +113,8 @@ def test_ooms_again_halve_again_down_to_the_floor(tmp_path: Path, engine: TestEn
                                                   jobs: List[Job],
                                                   reference: Dict[str, Any]) -> None:
     out = tmp_path / "report.json"
-    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "1:2", "--oom", "2:5",
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=(str(out), "--oom", "1:2",
+                   "--oom", "2:5",
                                                  "--above", "8"),
                    python=sys.executable, min_batch=8)
     job = start(jobs, spec, tmp_path, engine)
@@ -131,7 +133,8 @@ def test_below_the_floor_it_parks_with_a_checkpoint_and_resumes_at_the_shrunk_si
     args = (str(out), "--oom", "2:4", "--oom", "3:4", "--above", "8", "--once", str(once))
     # The first OOM (epoch 2) halves to 16 x 2; the second, at the 4th micro-batch of epoch 3
     # (one update and a half done: the half is trained again), is below the floor.
-    spec = JobSpec(script=str(SHRINK_FIT), args=args[:3] + ("--oom", "3:4", "--above", "8"),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=args[:3] + ("--oom", "3:4",
+                   "--above", "8"),
                    python=sys.executable, checkpoint_dir=str(ckpt), min_batch=16)
     job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == protocol.PARK_EXIT_CODE, job.output[-3000:]
@@ -142,7 +145,7 @@ def test_below_the_floor_it_parks_with_a_checkpoint_and_resumes_at_the_shrunk_si
     assert metadata["epoch"] == 2 and metadata["headroom"]["batches_done"] == 2  # 1 update x 2
 
     once.touch()  # the resumed job has the memory it needs
-    resumed = JobSpec(script=str(SHRINK_FIT), args=args, python=sys.executable,
+    resumed = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=args, python=sys.executable,
                       checkpoint_dir=str(ckpt), resume=True, min_batch=16)
     job = start(jobs, resumed, tmp_path, engine)
     assert job.wait() == 0, job.output[-3000:]
@@ -155,7 +158,7 @@ def test_below_the_floor_it_parks_with_a_checkpoint_and_resumes_at_the_shrunk_si
 def test_on_oom_stop_fails_as_without_headroom(tmp_path: Path, engine: TestEngine,
                                                jobs: List[Job]) -> None:
     out = tmp_path / "report.json"
-    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "1:3"),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=(str(out), "--oom", "1:3"),
                    python=sys.executable, on_oom="stop")
     job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 1
@@ -171,7 +174,8 @@ keras2 = pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
 def test_keras2_is_not_shrunk_unless_asked_for_a_smaller_batch(tmp_path: Path, engine: TestEngine,
                                                                jobs: List[Job]) -> None:
     out = tmp_path / "report.json"
-    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out), "--oom", "2:3", "--keras2"),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=(str(out), "--oom", "2:3",
+                   "--keras2"),
                    python=sys.executable)
     job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 1
@@ -181,7 +185,8 @@ def test_keras2_is_not_shrunk_unless_asked_for_a_smaller_batch(tmp_path: Path, e
         engine.seen[-5:]
     # Asked for: half the batch, no accumulation; from where training stood, to the end.
     out2 = tmp_path / "smaller.json"
-    spec = JobSpec(script=str(SHRINK_FIT), args=(str(out2), "--oom", "2:3", "--keras2"),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), args=(str(out2), "--oom", "2:3",
+                   "--keras2"),
                    python=sys.executable, on_oom="smaller-batch")
     job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 0, job.output
@@ -218,7 +223,8 @@ def test_a_real_oom_under_an_address_space_limit_is_relaunched_smaller_and_finis
     assert failed.returncode == 1 and "ResourceExhaustedError" in failed.stderr, \
         failed.stderr[-2000:]
     assert not plain_out.exists()
-    spec = JobSpec(script=str(OOM_FIT), args=(str(out),) + args, python=str(python),
+    spec = JobSpec(fit_batch=False, script=str(OOM_FIT), args=(str(out),) + args,
+                   python=str(python),
                    env=tuple(NO_ONEDNN.items()))
     job = start(jobs, spec, tmp_path, engine)
     code = job.wait(timeout=400)
@@ -249,7 +255,7 @@ def test_an_oom_inside_the_optimizers_update_relaunches_from_the_last_checkpoint
     relaunched from its last checkpoint (the end of epoch 1), or from its start without a
     checkpoint folder, and trains what plain Keras trains, its History included."""
     out, once, ckpt = tmp_path / "report.json", tmp_path / "once", tmp_path / "ckpt"
-    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable,
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), python=sys.executable,
                    args=(str(out), "--oom-in-update", "20", "--once", str(once)),
                    checkpoint_dir=str(ckpt) if folder else None)
     job = start(jobs, spec, tmp_path, engine)
@@ -277,7 +283,8 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     (home / "config.toml").write_text('[guard]\nmode = "off"\n')
     start_engine()
     out = home / "report.json"
-    r = run_cli("run", "--name", "shrinks", "--python", sys.executable, str(SHRINK_FIT),
+    r = run_cli("run", "--no-fit-batch", "--name", "shrinks", "--python", sys.executable,
+                str(SHRINK_FIT),
                 str(out), "--oom", "2:4", timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "out of memory at epoch 2, batch 4" in r.stdout + r.stderr
@@ -303,7 +310,8 @@ def test_an_oom_on_the_host_relaunches_from_where_training_stood(
     out, once, ckpt, tmp = (tmp_path / "report.json", tmp_path / "once", tmp_path / "ckpt",
                             tmp_path / "tmp")
     tmp.mkdir()
-    spec = JobSpec(script=str(SHRINK_FIT), python=sys.executable, env=(("TMPDIR", str(tmp)),),
+    spec = JobSpec(fit_batch=False, script=str(SHRINK_FIT), python=sys.executable, env=(("TMPDIR",
+                   str(tmp)),),
                    args=(str(out), "--oom", "2:4", "--host", "--once", str(once)),
                    checkpoint_dir=str(ckpt) if folder else None)
     job = start(jobs, spec, tmp_path, engine)
@@ -335,7 +343,8 @@ def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
     (home / "config.toml").write_text('[guard]\nmode = "off"\n')
     start_engine()
     out, once = home / "report.json", tmp_path / "once"
-    r = run_cli("run", "--name", "relaunched", "--python", sys.executable, str(SHRINK_FIT),
+    r = run_cli("run", "--no-fit-batch", "--name", "relaunched", "--python", sys.executable,
+                str(SHRINK_FIT),
                 str(out), "--oom-in-update", "20", "--once", str(once), timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "relaunched in a fresh process from its start" in r.stdout + r.stderr
@@ -353,7 +362,7 @@ def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
 
 def test_a_pydataset_is_said_not_to_shrink_when_fit_starts(tmp_path: Path, engine: TestEngine,
                                                            jobs: List[Job]) -> None:
-    spec = JobSpec(script=str(SCRIPTS / "pydataset_fit.py"), python=sys.executable)
+    spec = JobSpec(fit_batch=False, script=str(SCRIPTS / "pydataset_fit.py"), python=sys.executable)
     job = start(jobs, spec, tmp_path, engine)
     assert job.wait() == 0, job.output
     assert "trained 4" in job.output

@@ -26,7 +26,9 @@ from trayapp.jobs.cgroups import (
     JobCgroup,
     Offer,
     brake_limit,
+    charged_elsewhere,
     detect,
+    kernel_limit,
     own_cgroups,
     parse_keyed,
     reading,
@@ -191,6 +193,38 @@ def test_the_brakes_limit(usage: int, budget: Optional[int], available: int, res
                           current: Optional[int], expected: int, why: str) -> None:
     assert brake_limit(usage, budget, available, reserve, current) == expected, why
     assert brake_limit(usage, budget, available, reserve, current) >= min(usage, expected)
+
+
+def test_what_a_kernel_holds_outside_its_cgroup() -> None:
+    assert charged_elsewhere(100 * MiB, 400 * MiB) == 300 * MiB
+    assert charged_elsewhere(500 * MiB, 400 * MiB) == 0  # its cgroup holds cache too
+    assert charged_elsewhere(100 * MiB, None) == 0  # its tree's RSS not known
+
+
+G = 1024 * MiB
+
+
+@pytest.mark.parametrize("usage,outside,budget,available,reserve,current,expected,why", [
+    (0, 0, 1 * G, 8 * G, 0, None, 1 * G, "nothing elsewhere: the script job's limit"),
+    (0, 300 * MiB, 1 * G, 8 * G, 0, None, 1 * G - 300 * MiB,
+     "just adopted: its budget less what it holds where it was"),
+    (200 * MiB, 300 * MiB, 1 * G, 8 * G, 0, 724 * MiB, 1 * G - 300 * MiB,
+     "growing in its cgroup: the same total"),
+    (100 * MiB, 300 * MiB, 1 * G, 500 * MiB, 100 * MiB, None, 500 * MiB,
+     "the machine's room: all it holds + available - reserve, less what is elsewhere"),
+    (100 * MiB, 900 * MiB, 512 * MiB, 8 * G, 0, None, 100 * MiB + 16 * MiB,
+     "a budget below what it holds elsewhere: a margin above its cgroup's use, never below"),
+    (400 * MiB, 900 * MiB, 512 * MiB, 8 * G, 0, 400 * MiB, 400 * MiB,
+     "held at its limit stays held: never creeping up a margin a tick"),
+])
+def test_a_kernels_limit_counts_what_it_holds_elsewhere(
+        usage: int, outside: int, budget: int, available: int, reserve: int,
+        current: Optional[int], expected: int, why: str) -> None:
+    limit = kernel_limit(usage, outside, budget, available, reserve, current)
+    assert limit == expected, why
+    assert limit >= usage, "never a limit below what its cgroup holds"
+    if budget >= usage + outside + 16 * MiB:
+        assert limit + outside <= budget, "never more than its budget in all"
 
 
 def test_a_limit_is_written_when_it_comes_down_or_moves_a_step() -> None:

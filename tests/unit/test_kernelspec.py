@@ -83,6 +83,7 @@ def test_kernel_json_is_the_interface() -> None:
     ("--cpu-only", "--threads", "2,1", "--precision", "mixed_bfloat16"),
     ("--gpu", "1", "--vram-reserve", "1024", "--allocator", "cuda_malloc_async", "--no-xla"),
     ("--vram-limit", "2 GiB", "--min-batch", "4", "--fit-batch", "--on-oom", "smaller-batch"),
+    ("--no-fit-batch",),
 ])
 def test_options_are_those_headroom_run_plans_from_the_same_flags(flags: tuple) -> None:
     gpus = [_gpu(0, display=True), _gpu(1, total_mb=16384)]
@@ -131,7 +132,7 @@ def test_spec_flags_read_back_give_the_same_spec() -> None:
     flags = ["--preset", "throughput", "--gpu", "0,1", "--no-memory-growth", "--vram-limit",
              "4096", "--precision", "float32", "--xla", "--threads", "4,2", "--ram-budget",
              "9000", "--checkpoint-dir", "/tmp/ck", "--checkpoint-every", "50",
-             "--min-batch", "2", "--manual-resume", "--on-oom", "stop", "--fit-batch"]
+             "--min-batch", "2", "--manual-resume", "--on-oom", "stop", "--no-fit-batch"]
     spec = _kernel_spec(*flags)
     assert ks.spec_flags(spec) == flags
     assert _kernel_spec(*ks.spec_flags(spec)) == spec

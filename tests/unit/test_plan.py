@@ -107,7 +107,7 @@ def test_defaults_change_nothing_in_tensorflow(script):
         "on_oom": "shrink",
         "min_batch": 8,
         "accumulation": 1,
-        "fit_batch": False,
+        "fit_batch": True,  # the probe before the first full step (no TensorFlow setting)
     }
     assert runner_steps(plan.runner_options) == []
 
@@ -408,3 +408,19 @@ def test_format_plan_shows_the_command_variables_reasons_and_tensorflow_calls(tm
     assert "keras.config.set_dtype_policy('mixed_float16')" in text
     assert "tf.config.optimizer.set_jit('autoclustering')" in text
     assert "Warnings:" in text and "TensorFlow does not read TF_MEMORY_ALLOCATION" in text
+
+
+def test_the_probe_before_the_first_step_is_on_unless_turned_off() -> None:
+    import argparse
+
+    from trayapp.jobs.options import spec_from_cli
+    from trayapp.jobs.spec_values import add_run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    assert spec_from_cli(parser.parse_args(["train.py"])).fit_batch is True
+    assert spec_from_cli(parser.parse_args(["--fit-batch", "train.py"])).fit_batch is True
+    assert spec_from_cli(parser.parse_args(["--no-fit-batch", "train.py"])).fit_batch is False
+    assert JobSpec(script="t.py").fit_batch is True
+    assert JobSpec.from_json({"script": "t.py"}).fit_batch is True
+    assert JobSpec.from_json({"script": "t.py", "fit_batch": False}).fit_batch is False

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
@@ -110,6 +110,22 @@ def why_not_smaller(rec: JobRecord) -> str:
     if micro // 2 < floor:
         return f"half its micro-batch of {micro} would be below --min-batch {floor}"
     return f"its batch of {rec.batch} does not split into micro-batches of {micro // 2}"
+
+
+def held_note(rec: JobRecord, limit: int, where: str) -> str:
+    """The note for a job the kernel holds at its cgroup's ``limit`` (``where``: what the
+    limit is) that is not relaunched: a kernel's state lives in its process, so it is held,
+    never killed; the note says how to go on."""
+    if rec.is_kernel:
+        return (f"kernel {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
+                f"{format_bytes(limit)} ({where}): its variables live in the process, so it is "
+                "not relaunched, and the OOM killer does not end it. To go on, interrupt the "
+                f"cell (it takes effect once the kernel runs again), or resume it by hand "
+                f"('headroom resume {rec.id}'), which raises its limit by a tenth of its "
+                "budget; it also goes on by itself when its limit rises")
+    return (f"job {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
+            f"{format_bytes(limit)} ({where}): {why_not_smaller(rec)}; it goes on when its "
+            "limit rises")
 
 
 def progress_lost(rec: JobRecord) -> str:
@@ -220,13 +236,63 @@ class Brakes(JobTable):
         job.cgroup = group
         job.change(protection=offer.words, cgroup_memory=None)
 
-    def _kernel_protection(self) -> str:
-        """A Jupyter kernel's protection: it was started by Jupyter, with the memory it holds
-        charged where it runs, so it is not moved into a cgroup of its own (yet)."""
+    def _cgroup_place_kernel(self, job: Job, pids: List[int]) -> None:
+        """A Jupyter kernel, adopted: its running process tree (``pids``, its root first) is
+        moved into cgroups of its own, as a script job's is at its start. The memory it holds
+        already stays charged where it was (v1 is asked to move it where it can, v2 never
+        does): its limit counts that part (``cgroups.kernel_limit``). Where that fails, one
+        log line: the guard alone guards it, and its protection says why."""
+        job.cgroup, job.brake = None, BrakeState()
         offer = self.cgroup_offer()
-        if not offer.brakes:
-            return offer.words
-        return f"{cgroups.WORDS[cgroups.NONE]} (a kernel started by Jupyter stays where it runs)"
+        if not offer.brakes or not pids:
+            job.change(protection=offer.words, cgroup_memory=None)
+            return
+        group: Any = None  # a JobCgroup (v1) or a ScopeCgroup (v2)
+        try:
+            made: Any
+            if offer.kind == cgroups.V2:
+                made = group = ScopeCgroup.start(offer, job.id, pids[0])
+            else:
+                made = group = JobCgroup.make(offer, job.id)
+                made.move_charges()  # v1 only: what it holds comes along where it can
+            first = made.read()
+            limit = self._limit_for(job, first, self._elsewhere(job, first))
+            if limit is not None:
+                made.set_limit(limit)
+            if offer.kind != cgroups.V2:
+                made.add(pids[0])
+            for pid in pids[1:]:
+                try:
+                    made.add(pid)
+                except CgroupError:
+                    pass  # it ended meanwhile (or cannot move): counted as held elsewhere
+            job.brake.oom_kills = first.oom_kill
+        except CgroupError as e:
+            log.warning("kernel %s: %s; it is guarded without the kernel brake", job.id, e)
+            job.change(protection=f"{cgroups.WORDS[cgroups.NONE]} ({e})", cgroup_memory=None)
+            if group is not None:
+                self._cgroup_remove(job.id, group)
+            return
+        job.cgroup = group
+        job.change(protection=offer.words, cgroup_memory=None)
+
+    def _elsewhere(self, job: Job, r: cgroups.Reading) -> int:
+        """What a kernel's processes hold outside its cgroup (``cgroups.charged_elsewhere``,
+        from its tree's RSS now); 0 for a script job, whose tree was born inside."""
+        if not job.rec.is_kernel:
+            return 0
+        total, seen = 0, False
+        pids = job.rec.pids or ((job.rec.pid,) if job.rec.pid else ())
+        for pid in pids:
+            proc = job.known.get(pid)
+            if proc is None:
+                continue
+            try:
+                total += int(proc.memory_info().rss)
+                seen = True
+            except Exception:  # psutil.Error: it is gone
+                continue
+        return cgroups.charged_elsewhere(r.usage, total if seen else None)
 
     def _cgroup_adopt(self, job: Job) -> None:
         """An earlier engine's job, taken back: its cgroups too, where its process still is
@@ -284,9 +350,10 @@ class Brakes(JobTable):
 
     # -- the brake, on every tick -------------------------------------------------------------
 
-    def _limit_for(self, job: Job, r: cgroups.Reading) -> Optional[int]:
-        """The limit for the job now (``cgroups.brake_limit``), None before the engine's first
-        reading of memory."""
+    def _limit_for(self, job: Job, r: cgroups.Reading, outside: int = 0) -> Optional[int]:
+        """The limit for the job now (``cgroups.brake_limit``; with ``outside`` bytes its
+        processes hold charged elsewhere, ``cgroups.kernel_limit``), None before the engine's
+        first reading of memory."""
         snap = self._snapshot
         if snap is None:
             return None
@@ -305,14 +372,14 @@ class Brakes(JobTable):
         # (A few MiB above a v2 memory.high at its budget is being held there, not over it.)
         held_at = r.limit is not None and budget is not None and budget >= r.limit and \
             r.usage <= r.limit + cgroups_v2.high_slack(r.limit)
-        if budget is not None and budget < r.usage and st is not None and \
+        if budget is not None and budget < r.usage + outside and st is not None and \
                 not st.budget_said and not held_at:
             st.budget_said = True
             log.warning("job %s: its RAM budget of %s is below what it already uses (%s): its "
                         "limit stays a margin above its use, and the guard handles it",
-                        job.id, format_bytes(budget), format_bytes(r.usage))
-        return cgroups.brake_limit(r.usage, budget, mem.available_bytes,
-                                   reserve.bytes_of(mem.total_bytes), r.limit)
+                        job.id, format_bytes(budget), format_bytes(r.usage + outside))
+        return cgroups.kernel_limit(r.usage, outside, budget, mem.available_bytes,
+                                    reserve.bytes_of(mem.total_bytes), r.limit)
 
     def _brake(self, job: Job, t: float, events: List[Event]) -> None:
         """One tick of the brake for a live job: read its cgroup, write its limit, take its
@@ -327,22 +394,26 @@ class Brakes(JobTable):
         job.brake = st
         try:
             r = group.read()
+            outside = self._elsewhere(job, r)
+            shown = r.to_json()
+            if job.rec.is_kernel:
+                shown["charged_elsewhere_bytes"] = outside
             if str(self._setting("guard.mode", "act")) != "act":
                 # The guard off or in its dry run: nothing holds the job; its memory still
                 # read exactly from its cgroup.
                 if r.limit is not None:
                     group.set_limit(-1)  # "no limit"
-                job.change(rss_bytes=r.held, memory_method="cgroup",
-                           cgroup_memory=r.to_json())
+                job.change(rss_bytes=r.held + outside, memory_method="cgroup",
+                           cgroup_memory=shown)
                 return
             raised = False
-            limit = self._limit_for(job, r)
+            limit = self._limit_for(job, r, outside)
             if limit is not None and cgroups.worth_writing(limit, r.limit):
                 raised = self._write_limit(job, group, limit, r)
         except CgroupError as e:
             self._cgroup_lost(job, e)
             return
-        job.change(rss_bytes=r.held, memory_method="cgroup", cgroup_memory=r.to_json())
+        job.change(rss_bytes=r.held + outside, memory_method="cgroup", cgroup_memory=shown)
         if job.rec.pause_mode == SUSPENDED and group.freezer is not None:
             self._kill_through_freezer(job, group)
         if not r.under_oom or job.state == S.STOPPING or st.ended is not None:
@@ -406,7 +477,9 @@ class Brakes(JobTable):
         rec = job.rec
         limit = r.limit if r.limit is not None else r.usage
         budget = self._brake_budget(job)
-        at_budget = budget is not None and limit >= budget - cgroups.WRITE_STEP_BYTES
+        outside = self._elsewhere(job, r)  # a kernel's memory charged where it was
+        at_budget = budget is not None and \
+            limit + outside >= budget - cgroups.WRITE_STEP_BYTES
         smaller = brake_accumulation(rec) is not None
         at_floor = rec.hooked and rec.shrinkable and bool(rec.batch) and not rec.is_kernel
         if not smaller and not (at_floor and at_budget):
@@ -414,11 +487,11 @@ class Brakes(JobTable):
                 st.held_said = True
                 where = (f"its budget of {format_bytes(budget)}" if at_budget and budget else
                          "what the machine can give it")
+                if outside:
+                    where += f", less the {format_bytes(outside)} it holds outside its cgroup"
                 events.append((E.JOB_NOTE, "warn",
-                               f"job {rec.id} ({rec.name}) is held by the kernel at its "
-                               f"cgroup's limit of {format_bytes(limit)} ({where}): "
-                               f"{why_not_smaller(rec)}; it goes on when its limit rises",
-                               rec.id, {"cause": STALL, "limit_bytes": limit}))
+                               held_note(rec, limit, where), rec.id,
+                               {"cause": STALL, "limit_bytes": limit}))
             return
         st.ended = (STALL, limit)
         job.pause_deadline = None  # no suspend now: a frozen task would not die of the kill

@@ -311,6 +311,29 @@ def brake_limit(usage: int, budget: Optional[int], available: int, reserve: int,
     return max(target, min(ceiling, max(usage, target) + margin))
 
 
+def charged_elsewhere(usage: int, tree_rss: Optional[int]) -> int:
+    """What a job's processes hold outside its cgroup: a Jupyter kernel moved into one when it
+    was adopted keeps the memory it held charged where it was (v1 without
+    ``move_charge_at_immigrate``; v2 never moves charges). Its tree's RSS less its cgroup's use,
+    never below 0 (0 where the tree's RSS is not known)."""
+    if tree_rss is None:
+        return 0
+    return max(0, int(tree_rss) - int(usage))
+
+
+def kernel_limit(usage: int, outside: int, budget: Optional[int], available: int,
+                 reserve: int, current: Optional[int], margin: int = MARGIN_BYTES) -> int:
+    """The limit of a cgroup whose processes hold ``outside`` bytes charged elsewhere (an
+    adopted kernel): ``brake_limit`` of everything the job holds (``usage`` + ``outside``,
+    its ``current`` limit counted the same way), less what is charged elsewhere. So the job
+    never gets more than its budget in all, nor a limit below what its cgroup holds."""
+    outside = max(0, int(outside))
+    total = usage + outside
+    limit = brake_limit(total, budget, available, reserve,
+                        None if current is None else current + outside, margin)
+    return max(usage, limit - outside)
+
+
 def worth_writing(new: int, current: Optional[int], step: int = WRITE_STEP_BYTES) -> bool:
     """Whether a limit of ``new`` is worth a write over ``current``: one that comes down is
     always written, one that goes up by ``step`` or more."""
@@ -426,6 +449,21 @@ class JobCgroup:
             return True
         except CgroupError:
             self.freezer = None
+            return False
+
+    def move_charges(self) -> bool:
+        """Ask that memory a process moved in holds be charged here from then on
+        (``memory.move_charge_at_immigrate`` = 3: anonymous and file pages). cgroup v1 only
+        (v2 never moves charges; newer kernels may take the write and ignore it). Written
+        where the file exists and is writable; False otherwise, never raises."""
+        path = os.path.join(self.memory, "memory.move_charge_at_immigrate")
+        if not os.path.isfile(path) or not os.access(path, os.W_OK):
+            return False
+        try:
+            with open(path, "w") as f:
+                f.write("3")
+            return True
+        except OSError:
             return False
 
     def set_limit(self, limit: int) -> None:

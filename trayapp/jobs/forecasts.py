@@ -204,3 +204,17 @@ def _outcome(chosen: Optional[Tuple[int, int]], batch: int, k_now: int, shrinkab
     if not shrinkable or k <= k_now:
         return f": it would fit at micro-batches of {micro} x {k}, but it cannot shrink"
     return f": it will train micro-batches of {micro} x {k} (the same training)"
+
+
+def ram_need(msg: Forecast) -> Optional[int]:
+    """The RAM (bytes) the fit needs at the micro-batch it trains, from its forecast; None
+    where it has no RAM figure (the guard's rule for resuming a job paused mid-step)."""
+    batch = msg.batch or msg.micro_batch
+    if not batch:
+        return None
+    k = max(1, msg.accumulation or 1)
+    micro = max(1, msg.micro_batch or batch // k)
+    for d in msg.devices:
+        if d.device == rf.RAM:
+            return rf.need(d.to_json(), micro, k, dict(msg.accumulators).get(rf.RAM, 0))
+    return None

@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import struct
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import psutil
 
@@ -89,6 +89,16 @@ def kernel_process(pid: Any, peer: Optional[Tuple[int, int]]) -> psutil.Process:
     if KERNEL_MARK not in cmdline:
         raise ValueError(f"kernel_adopt: process {pid} is not a Headroom kernel")
     return proc
+
+
+def kernel_tree(proc: psutil.Process) -> List[int]:
+    """The pids of a kernel's process tree, its root first (what is gone is left out)."""
+    pids = [proc.pid]
+    try:
+        pids += [c.pid for c in proc.children(recursive=True)]
+    except psutil.Error:
+        pass
+    return pids
 
 
 def kernel_spec(data: Any) -> JobSpec:
@@ -186,12 +196,12 @@ class KernelJobs(JobControl):
         job = Job(rec, key)
         job.process = proc
         job.known = {proc.pid: proc}
-        job.change(protection=self._kernel_protection())
         try:
             self._open_channel(job)
         except ValueError:
             remove_folder(folder)
             raise
+        self._cgroup_place_kernel(job, kernel_tree(proc))
         return job
 
     # -- the kernel's ladder ------------------------------------------------------------------

@@ -132,8 +132,8 @@ def spec_flags(spec: JobSpec) -> List[str]:
         out.append("--manual-resume")
     if spec.on_oom != "shrink":
         out += ["--on-oom", spec.on_oom]
-    if spec.fit_batch:
-        out.append("--fit-batch")
+    if not spec.fit_batch:
+        out.append("--no-fit-batch")  # on by default
     for key, _ in spec.env:
         out += ["--env", f"{key}=..."]
     return out

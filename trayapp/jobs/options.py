@@ -116,7 +116,8 @@ class JobSpec:
     on_oom: str = "shrink"  # an out-of-memory error in fit(): shrink the micro-batch, or stop
     min_batch: Optional[int] = None  # None: sv.MIN_BATCH_DEFAULT
     accumulation: Optional[int] = None  # start at micro-batches of batch / N (a relaunch smaller)
-    fit_batch: bool = False  # before training: the largest micro-batch forecast to fit
+    fit_batch: bool = True  # before training: the largest micro-batch forecast to fit (the
+    # default: the probe decides the first step's micro-batch; --no-fit-batch turns it off)
     # Resource limits for the job's process (the caller's: sv.RLIMITS), (name, soft, hard) with
     # None for unlimited; () leaves the job the engine's.
     rlimits: Tuple[Tuple[str, Optional[int], Optional[int]], ...] = ()
@@ -177,7 +178,7 @@ class JobSpec:
             "on_oom": sv.want_str("on_oom", d.get("on_oom", "shrink")),
             "min_batch": sv.want_opt_int("min_batch", d.get("min_batch")),
             "accumulation": sv.want_opt_int("accumulation", d.get("accumulation")),
-            "fit_batch": sv.want_bool("fit_batch", d.get("fit_batch", False)),
+            "fit_batch": sv.want_bool("fit_batch", d.get("fit_batch", True)),
             "rlimits": sv.want_rlimits("rlimits", d.get("rlimits", {})),
         }
         return cls(**values)
@@ -627,5 +628,5 @@ def spec_from_cli(ns: argparse.Namespace) -> JobSpec:
         auto_resume=False if arg("manual_resume", False) else None,
         on_oom=arg("on_oom") or "shrink",
         min_batch=sv.parse_int("--min-batch", arg("min_batch"), "a batch size", sv.MIN_BATCH),
-        fit_batch=bool(arg("fit_batch", False)),
+        fit_batch=arg("fit_batch") is not False,  # on unless --no-fit-batch
     )

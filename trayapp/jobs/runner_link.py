@@ -300,7 +300,9 @@ class RunnerLink(JobTable):
             self._send(job, rp.FIT, accumulation=verdict.accumulation if verdict else 0)
         if verdict is None:
             return
-        job.change(forecast=verdict.to_json())
+        need = forecasts.ram_need(msg)  # what the guard waits for before resuming it
+        job.change(forecast={**verdict.to_json(),
+                             **({"ram_need_bytes": need} if need is not None else {})})
         job.dirty = True
         if job.forecasts_said >= MAX_FORECAST_EVENTS:
             return

@@ -263,9 +263,10 @@ def add_option_arguments(parser: argparse.ArgumentParser, resume: bool = True) -
     s.add_argument("--min-batch", metavar="N",
                    help=f"the smallest micro-batch shrinking goes down to (default "
                    f"{MIN_BATCH_DEFAULT}); below it the job parks")
-    s.add_argument("--fit-batch", action="store_true",
-                   help="before training, measure a few small steps and train the largest "
-                   "micro-batch forecast to fit (the same training, Keras 3)")
+    s.add_argument("--fit-batch", action=argparse.BooleanOptionalAction, default=None,
+                   help="before the first full step, measure a few small steps and train the "
+                   "largest micro-batch forecast to fit (the same training, Keras 3); on by "
+                   "default, --no-fit-batch starts at the full batch")
 
 
 # ---------------------------------------------------------------------------------------------

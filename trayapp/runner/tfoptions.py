@@ -19,7 +19,7 @@ The options arrive as JSON in ``HEADROOM_JOB_OPTIONS`` (written by ``trayapp.job
     accumulation      int   train micro-batches of batch / N from the start, N to an update (a
                       job relaunched smaller by the guard; a checkpoint's own, when larger, wins)
     fit_batch         bool  before training, choose the largest micro-batch forecast to fit (the
-                      same training; ``trayapp.runner.fitbatch``)
+                      same training; ``trayapp.runner.fitbatch``); on by default
     no_fit_note_seconds   number (how long after TensorFlow/Keras import to say "no fit()")
     relaunch          {fit, accumulation, temporary} | null   set by the runner itself when it
                       relaunches the job in a fresh process (``trayapp.runner.relaunch``): fit
@@ -67,7 +67,7 @@ DEFAULTS = {
     "on_oom": "shrink",
     "min_batch": 8,
     "accumulation": 1,
-    "fit_batch": False,
+    "fit_batch": True,  # the probe decides the first step's micro-batch unless turned off
     "no_fit_note_seconds": 60,
     "relaunch": None,
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp import vocab
 from trayapp.engine.guard import text
@@ -246,7 +246,8 @@ def _resume_act(a: Assessment, policy: Policy, st: GuardState, targets: List[Tar
                 now: float, calm_since: float) -> Optional[Action]:
     cands = [t for t in targets if (t.paused or t.parked) and t.by_guard
              and _free(st, t, A.RESUME, now) and _may_resume(t, policy, st)
-             and (not t.parked or _room_to_relaunch(t, a, st))]
+             and (not t.parked or _room_to_relaunch(t, a, st))
+             and wall(t, a, policy, st)[0]]
     if not cands:
         return None
     # A paused job holds its memory already; a parked one needs it back.
@@ -254,6 +255,34 @@ def _resume_act(a: Assessment, policy: Policy, st: GuardState, targets: List[Tar
     reason = text.resume_line(a.thresholds.resume, now - calm_since, a.available_bytes,
                               best.parked)
     return _act(A.RESUME, best, reason, C.CALM, a, policy)
+
+
+def resume_fits(reached: int, need: Optional[int], growth: float, window: float,
+                available: int, pause_at: int, budget: Optional[int]) -> Tuple[bool, int, int]:
+    """Whether a job suspended mid-step fits if resumed: (fits, bytes it needs more, bytes
+    free for it). What it needs is its forecast (``need``, the RAM of the micro-batch it
+    trains) or, without one, what it ``reached`` plus its ``growth`` (bytes/s, the rate the
+    guard measured when it paused it) over the guard's rate ``window``. Free for it is what
+    it can take before memory falls to the pause threshold (``available`` - ``pause_at``),
+    and no more than is left of its ``budget``. Pure."""
+    wanted = need if need is not None else reached + int(max(0.0, growth) * window)
+    more = max(0, wanted - reached)
+    free = max(0, available - pause_at)
+    if budget:
+        free = min(free, max(0, budget - reached))
+    return more <= free, more, free
+
+
+def wall(t: Target, a: Assessment, policy: Policy, st: GuardState) -> Tuple[bool, int, int]:
+    """``resume_fits`` for target ``t``: never resume a job into the same wall. Only a job
+    the guard suspended mid-step is held back (one paused at a batch end has finished its
+    step; a parked one is relaunched by ``_room_to_relaunch``); (True, 0, 0) otherwise."""
+    job = t.job
+    if job is None or t.parked or not t.paused or not job.suspended:
+        return True, 0, 0
+    return resume_fits(t.rss, job.ram_need_bytes, st.paused_growth.get(t.key, 0.0),
+                       float(policy.rate_window_seconds), a.available_bytes,
+                       a.thresholds.pause, job.ram_budget_bytes)
 
 
 def _room_to_relaunch(t: Target, a: Assessment, st: GuardState) -> bool:
@@ -282,6 +311,9 @@ def _may_resume(t: Target, policy: Policy, st: GuardState) -> bool:
 def held_line(t: Target, a: Assessment, policy: Policy, st: GuardState) -> str:
     """Why ``t``, paused or parked by the guard, stays so and what brings it back."""
     by_hand = not _may_resume(t, policy, st)
+    fits, more, free = wall(t, a, policy, st)
+    if not by_hand and not fits:
+        return text.waits_line(t.label, more, free)
     relapsed = by_hand and st.relapses.get(t.key, 0) >= MAX_RELAPSES
     need = a.thresholds.resume + (st.parked_size.get(t.key, 0) if t.parked else 0)
     how = text.resume_how(t.job.id if t.job else None, t.proc.pid if t.proc else None)

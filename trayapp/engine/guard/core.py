@@ -28,7 +28,15 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from trayapp.engine.guard import text
 from trayapp.engine.guard.causes import CAUSES, MEMORY_LADDER, UNKNOWN_CAUSE, calm_now, cond
-from trayapp.engine.guard.choice import GUARD, PENDING_SECONDS, choose, held_line, targets
+from trayapp.engine.guard.choice import (
+    GUARD,
+    PENDING_SECONDS,
+    Target,
+    choose,
+    held_line,
+    targets,
+    wall,
+)
 from trayapp.engine.guard.model import (
     ENDED_STATES,
     MEM_KEY,
@@ -284,6 +292,10 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
         notes, st = _announce(conds, level, st, now, inp, a, top)
         actions.extend(notes)
         act = choose(inp, a, policy, st, cands)
+        if act is None and st.calm_since is not None and \
+                now - st.calm_since >= policy.resume_after_seconds:
+            notes, st = _say_waits(cands, a, policy, st)  # resumes the wall holds back
+            actions.extend(notes)
         if act is not None:
             if policy.mode == M.DRY_RUN:
                 act = replace(act, dry_run=True)
@@ -318,12 +330,16 @@ def acted(state: GuardState, action: Action, now: float, policy: Policy,
         paused_for.pop(target, None)
         # The next automatic resume waits for its own stretch of calm, and fill rates
         # start afresh: what the resumed job does next is news.
+        growth = {k: v for k, v in st.paused_growth.items() if k != target}
         return replace(st, resumed_at=resumed, paused_for=paused_for, calm_since=now,
-                       rate_since=now)
+                       rate_since=now, paused_growth=growth, waits_said=st.waits_said - {target})
     st = replace(st, rate_since=now, calm_since=None)
     if action.kind in (A.PAUSE, A.PARK):
         paused_for = dict(st.paused_for)
         paused_for[target] = action.cause
+        growth = dict(st.paused_growth)
+        growth[target] = float(action.data.get("growth_bytes_per_s") or 0.0)
+        st = replace(st, paused_growth=growth, waits_said=st.waits_said - {target})
         relapses = dict(st.relapses)
         if now - st.resumed_at.get(target, -math.inf) < policy.cooldown_seconds:
             relapses[target] = relapses.get(target, 0) + 1
@@ -404,6 +420,26 @@ def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
     return out, replace(st, announced=announced, ok_pending=ok_pending)
 
 
+def _say_waits(cands: List[Target], a: Assessment, policy: Policy,
+               st: GuardState) -> Tuple[List[Action], GuardState]:
+    """A ``warn`` notification, once a pause, for each job calm would resume but that waits
+    because what it needs does not fit (``choice.wall``)."""
+    out: List[Action] = []
+    said = set(st.waits_said)
+    for t in cands:
+        if t.key in said or not (t.paused and t.by_guard and t.job is not None):
+            continue
+        fits, more, free = wall(t, a, policy, st)
+        if fits:
+            continue
+        said.add(t.key)
+        out.append(Action(A.WARN, text.waits_line(t.label, more, free), C.CALM,
+                          job_id=t.job.id,
+                          data={"available_bytes": a.available_bytes, "need_more_bytes": more,
+                                "free_bytes": free, "cause": C.CALM}))
+    return out, replace(st, waits_said=frozenset(said))
+
+
 def _track_jobs(st: GuardState, inp: GuardInput, policy: Policy) -> GuardState:
     """Forget what belongs to jobs that are gone; raise the budget of a job the user resumed
     by hand while it was over it (by another tenth of the budget), so the resume sticks."""
@@ -434,4 +470,5 @@ def _track_jobs(st: GuardState, inp: GuardInput, policy: Policy) -> GuardState:
                    job_states={i: (j.state, j.paused_by) for i, j in live.items()},
                    pending=keep(st.pending), resumed_at=keep(st.resumed_at),
                    relapses=keep(st.relapses), paused_for=keep(paused_for),
-                   parked_size=keep(st.parked_size))
+                   parked_size=keep(st.parked_size), paused_growth=keep(st.paused_growth),
+                   waits_said=frozenset(k for k in st.waits_said if k in keys))

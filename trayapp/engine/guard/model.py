@@ -138,6 +138,12 @@ class Policy:
                    **{key: config[s.name] for key, s in GUARD_SETTINGS.items()})
 
 
+def _ram_need(job: JobRecord) -> Optional[int]:
+    """The RAM the job's fit needs at the micro-batch it trains, from its last forecast."""
+    need = (job.forecast or {}).get("ram_need_bytes")
+    return need if isinstance(need, int) and not isinstance(need, bool) and need > 0 else None
+
+
 @dataclass(frozen=True)
 class JobView:
     """One of the guard's jobs as the decision sees it."""
@@ -160,6 +166,10 @@ class JobView:
     shrinks_to: Optional[int] = None
     batch: Optional[int] = None  # the batch each update sees, when the runner said
     create_time: Optional[float] = None  # of its root (pids[0]): a reused pid is not it
+    # Paused mid-step: its tree suspended (or its cgroup frozen), not stopped at a batch end.
+    suspended: bool = False
+    # The RAM its fit needs at the micro-batch it trains (its last forecast), when known.
+    ram_need_bytes: Optional[int] = None
 
     @property
     def label(self) -> str:
@@ -183,7 +193,8 @@ class JobView:
             paused_by=job.paused_by,
             auto_resume=asked if isinstance(asked, bool) else job.auto_resume,
             parked_by=job.parked_by if job.state in PARKED_STATES else None,
-            shrinks_to=smaller_accumulation(job), batch=job.batch, create_time=job.create_time)
+            shrinks_to=smaller_accumulation(job), batch=job.batch, create_time=job.create_time,
+            suspended=job.pause_mode == "suspended", ram_need_bytes=_ram_need(job))
 
     def budget(self, watch: Watch) -> Tuple[Optional[int], Optional[int]]:
         """(what it uses, its budget) of RAM or of VRAM."""
@@ -324,6 +335,9 @@ class GuardState:
     paused_for: Dict[str, str] = field(default_factory=dict)  # target -> cause of its pause
     grace: Dict[CondKey, float] = field(default_factory=dict)  # a job's budget -> raised to
     parked_size: Dict[str, int] = field(default_factory=dict)  # target -> RSS when parked
+    paused_growth: Dict[str, float] = field(default_factory=dict)  # target -> its growth
+    # (bytes/s) when the guard paused it
+    waits_said: FrozenSet[str] = frozenset()  # targets whose wait to resume was said
     job_states: Dict[str, Tuple[str, Optional[str]]] = field(default_factory=dict)
     would: FrozenSet[str] = frozenset()  # dry-run: actions already reported
     keys: FrozenSet[CondKey] = frozenset()  # the condition keys of the last decision

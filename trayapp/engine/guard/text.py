@@ -193,6 +193,13 @@ def held_line(label: str, how: str, parked: bool, by_hand: bool, relapses: int,
            f"{format_bytes(need)} for {resume_after:g} s"
 
 
+def waits_line(label: str, more: int, free: int) -> str:
+    """Why a job the guard suspended mid-step is not resumed yet: the step it is in needs
+    more than there is."""
+    return f"{label} waits to resume: it needs about {format_bytes(more)} more and " \
+           f"{format_bytes(free)} is free"
+
+
 def resume_how(job_id: Optional[str], pid: Optional[int]) -> str:
     if job_id is not None:
         return f"'headroom resume {job_id}'"
