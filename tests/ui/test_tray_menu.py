@@ -123,7 +123,8 @@ def test_tooltip_says_ram_vram_guard_and_jobs() -> None:
     assert "Guard:" not in gone
     plain = tooltip_text(make_status(gpus=False))
     assert plain.splitlines()[0] == "Headroom"
-    assert "VRAM n/a (no NVIDIA GPU found; the right bar is empty)" in plain and "No jobs running" in plain
+    assert "VRAM n/a (no NVIDIA GPU found; the right bar is empty)" in plain
+    assert "No jobs running" in plain
 
 
 def test_menu_entries_disable_pause_all_without_pausable_jobs() -> None:

@@ -324,7 +324,7 @@ class LaunchDialog(LaunchForm):
             self.manual_resume_box.setChecked(False)
             select(self.on_oom_combo, "shrink")
             self.min_batch_spin.setValue(sv.MIN_BATCH_DEFAULT)
-            self.fit_batch_box.setChecked(False)
+            self.fit_batch_box.setChecked(JobSpec.fit_batch)  # on unless turned off
             self.resume_box.setChecked(False)
             self.fresh_box.setChecked(False)
             self.ckpt_every_spin.setValue(0)

@@ -379,6 +379,7 @@ class LaunchForm(QDialog):
         self._row(form, "Out of memory", "on_oom", self.on_oom_combo, EXPLAIN["on_oom"],
                   extra=self.min_batch_spin)
         self.fit_batch_box = QCheckBox("Start at the largest micro-batch that fits")
+        self.fit_batch_box.setChecked(True)  # as headroom run: on unless --no-fit-batch
         self._row(form, "Fit the batch", "fit_batch", self.fit_batch_box, EXPLAIN["fit_batch"])
         return box
 
