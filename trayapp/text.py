@@ -17,8 +17,7 @@ plain space. Every other character is kept as it is.
 from __future__ import annotations
 
 import html
-import logging
-from typing import Any, Union
+from typing import Union
 
 
 def _escape(ch: str) -> str:
@@ -48,18 +47,3 @@ def notice(value: Union[str, BaseException], limit: int = 0) -> str:
     render as markup: ``&``, ``<`` and ``>`` escaped, so a job's text cannot show a link or an
     image (``limit`` cuts before the markup is escaped)."""
     return html.escape(one_line(value, limit), quote=False)
-
-
-class LogFormatter(logging.Formatter):
-    """A log line per record whatever its message held: the line escaped as ``one_line`` does
-    (so a job's name cannot break it or reach the terminal that tails the log), a traceback
-    below it escaped line by line."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        return one_line(super().formatMessage(record))
-
-    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
-        return lines(super().formatException(ei))
-
-    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
-        return lines(super().formatStack(stack_info))

@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tests.unit.test_guard import GiB, Guard, MiB, acts, job, paused, pct
-from trayapp.jobs.job import smaller_accumulation
-from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record import JobRecord, smaller_accumulation
 
 
 def shrinking(**kw):  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ ROOT = Path(trayapp.__file__).resolve().parent
 # Top-level part of trayapp -> its layer (higher imports lower). A new module must be placed here.
 LAYERS: Mapping[str, int] = {
     "trayapp": 0, "text": 0, "private": 0, "vocab": 0, "channel": 0, "winpipe": 0, "formats": 0,
-    "series": 0,
+    "series": 0, "logformat": 0,
     "config": 1,
     "probes": 2,
     "jobs": 3,
@@ -231,3 +231,21 @@ def test_the_checks_find_circles_and_wrong_directions(bad_tree: Path) -> None:
     assert not any("pkg.ui.app -> PySide6" in line for line in found)  # Qt is ui's own
     assert not any(line.startswith("pkg.engine.service -> pkg.config") for line in found)
     assert {part(m, "pkg") for m in mods} - set(layers) - {RUNNER} == {"extra"}
+
+
+def test_the_guards_decision_loads_nothing_that_does_io() -> None:
+    """Importing the pure guard (a fresh interpreter) loads no module that reads the machine,
+    runs a process, opens a socket or starts a thread, directly or through what it imports."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json; before = set(sys.modules); import trayapp.engine.guard; "
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(ROOT.parent), check=True)
+    loaded = set(json.loads(out.stdout))
+    io = {"psutil", "pynvml", "subprocess", "socket", "threading", "multiprocessing",
+          "logging", "trayapp.channel", "trayapp.jobs.job", "trayapp.probes.processes"}
+    assert not loaded & io, sorted(loaded & io)
+    assert "trayapp.engine.guard.core" in loaded  # it did import the guard

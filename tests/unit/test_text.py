@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trayapp.text import LogFormatter, lines, notice, one_line
+from trayapp.logformat import LogFormatter
+from trayapp.text import lines, notice, one_line
 
 # Each character a terminal or a text renderer acts on rather than shows.
 HOSTILE = {

@@ -31,6 +31,7 @@ from trayapp.jobs.envfile import hide_stored
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.spec_values import own_rlimits
+from trayapp.logformat import LogFormatter
 from trayapp.probes.consumers import ram_by_name
 from trayapp.probes.gpu import GpuBackend, make_backend
 from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
@@ -38,7 +39,7 @@ from trayapp.probes.processes import ProcessSampler
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.series import memory_only, pid_owners, process_values
 from trayapp.series import sample_values as series_values
-from trayapp.text import LogFormatter, one_line
+from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardLevel
 

@@ -38,8 +38,8 @@ from trayapp.config import Threshold
 from trayapp.formats import format_bytes
 from trayapp.jobs import cgroups, cgroups_v2, scopes
 from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
-from trayapp.jobs.job import SUSPENDED, Event, Job, smallest_micro_batch
-from trayapp.jobs.record import JobRecord
+from trayapp.jobs.job import SUSPENDED, Event, Job
+from trayapp.jobs.record import JobRecord, smallest_micro_batch
 from trayapp.jobs.scopes import ScopeCgroup
 from trayapp.jobs.table import JobTable
 from trayapp.vocab import EventKind as E

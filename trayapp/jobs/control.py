@@ -20,11 +20,10 @@ from trayapp.jobs.job import (
     Job,
     now,
     resumable_stop,
-    smaller_accumulation,
     who,
 )
 from trayapp.jobs.ladder import Stage, Step
-from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record import JobRecord, smaller_accumulation
 from trayapp.jobs.starting import Launching
 from trayapp.runner import protocol as rp
 from trayapp.vocab import EventKind as E

@@ -17,7 +17,6 @@ import psutil
 
 from trayapp import vocab
 from trayapp.channel import ChannelServer, Peer
-from trayapp.jobs import spec_values as sv
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.record import JobRecord
 from trayapp.vocab import JobState as S
@@ -130,22 +129,3 @@ def budget_bytes(mb: Any) -> Optional[int]:
     return None
 
 
-def smaller_accumulation(rec: JobRecord) -> Optional[int]:
-    """The accumulation of a relaunch at half the micro-batch (the same training), or None
-    where the job cannot shrink: the runner says its fit cannot (Keras 2, input it cannot
-    re-batch, ``--on-oom stop``), no checkpoint folder to relaunch from, or the half would be
-    under ``--min-batch`` or would not split the batch evenly."""
-    if not rec.shrinkable or not rec.batch or not rec.checkpoint_dir or not rec.hooked:
-        return None
-    k = (rec.accumulation or 1) * 2
-    if rec.batch % k or rec.batch // k < smallest_micro_batch(rec):
-        return None
-    return k
-
-
-def smallest_micro_batch(rec: JobRecord) -> int:
-    """The job's ``--min-batch`` (the default when not given)."""
-    floor = rec.spec.get("min_batch")
-    floor = floor if isinstance(floor, int) and not isinstance(floor, bool) else \
-        sv.MIN_BATCH_DEFAULT
-    return max(1, floor)

@@ -15,8 +15,9 @@ from typing import Any, Dict, List, Optional
 from trayapp.channel import ChannelServer, Peer
 from trayapp.jobs import eta, forecasts, messages
 from trayapp.jobs.curves import Curves
-from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now, smallest_micro_batch
+from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now
 from trayapp.jobs.ladder import Stage, grace
+from trayapp.jobs.record import smallest_micro_batch
 from trayapp.jobs.table import JobTable
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp

@@ -36,8 +36,9 @@ from trayapp import private
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.jobs.record import JobRecord
+from trayapp.logformat import LogFormatter
 from trayapp.private import UnsafePath
-from trayapp.text import LogFormatter, one_line
+from trayapp.text import one_line
 from trayapp.ui.data import load_range
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import IconState, active_jobs

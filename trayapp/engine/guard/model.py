@@ -13,8 +13,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional
 from trayapp import vocab
 from trayapp.config import GUARD_SETTINGS, Setting, Threshold
 from trayapp.engine.guard import text
-from trayapp.jobs.job import smaller_accumulation
-from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record import JobRecord, smaller_accumulation
 from trayapp.probes.snapshot import GpuReading, MemoryReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardLevel as L
