@@ -128,8 +128,9 @@ def test_a_resumed_job_keeps_the_micro_batch_of_its_checkpoint(
     shrink_fit = WIDE_FIT.parent / "shrink_fit.py"
     ckpt = str(tmp_path / "ckpt")
     first = JobSpec(script=str(shrink_fit), args=(str(tmp_path / "a.json"),),
-                    python=sys.executable, checkpoint_dir=ckpt)
+                    python=sys.executable, checkpoint_dir=ckpt, fit_batch=False)
     assert start(jobs, first, tmp_path, engine).wait() == 0
+    engine.drain()  # what the first run said is not the resumed one's
     again = JobSpec(script=str(shrink_fit), args=(str(tmp_path / "b.json"),),
                     python=sys.executable, checkpoint_dir=ckpt, resume=True, fit_batch=True)
     job = start(jobs, again, tmp_path, engine)
