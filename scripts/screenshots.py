@@ -51,7 +51,9 @@ y = (x.sum(axis=1, keepdims=True) > 0).astype("float32")
 model = keras.Sequential([keras.Input(shape=(32,)), keras.layers.Dense(64, activation="relu"),
                           keras.layers.Dense(1, activation="sigmoid")])
 model.compile(optimizer="adam", loss="binary_crossentropy")
-model.fit(x, y, batch_size=32, epochs=40, verbose=0, callbacks=[Slow()])
+import sys
+epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=[Slow()])
 '''
 LOOP = '''"""A stand-in job when TensorFlow is not installed: a growing list, printed progress."""
 import time
@@ -164,6 +166,13 @@ def main() -> int:
         script = work / "train.py"
         has_tf = importlib.util.find_spec("keras") is not None
         script.write_text(TRAINING if has_tf else LOOP)
+        if has_tf:
+            # A day of work in small: two short runs of "train" that end, a notebook-sized
+            # sweep beside the long one, so the pictures show several jobs.
+            for _ in range(2):
+                client.job_start({"script": str(script), "args": ["1"], "name": "train"})
+            client.job_start({"script": str(script), "args": ["40"],
+                              "name": "sweep_lr_0.001_bs_32"})
         job = client.job_start({"script": str(script), "name": "mnist-demo" if has_tf
                                 else "loop-demo"})
         print(f"screenshots: job {job['id']} started; waiting {args.seconds:.0f} s")

@@ -9,11 +9,12 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from trayapp.errors import Refused
 from trayapp.formats import format_bytes
 from trayapp.text import one_line
 
 
-class ConfigError(ValueError):
+class ConfigError(Refused):
     """A value that cannot be used; the message names the problem in one line."""
 
 

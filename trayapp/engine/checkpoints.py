@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional
 
 from trayapp import vocab
 from trayapp.channel import Peer
+from trayapp.errors import Refused
 
 METADATA_FILE = "training_metadata.json"
 WEIGHTS_FILE = "latest.weights.h5"
@@ -105,15 +106,15 @@ def checkpoint_name(folder: str, given: str) -> str:
     if os.sep in given or (os.altsep and os.altsep in given):
         parent, name = os.path.split(os.path.normpath(given))
         if os.path.realpath(parent) != os.path.realpath(folder):
-            raise ValueError(f"{given} is not in the job's checkpoint folder {folder}")
+            raise Refused(f"{given} is not in the job's checkpoint folder {folder}")
     if not FIT_NAME.fullmatch(name):
-        raise ValueError(f"{given} is not a checkpoint (a fit-<n> folder)")
+        raise Refused(f"{given} is not a checkpoint (a fit-<n> folder)")
     try:
         st = os.lstat(os.path.join(folder, name))
     except OSError:
-        raise ValueError(f"{name} is not in {folder} (deleted already?)") from None
+        raise Refused(f"{name} is not in {folder} (deleted already?)") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"{name} in {folder} is not a folder (a link is not followed)")
+        raise Refused(f"{name} in {folder} is not a folder (a link is not followed)")
     return name
 
 
@@ -132,7 +133,7 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError as e:
-            raise ValueError(f"cannot open {path}: {e.strerror}") from None
+            raise Refused(f"cannot open {path}: {e.strerror}") from None
     try:
         for file in RUNNER_FILES:
             try:
@@ -147,7 +148,7 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                raise ValueError(f"cannot delete {os.path.join(path, file)}: "
+                raise Refused(f"cannot delete {os.path.join(path, file)}: "
                                  f"{e.strerror}") from None
         kept = sorted(os.listdir(fd if fd is not None else path))
     finally:
@@ -164,7 +165,7 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
 def _job_folder(job: Dict[str, Any]) -> str:
     folder = job.get("checkpoint_dir")
     if not isinstance(folder, str) or not folder:
-        raise ValueError(f"job {job.get('id')} has no checkpoint folder")
+        raise Refused(f"job {job.get('id')} has no checkpoint folder")
     return folder
 
 
@@ -182,7 +183,7 @@ def handlers(find_job: JobLookup) -> Dict[str, Callable[[Peer, Dict[str, Any]], 
         job = find_job(args["job"])
         folder = _job_folder(job)
         if job.get("state") in vocab.LIVE:
-            raise ValueError(f"job {job.get('id')} is {job.get('state')}: its checkpoints can "
+            raise Refused(f"job {job.get('id')} is {job.get('state')}: its checkpoints can "
                              "be deleted once it is parked or has ended")
         return delete_checkpoint(folder, args["checkpoint"])
 

@@ -42,6 +42,7 @@ from trayapp.engine.guard import (
     Rule,
 )
 from trayapp.engine.parts import Parts
+from trayapp.errors import Unknown
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.names import Namer
 from trayapp.probes.processes import (
@@ -343,7 +344,7 @@ class GuardService:
     def _act_on_job(self, action: Action) -> None:
         manager = self._acts
         if manager is None:
-            raise LookupError("no job manager")
+            raise Unknown("no job manager")
         ref = action.job_id
         assert ref is not None
         if action.kind == A.PAUSE:
@@ -391,7 +392,7 @@ class GuardService:
             created = self._foreign_paused[pid][0]
         proc = same_process(pid, created)
         if proc is None or pid == self._self_pid:
-            raise LookupError(f"process {pid} is gone")
+            raise Unknown(f"process {pid} is gone")
         if action.kind == A.PAUSE:
             proc.suspend()
             rss = int(action.data.get("rss_bytes") or 0)

@@ -19,7 +19,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Tuple, Union
 from trayapp import __version__, channel, private
 from trayapp import config as configmod
 from trayapp.channel import ChannelServer, Peer
-from trayapp.config import Config, ConfigConflict, ConfigError, Paths
+from trayapp.config import Config, ConfigConflict, Paths
 from trayapp.engine import checkpoints, protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
 from trayapp.engine.guarding import ConfigPolicy, GuardService
@@ -27,6 +27,7 @@ from trayapp.engine.history import ConsumerScan, RecentHistory
 from trayapp.engine.metrics import MetricsService
 from trayapp.engine.parts import Parts
 from trayapp.engine.store import Store
+from trayapp.errors import Refused, Unknown
 from trayapp.jobs.envfile import hide_stored
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
@@ -404,7 +405,7 @@ class Engine:
 
     def _history_store(self) -> Store:
         if self.store is None:
-            raise LookupError("the engine has no history store yet")
+            raise Unknown("the engine has no history store yet")
         return self.store
 
     def _publish_metrics(self, snap: Snapshot) -> None:
@@ -526,9 +527,13 @@ class Engine:
             return protocol.ok(req_id, handler(peer, args))
         except ConfigConflict as e:
             return protocol.error(req_id, str(e), "conflict")
-        except (ConfigError, ValueError, KeyError, LookupError) as e:
+        except Refused as e:  # ConfigError and SpecError are refusals too
             message = e.args[0] if e.args else str(e)
             return protocol.error(req_id, str(message), "refused")
+        except Exception:  # a fault, not a refusal: said as one, with its traceback logged
+            log.exception("%s failed", op)
+            return protocol.error(req_id, "internal error in the engine (see its log)",
+                                  "internal")
 
     def _op_ping(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         return {"version": __version__, "pid": os.getpid(), "home": str(self.paths.home),
@@ -538,11 +543,11 @@ class Engine:
         end = args.get("end") or self.clock()
         start = float(args["start"])
         if start > end:
-            raise ValueError("history: start is after end")
+            raise Refused("history: start is after end")
         series, prefix = args.get("series"), args.get("prefix")
         for names in (series, prefix):
             if names is not None and not all(isinstance(n, str) for n in names):
-                raise ValueError("history: series and prefix must be lists of names")
+                raise Refused("history: series and prefix must be lists of names")
         if self.recent.covers(start):
             return self.recent.query(start, end, series, prefix)
         answer = self._history_store().history(start, end, series=series, prefix=prefix)
@@ -555,7 +560,7 @@ class Engine:
     def _op_events(self, peer: Peer, args: Dict[str, Any]) -> List[Dict[str, Any]]:
         limit = args.get("limit") or 500
         if not 1 <= limit <= 5000:
-            raise ValueError("events: limit must be between 1 and 5000")
+            raise Refused("events: limit must be between 1 and 5000")
         return self._history_store().events(since=args.get("since"), after_id=args.get("after_id"),
                                  job_id=args.get("job"), limit=limit)
 
@@ -575,7 +580,7 @@ class Engine:
         ("conflict") instead of written over."""
         name, value, version = args["name"], args["value"], args.get("version")
         if version is not None and not isinstance(version, str):
-            raise ValueError("config_set: version must be the text config_get gave")
+            raise Refused("config_set: version must be the text config_get gave")
         checked = self.config_watch.save(name, value, version)
         self.emit_event(E.CONFIG_CHANGED, f"setting {name} = {checked!r}",
                         data={"name": name, "value": checked})
@@ -590,7 +595,7 @@ class Engine:
     def _op_shutdown(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         active = self.jobs.active_count() if self.jobs is not None else 0
         if active and not args.get("force"):
-            raise ValueError(f"{active} job(s) still running; stop them first or shut down with "
+            raise Refused(f"{active} job(s) still running; stop them first or shut down with "
                              "force to stop them")
         if active and self.jobs is not None:
             self.jobs.stop_all("the engine was shut down")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from trayapp import vocab
 from trayapp.channel import Peer
+from trayapp.errors import Refused
 from trayapp.jobs import ladder, trees
 from trayapp.jobs.job import (
     BY_USER,
@@ -66,7 +67,7 @@ class JobControl(Launching):
                 self._flush_events(events)
                 return result
             if job.state not in vocab.RUNNING:
-                raise ValueError(f"job {job.id} is {job.state}; it cannot be paused now")
+                raise Refused(f"job {job.id} is {job.state}; it cannot be paused now")
             job.change(paused_by=by, pause_reason=reason or None, paused_at=now())
             wait = self._pause_deadline(deadline)
             if job.rec.hooked and wait > 0 and self._send(job, rp.PAUSE):
@@ -99,14 +100,14 @@ class JobControl(Launching):
             if isinstance(job, JobRecord):
                 if job.state == S.STOPPED:
                     return self._resume_stopped(job, by, reason)
-                raise ValueError(f"job {job.id} is {job.state}; only a paused, parked or "
+                raise Refused(f"job {job.id} is {job.state}; only a paused, parked or "
                                  "stopped job can be resumed")
             if job.state in vocab.PARKED:
                 self._relaunch(job, by, reason)
             elif job.state in vocab.PAUSED or job.state == S.PAUSING:
                 self._continue(job, by, reason, events)
             elif job.state != S.RUNNING:
-                raise ValueError(f"job {job.id} is {job.state}; only a paused, parked or "
+                raise Refused(f"job {job.id} is {job.state}; only a paused, parked or "
                                  "stopped job can be resumed")
             result = job.rec.to_json()
         self._flush_events(events)
@@ -133,11 +134,11 @@ class JobControl(Launching):
         """Relaunch a stopped job from its checkpoint under the same id, as a parked one."""
         job_id = saved.id
         if not saved.checkpoint_dir:
-            raise ValueError(f"job {job_id} was stopped and has no checkpoint folder: there is "
+            raise Refused(f"job {job_id} was stopped and has no checkpoint folder: there is "
                              "nothing to continue from (start it again with 'headroom run')")
         folder = self.paths.jobs_dir / job_id
         if not folder.is_dir():
-            raise ValueError(f"job {job_id} cannot be relaunched: its folder {folder} is gone")
+            raise Refused(f"job {job_id} cannot be relaunched: its folder {folder} is gone")
         try:
             key = (folder / "key").read_bytes()
         except OSError:
@@ -166,12 +167,12 @@ class JobControl(Launching):
             if job.state == S.PARKING:
                 return rec.to_json()
             if job.state not in vocab.RUNNING | vocab.PAUSED | {S.PAUSING}:
-                raise ValueError(f"job {job.id} is {job.state}; it cannot be parked now")
+                raise Refused(f"job {job.id} is {job.state}; it cannot be parked now")
             if not rec.checkpoint_dir:
-                raise ValueError(f"job {job.id} has no checkpoint folder: parking would lose its "
+                raise Refused(f"job {job.id} has no checkpoint folder: parking would lose its "
                                  "progress (pause or stop it instead)")
             if not rec.hooked or job.peer is None:
-                raise ValueError(f"job {job.id} does not report to Headroom (no Keras fit "
+                raise Refused(f"job {job.id} does not report to Headroom (no Keras fit "
                                  "hooked): parking would lose its progress (pause or stop it "
                                  "instead)")
             if rec.pause_mode == SUSPENDED:
@@ -179,7 +180,7 @@ class JobControl(Launching):
             k = smaller_accumulation(rec) if smaller else None
             sent = self._send(job, rp.PARK, accumulation=k) if k else self._send(job, rp.PARK)
             if not sent:
-                raise ValueError(f"job {job.id} did not take the request (its channel closed, "
+                raise Refused(f"job {job.id} did not take the request (its channel closed, "
                                  "or it does not answer)")
             job.park_note = (by, reason)
             job.smaller = k
@@ -203,7 +204,7 @@ class JobControl(Launching):
             if isinstance(job, Job) and job.state in vocab.PARKED:
                 return self._stop_parked(job, by, reason)
             if isinstance(job, JobRecord) or job.state not in vocab.LIVE:
-                raise ValueError(f"job {job.id} is {job.state}; nothing to stop")
+                raise Refused(f"job {job.id} is {job.state}; nothing to stop")
             self._begin_stop(job, by, reason, force)
             return job.rec.to_json()
 
@@ -284,7 +285,7 @@ class JobControl(Launching):
         action = args["action"]
         op = OPS.get(action) if isinstance(action, str) else None
         if op is None:
-            raise ValueError(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
+            raise Refused(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
         job = op.run(self, args["job"], args.get("reason") or "")
         return self._settle(job, op.wait(self))
 

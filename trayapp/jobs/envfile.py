@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trayapp import config as configmod
 from trayapp import private
+from trayapp.errors import Refused
 
 FILE_NAME = "environ.json"
 VERSION = 2
@@ -92,7 +93,7 @@ def restore(spec_json: Mapping[str, Any], folder: Optional[Path]) -> Dict[str, A
     _, values = load(folder) if folder is not None else (None, {})
     missing = [n for n in names if n not in values]
     if missing:
-        raise ValueError(f"the value of --env {', '.join(missing)} was not kept for this job; "
+        raise Refused(f"the value of --env {', '.join(missing)} was not kept for this job; "
                          "launch it again with --env NAME=VALUE")
     env = out.get("env")
     assert isinstance(env, list)  # hidden_names found pairs in it

@@ -27,6 +27,7 @@ import psutil
 
 from trayapp import vocab
 from trayapp.channel import Peer
+from trayapp.errors import Refused
 from trayapp.jobs.control import JobControl
 from trayapp.jobs.job import BY_USER, Job
 from trayapp.jobs.options import JobSpec, SpecError
@@ -69,25 +70,25 @@ def kernel_process(pid: Any, peer: Optional[Tuple[int, int]]) -> psutil.Process:
     """The process a ``kernel_adopt`` request names, once it proved to be the asking one, this
     user's, alive and a kernel under the runner. Raises ValueError saying what is wrong."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid >= 1 << 31:
-        raise ValueError("kernel_adopt: pid must be a process id")
+        raise Refused("kernel_adopt: pid must be a process id")
     if peer is not None:
         if peer[1] != os.getuid():
-            raise ValueError("kernel_adopt: the asking process is another user's")
+            raise Refused("kernel_adopt: the asking process is another user's")
         if peer[0] != pid:
-            raise ValueError(f"kernel_adopt: process {pid} is not the one asking")
+            raise Refused(f"kernel_adopt: process {pid} is not the one asking")
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             raise psutil.NoSuchProcess(pid)
         if hasattr(os, "getuid") and proc.uids().real != os.getuid():
-            raise ValueError(f"kernel_adopt: process {pid} is another user's")
+            raise Refused(f"kernel_adopt: process {pid} is another user's")
         cmdline = proc.cmdline()
     except psutil.AccessDenied:
-        raise ValueError(f"kernel_adopt: process {pid} cannot be watched") from None
+        raise Refused(f"kernel_adopt: process {pid} cannot be watched") from None
     except psutil.Error:
-        raise ValueError(f"kernel_adopt: no process {pid}") from None
+        raise Refused(f"kernel_adopt: no process {pid}") from None
     if KERNEL_MARK not in cmdline:
-        raise ValueError(f"kernel_adopt: process {pid} is not a Headroom kernel")
+        raise Refused(f"kernel_adopt: process {pid} is not a Headroom kernel")
     return proc
 
 
@@ -135,18 +136,18 @@ class KernelJobs(JobControl):
         """Make the asking kernel a job (or find the one it is already); returns ``{"job",
         "address", "key" (hex)}``. Raises ValueError for a request it does not take."""
         if self._closed:
-            raise ValueError("the engine is shutting down")
+            raise Refused("the engine is shutting down")
         proc = kernel_process(args.get("pid"), peer_credentials(peer))
         try:
             create_time = proc.create_time()
         except psutil.Error:
-            raise ValueError("kernel_adopt: the process is gone") from None
+            raise Refused("kernel_adopt: the process is gone") from None
         with self._lock:
             job = self._kernel_job(proc.pid, create_time)
             if job is None:
                 live = sum(1 for j in self._jobs.values() if j.rec.is_kernel)
                 if live >= MAX_KERNELS:
-                    raise ValueError(f"kernel_adopt: {live} kernels are watched already, the "
+                    raise Refused(f"kernel_adopt: {live} kernels are watched already, the "
                                      "most the engine takes")
                 job = self._new_kernel(proc, create_time, args)
                 self._jobs[job.id] = job
@@ -186,7 +187,7 @@ class KernelJobs(JobControl):
         try:
             job_id, folder, key = self._new_folder(spec_data)
         except OSError as e:
-            raise ValueError(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
+            raise Refused(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
         connection = args.get("connection_file")
         rec = dataclasses.replace(
             self._new_record(job_id, applied, spec_data, folder, []),
@@ -237,12 +238,12 @@ class KernelJobs(JobControl):
             if job.state == S.PARKING:
                 return rec.to_json()
             if not rec.kernel_in_fit or job.peer is None:
-                raise ValueError(f"kernel {job.id} runs no fit() that Headroom follows: there "
+                raise Refused(f"kernel {job.id} runs no fit() that Headroom follows: there "
                                  "is nothing to interrupt (pause or stop it instead)")
             if rec.pause_mode == "suspended":
                 trees.resume(job)
             if not self._send(job, "park"):
-                raise ValueError(f"kernel {job.id} did not take the request (its channel "
+                raise Refused(f"kernel {job.id} did not take the request (its channel "
                                  "closed)")
             job.park_note = (by, reason)
             job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
@@ -283,7 +284,7 @@ class KernelJobs(JobControl):
             found = self._find(job_ref)
         rec = found.rec if isinstance(found, Job) else found
         if rec.is_kernel and rec.state in vocab.ENDED:
-            raise ValueError(f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
+            raise Refused(f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
                              "there and run the fit() again: it goes on from its checkpoint)")
         return super().resume(job_ref, by=by, reason=reason)
 

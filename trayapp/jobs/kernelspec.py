@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trayapp.config import atomic_write
+from trayapp.errors import Refused
 from trayapp.jobs import interpreters
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.interpreters import REMOVED
@@ -67,7 +68,7 @@ MAX_SPEC_BYTES = 1 << 20  # a kernel.json larger than this is not one Headroom w
 _NOT_FOR_THE_ENGINE = ("script", "args", "cwd", "env")
 
 
-class KernelSpecError(ValueError):
+class KernelSpecError(Refused):
     """A kernel spec that cannot be installed, found or removed: one line for the user."""
 
     def __init__(self, message: str) -> None:

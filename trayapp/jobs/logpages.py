@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from trayapp import private
+from trayapp.errors import Refused
 from trayapp.jobs.record import JobRecord
 from trayapp.runner import joblog
 from trayapp.text import one_line
@@ -30,7 +31,7 @@ def read_page(path: Path, offset: Optional[int], max_bytes: Optional[int],
     negative offset, OSError for a log that cannot be read."""
     limit = LOG_MAX_BYTES if max_bytes is None else max(1, min(int(max_bytes), LOG_MAX_BYTES))
     if offset is not None and offset < 0:
-        raise ValueError("job_log: offset must be 0 or more")
+        raise Refused("job_log: offset must be 0 or more")
     try:
         with open_to_read(path) as f:
             f.seek(0, os.SEEK_END)
@@ -100,5 +101,5 @@ def open_to_append(path: Path) -> Any:
     try:
         return private.open_private_file(path, "ab")
     except OSError as e:
-        raise ValueError(f"cannot start the job: cannot open its log {path}: "
+        raise Refused(f"cannot start the job: cannot open its log {path}: "
                          f"{e.strerror or one_line(e)}") from None

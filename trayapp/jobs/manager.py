@@ -36,6 +36,7 @@ from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.config import Paths
+from trayapp.errors import Refused
 from trayapp.jobs import forecasts, ladder, logpages, messages, trees
 from trayapp.jobs.braking import BrakeEnd
 from trayapp.jobs.curves import Curves
@@ -193,7 +194,7 @@ class JobManager(KernelJobs):
         self._cgroup_adopt(job)
         try:
             if not key:
-                raise ValueError("its key is missing")
+                raise Refused("its key is missing")
             self._open_channel(job)
         except ValueError as e:
             log.warning("job %s: %s; it runs on without progress reports", rec.id, e)
@@ -417,7 +418,7 @@ class JobManager(KernelJobs):
         try:
             return logpages.read_page(path, offset, max_bytes, self._log_cap(rec))
         except OSError as e:
-            raise ValueError(f"cannot read the log of job {rec.id}: "
+            raise Refused(f"cannot read the log of job {rec.id}: "
                              f"{e.strerror or one_line(e)}") from None
 
     def _log_cap(self, rec: JobRecord) -> int:

@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from trayapp.channel import ChannelServer, Peer
+from trayapp.errors import Refused
 from trayapp.jobs import eta, forecasts, messages
 from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now
@@ -99,7 +100,7 @@ class RunnerLink(JobTable):
         try:
             server.start()
         except OSError as e:
-            raise ValueError(f"cannot open the job's channel at {address}: "
+            raise Refused(f"cannot open the job's channel at {address}: "
                              f"{e.strerror or e}") from None
         job.server = server
 

@@ -15,6 +15,7 @@ import shlex
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from trayapp.config import ConfigError, parse_size
+from trayapp.errors import Refused
 from trayapp.text import one_line
 
 MIB = 1024 * 1024
@@ -65,7 +66,7 @@ ON_OOM_CHOICES = ("shrink", "smaller-batch", "stop")
 MIN_BATCH_DEFAULT = 8
 
 
-class SpecError(ValueError):
+class SpecError(Refused):
     """A job spec that cannot run; the message is one line naming the flag or field (a value
     quoted in it shows its control characters as escapes). ``field``: the spec field it is
     about (one of this module's field names), or None when it is about no one field."""

@@ -22,6 +22,7 @@ import psutil
 
 from trayapp import config as configmod
 from trayapp import private
+from trayapp.errors import Refused
 from trayapp.jobs import envfile, logpages
 from trayapp.jobs.braking import Brakes
 from trayapp.jobs.job import Job, budget_bytes, now
@@ -53,7 +54,7 @@ def refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 known = set(self._jobs) | set(self._ended)
             for name in folders(self.paths.jobs_dir) - before - known:
                 remove_folder(self.paths.jobs_dir / name)
-            raise ValueError(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
+            raise Refused(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
                              f"under {self.paths.jobs_dir}") from None
 
     return wrapper
@@ -76,11 +77,11 @@ class Launching(RunnerLink, Brakes):
         Raises ValueError with one line for a bad spec or a launch that fails (no job is
         recorded then)."""
         if self._closed:
-            raise ValueError("the engine is shutting down")
+            raise Refused("the engine is shutting down")
         check_free_space(self.paths.jobs_dir)
         if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in environ.items()):
-            raise ValueError("job_start: environ must map names to strings")
+            raise Refused("job_start: environ must map names to strings")
         if envfile.hidden_names(spec_json if isinstance(spec_json, dict) else {}):
             spec_json = envfile.restore(spec_json, self._env_folder(env_from))
         try:
@@ -88,7 +89,7 @@ class Launching(RunnerLink, Brakes):
             spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
             applied = self._with_preset(spec)
         except SpecError as e:
-            raise ValueError(one_line(e)) from None
+            raise Refused(one_line(e)) from None
         with self._lock:
             job = self._new_job(spec, applied, environ, spec_warnings)
             self._jobs[job.id] = job
@@ -160,7 +161,7 @@ class Launching(RunnerLink, Brakes):
             if (self.paths.jobs_dir / job_id).exists() or self.store.get_job(job_id) is not None:
                 continue
             return job_id
-        raise ValueError("cannot find a free job id")  # pragma: no cover - 2**32 ids
+        raise Refused("cannot find a free job id")  # pragma: no cover - 2**32 ids
 
     def _new_record(self, job_id: str, spec: JobSpec, spec_data: Dict[str, Any], folder: Path,
                     warnings: List[str]) -> JobRecord:
@@ -187,7 +188,7 @@ class Launching(RunnerLink, Brakes):
                                 base_env=job_environ(folder), runner_dir=self.runner_dir,
                                 process=process, log_path=str(log_path))
         except Exception as e:  # SpecError and friends: a plan that cannot be made
-            raise ValueError(one_line(e)) from None
+            raise Refused(one_line(e)) from None
         popen = spawn(plan, log_path, process, append=append)
         job.popen = popen
         # At once: the child is still in Python's start-up and has forked nothing yet.
@@ -233,7 +234,7 @@ class Launching(RunnerLink, Brakes):
             validate(spec, tuple(self._gpus()), check_paths=True)
             spec = self._with_preset(spec)
         except ValueError as e:  # a SpecError, or an --env value that was not kept
-            raise ValueError(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
+            raise Refused(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
         if not job.key:
             job.key = secrets.token_bytes(KEY_BYTES)
             configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key,
@@ -309,7 +310,7 @@ def spawn(plan: LaunchPlan, log_path: Path, process: JobProcess, *,
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, close_fds=True, **kwargs)
         except OSError as e:
-            raise ValueError(f"cannot start {plan.argv[0]}: "
+            raise Refused(f"cannot start {plan.argv[0]}: "
                              f"{e.strerror or one_line(e)}") from None
 
 
@@ -329,7 +330,7 @@ def check_free_space(folder: Path) -> None:
     except OSError:
         return  # the folder's own trouble is reported by the writes
     if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
-        raise ValueError(f"cannot start the job: no space left on device under {folder} "
+        raise Refused(f"cannot start the job: no space left on device under {folder} "
                          f"({configmod.format_bytes(st.f_bavail * st.f_frsize)} free)")
 
 

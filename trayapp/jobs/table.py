@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.config import Paths
+from trayapp.errors import Refused, Unknown
 from trayapp.jobs import messages, trees
 from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now, who
 from trayapp.jobs.record import JobRecord
@@ -67,7 +68,7 @@ class JobTable:
         a unique name; LookupError else."""
         ref = str(job_ref).strip()
         if not ref:
-            raise LookupError("no job named ''")
+            raise Unknown("no job named ''")
         if ref in self._jobs:
             return self._jobs[ref]
         if ref in self._ended:
@@ -83,14 +84,14 @@ class JobTable:
         found = _match(ref, {i: r.name for i, r in older.items()})
         if found is not None:
             return older[found]
-        raise LookupError(f"no job named {ref}")
+        raise Unknown(f"no job named {ref}")
 
     def _live(self, job_ref: str, what: str) -> Job:
         job = self._find(job_ref)
         if not isinstance(job, Job) or job.state not in vocab.LIVE:
             rec = job if isinstance(job, JobRecord) else job.rec
             done = what + ("d" if what.endswith("e") else "ed")  # paused, parked
-            raise ValueError(f"job {rec.id} is {rec.state}; it cannot be {done}")
+            raise Refused(f"job {rec.id} is {rec.state}; it cannot be {done}")
         return job
 
     # -- the store ----------------------------------------------------------------------------
@@ -108,7 +109,7 @@ class JobTable:
                 log.warning("job %s: its saved %s did not pass the checks; reset", one(job_id),
                             ", ".join(reset))
             if data.get("state") not in vocab.ALL:
-                raise ValueError(f"its state {one(data.get('state'))} is not a job state")
+                raise Refused(f"its state {one(data.get('state'))} is not a job state")
             return JobRecord.from_json(data)
         except Exception as e:  # any row at all: one that cannot be read must not stop the rest
             log.warning("job %s: its saved record cannot be read (%s); left out", one(job_id),
@@ -200,7 +201,7 @@ def _match(ref: str, names: Dict[str, str]) -> Optional[str]:
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:
-            raise LookupError(f"{ref} matches {len(hits)} jobs "
+            raise Unknown(f"{ref} matches {len(hits)} jobs "
                               f"({', '.join(hits[:5])}); use the id")
     return None
 
