@@ -6,7 +6,7 @@ import inspect
 import os
 import tempfile
 
-from . import fitbatch, protocol, relaunch, shrink
+from . import fitbatch, progbar, protocol, relaunch, shrink
 from .control import Parked
 from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 
@@ -14,7 +14,8 @@ from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 def _callback_classes(callbacks_module, keras3):
     """(the progress callback, the first callback, the restoring callback or None)."""
     headroom_cls, first_cls = _progress_classes(callbacks_module.Callback)
-    return headroom_cls, first_cls, _restore_class(callbacks_module, keras3)
+    return (headroom_cls, first_cls, _restore_class(callbacks_module, keras3),
+            progbar.bar_class(callbacks_module) if keras3 else None)
 
 
 def _progress_classes(base):
@@ -203,13 +204,16 @@ def _callback_setter(bound, run, user, classes, keras3):
     """``set_callbacks(restore)``: the fit's callbacks, ours around the user's (the restoring
     one first, only when ``restore``: not after an out-of-memory error, whose weights in
     memory are newer than any checkpoint)."""
-    headroom_cls, first_cls, restore_cls = classes
+    headroom_cls, first_cls, restore_cls, bar_cls = classes
+    # Keras's bar, counting the user's batches (runner.progbar), where Keras would add its own.
+    bar = bar_cls is not None and progbar.wanted(bound, user)
 
     def set_callbacks(restore):
         first = [first_cls(run)]
         if restore and run.dir and restore_cls is not None:
             first.insert(0, _restorer(restore_cls, run, keras3))
-        bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+        last = [headroom_cls(run)] + ([bar_cls(run)] if bar else [])
+        bound.arguments["callbacks"] = first + list(user or []) + last
 
     return set_callbacks
 

@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from . import forecast, protocol, shrink
+from . import forecast, progbar, protocol, shrink
 from .control import Parked, Stopped
 from .tfoptions import gpu_memory
 
@@ -154,6 +154,9 @@ class FitRun:
         self.epochs_done = []
         self._attempt_begun = False  # the History of this fit() attempt has the earlier epochs
         self.metric_state = None  # (epoch, {metric: [values]}) to put back as it begins
+        # Where a park or stop ended this fit: (epoch, the user's batches done, of how many)
+        self.stopped_at = None
+        self._progress_epoch = 1 << 30  # the epoch whose beginning the progress said
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -236,8 +239,9 @@ class FitRun:
         once this fit trained something: else what is on disk is already where it stands)."""
         if not self.keras3:
             raise Stopped()  # as for park: Keras 2 would record the stopped epoch as done
+        epoch, done = self.position
+        self._stop_here(epoch, done)
         if save and self.dir is not None and self.trained:
-            epoch, done = self.position
             self.save(epoch, done, "stop")
         self.stopping = True
         self.model.stop_training = True
@@ -248,6 +252,7 @@ class FitRun:
             # keep its last own checkpoint.
             raise Parked()
         epoch, done = self.position
+        self._stop_here(epoch, done)
         if self.dir is None:
             self.session.note("warn", "no checkpoint folder: parked without a checkpoint")
         else:
@@ -255,6 +260,13 @@ class FitRun:
             self.save(epoch, done, "park")
         self.stopping = True
         self.model.stop_training = True
+
+    def _stop_here(self, epoch, done):
+        """Keep where this fit ends (in the user's batches) for its bar and its log."""
+        acc = self.accumulation
+        steps = -(-self.steps // acc) if self.steps is not None else None
+        self.stopped_at = (epoch, done // acc if steps is None else min(steps, -(-done // acc)),
+                           steps)
 
     def checkpoint_on_request(self, paused):
         if not self.keras3:
@@ -309,6 +321,7 @@ class FitRun:
         # The batch and whether the fit can shrink, said before its first step: a step held
         # at the job's memory limit never ends, and the engine relaunches it smaller.
         self._progress(start, 0, None, now=True)
+        self._progress_epoch = start
         if self.session.control.stop:
             self.request_stop(save=False)
 
@@ -336,6 +349,11 @@ class FitRun:
         self.begun = skipped if skipped else None
         if self.skip and epoch == self.skip_epoch:
             self._start_skip()
+        if epoch > self._progress_epoch:
+            # Said as it begins: the last progress was the end of the epoch before.
+            self._last_progress = time.monotonic()
+            self._progress(epoch, skipped, None, now=True)
+        self._progress_epoch = epoch
         if self.session.control.pending and not self.skipping:
             self.session.control.serve(self)
 
@@ -390,6 +408,11 @@ class FitRun:
             self.session.control.serve(self)
 
     def train_end(self, logs):
+        if self.stopped_at is not None and (self.stopping or self.session.control.parked):
+            how = "parked" if self.session.control.park else "stopped"
+            # In the log, after Keras's bar: where training stopped, which it does not say.
+            sys.stderr.write(f"headroom: {progbar.stop_line(how, self.stopped_at, self.epochs)}\n")
+            sys.stderr.flush()
         if not self._attempt_begun:  # a finished fit restored: no epoch left to train
             self._attempt_begun = True
             _prepend_history(getattr(self.model, "history", None), self.epochs_done)
