@@ -36,6 +36,9 @@ STEPS = "steps"
 # room free for the forecast's own error.
 MARGIN = 0.9
 PROBE_FRACTION = 16  # --fit-batch's probe trains batch / 16 (or the floor, when larger)
+# The host's peak over a whole fit against the one of its first steps (bench_forecast): what
+# they add, and this share of it again, which the forecast adds to its fixed part.
+STEPS_ALLOWANCE = 0.1
 
 
 # -- reading memory ---------------------------------------------------------------------------
@@ -142,11 +145,13 @@ def need(entry, micro, k, accumulators=0):
     return int(entry["fixed_bytes"] + entry["per_sample_bytes"] * micro + extra)
 
 
-def from_base(name, base, peak, micro):
-    """One device's forecast from what it held before the measured steps (``fixed``) and their
-    peak at micro-batches of ``micro``."""
-    fixed = min(base, peak)
-    return device(name, fixed, (peak - fixed) / max(1, micro), peak, micro)
+def from_base(name, base, peak, micro, at=0, extra=0):
+    """One device's forecast from what it held before the measured steps (``base``, after
+    steps at micro-batches of ``at``, 0: none) and their peak at micro-batches of ``micro``;
+    ``extra``: bytes the fit will hold besides (added to the fixed part)."""
+    base = min(base, peak)
+    per_sample = (peak - base) / max(1, micro - at)
+    return device(name, max(0, base - per_sample * at) + max(0, extra), per_sample, peak, micro)
 
 
 def gpu_names(tf):
@@ -169,9 +174,9 @@ def candidates(batch, floor, k=1):
     return out
 
 
-def choose(devices, batch, floor, room, accumulators=None, k=1):
+def choose(devices, batch, floor, room, accumulators=None, k=1, margin=MARGIN):
     """The largest micro-batch (micro, accumulation) whose need fits ``room`` {device: bytes}
-    on every device with a known room (each kept ``MARGIN`` full), or None when none does.
+    on every device with a known room (each kept ``margin`` full), or None when none does.
     ``accumulators``: {device: bytes of one copy of the trainable weights}."""
     accumulators = accumulators or {}
     for micro, acc in candidates(batch, floor, k):
@@ -180,7 +185,7 @@ def choose(devices, batch, floor, room, accumulators=None, k=1):
             space = room.get(entry["device"])
             if space is None:
                 continue
-            if need(entry, micro, acc, accumulators.get(entry["device"], 0)) > space * MARGIN:
+            if need(entry, micro, acc, accumulators.get(entry["device"], 0)) > space * margin:
                 fits = False
                 break
         if fits:
@@ -218,7 +223,10 @@ class StepMeter:
             # first step (weights, optimizer state), the activations given back.
             base = (self.base if name == RAM else self.after_first).get(name)
             if base is not None:
-                out.append(from_base(name, base[0], peak, self.micro))
+                # The host: what the first steps did not show (the validation's step, the last
+                # short batch's trace, later epochs) as a share of what the steps added.
+                extra = STEPS_ALLOWANCE * max(0, peak - base[0]) if name == RAM else 0
+                out.append(from_base(name, base[0], peak, self.micro, extra=extra))
         return out
 
 
