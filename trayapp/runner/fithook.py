@@ -4,9 +4,10 @@ imported (the runner cannot import Keras itself: the script chooses which one)."
 import functools
 import inspect
 import os
+import sys
 import tempfile
 
-from . import fitbatch, progbar, protocol, relaunch, shrink
+from . import fitbatch, metricstate, progbar, protocol, relaunch, shrink
 from .control import Parked
 from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 
@@ -166,6 +167,8 @@ def install(keras, session):
             history = None
         finally:
             shrinker.done()
+            if run.keeper is not None:
+                run.keeper.uninstall()
             session.fit_ended(run)
         _after_fit(session)
         return history
@@ -186,6 +189,12 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
     run.prepare_folder()
     shrinker = shrink.Shrinker(keras, session, model, bound, keras3)
     run.shrinker = shrinker
+    tf = sys.modules.get("tensorflow")
+    if tf_backend and tf is not None and shrinker.refusal() is None:
+        # Before the shrinker's own train step: the metrics' state of the batches done, kept
+        # for an epoch trained again after an out-of-memory error.
+        keeper = metricstate.Keeper(tf, model)
+        run.keeper = keeper if keeper.install(shrinker) else None
     shrinker.prepare(tf_backend)
     _resume_shrunk(run, shrinker)
     if session.options["fit_batch"] and run.accumulation == 1:
@@ -446,7 +455,7 @@ def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
     if folder is not None and run.dir is None:
         run.dir = os.path.join(folder, f"fit-{run.index}")
     saved = trusted and not untrained and run.dir is not None and \
-        run.save(epoch, done * shrinker.k, "oom")
+        run.save(epoch, done * shrinker.k, "oom", metrics=run.kept_metrics() or {})
     if saved:
         where = f"where it stood (epoch {epoch + 1}, batch {done + 1})"
     elif run.dir and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):

@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from . import forecast, progbar, protocol, shrink
+from . import forecast, metricstate, progbar, protocol, shrink
 from .control import Parked, Stopped
 from .tfoptions import gpu_memory
 
@@ -156,6 +156,7 @@ class FitRun:
         self.metric_state = None  # (epoch, {metric: [values]}) to put back as it begins
         # Where a park or stop ended this fit: (epoch, the user's batches done, of how many)
         self.stopped_at = None
+        self.keeper = None  # the metrics' state as each update began (runner.metricstate)
         self._progress_epoch = 1 << 30  # the epoch whose beginning the progress said
         self._last_progress = 0.0
         self._bad_logs_noted = False
@@ -208,7 +209,7 @@ class FitRun:
                 },
             }
             if metrics is None and done and reason != "oom":
-                metrics = _metric_state(self.model)
+                metrics = metricstate.state(self.model)
             if done and metrics:
                 metadata["headroom"]["metrics"] = metrics
             partial = os.path.join(self.dir, METADATA_FILE + ".saving")
@@ -310,7 +311,7 @@ class FitRun:
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
         if self.metric_state is not None:
-            _build_metrics(self.model, self.shrinker)
+            metricstate.build(self.model, self.shrinker)
         if self.shrinker is not None:
             if not self.in_memory and getattr(self.model.optimizer, "built", False):
                 shrink.empty_at_boundary(self.model.optimizer)
@@ -340,7 +341,7 @@ class FitRun:
         if self.metric_state is not None:
             saved_epoch, state = self.metric_state
             self.metric_state = None
-            if saved_epoch == epoch and not _put_metric_state(self.model, state):
+            if saved_epoch == epoch and not metricstate.put(self.model, state):
                 self.session.note("info", f"epoch {epoch + 1}'s metrics cover the batches "
                                           "trained after the checkpoint only (a metric's state "
                                           "could not be restored)")
@@ -462,9 +463,18 @@ class FitRun:
             pass
         return self.epoch, done
 
+    def kept_metrics(self):
+        """The training metrics' state as the last whole update ended (after an out-of-memory
+        error: that of the batches done), or None when it is not kept."""
+        return (self.keeper.state() or None) if self.keeper is not None else None
+
     def restart_in_memory(self, epoch, updates, accumulation):
         """Train on from ``epoch`` with ``updates`` of it done, at ``accumulation`` micro-batches
-        an update: the next fit() attempt drops the micro-batches already trained."""
+        an update: the next fit() attempt drops the micro-batches already trained, its metrics
+        put back as they were when the last whole update ended."""
+        kept = self.kept_metrics() if updates else None
+        if kept is not None:
+            self.metric_state = (epoch, kept)
         self.accumulation = accumulation
         self.in_memory = True
         self.initial_epoch = epoch
@@ -598,55 +608,6 @@ def _prepend_history(history, epochs_done):
     for key, values in logs.items():
         history.history[key] = values + list(history.history.get(key, []))
     history.epoch = [e for e, _ in epochs_done] + list(getattr(history, "epoch", []) or [])
-
-
-def _metric_state(model):
-    """{metric name: [its variables' values]} of the training metrics (the loss's mean, the
-    compiled metrics: totals and counts), for a checkpoint saved inside an epoch."""
-    out = {}
-    try:
-        for metric in model.metrics:
-            values = [v.numpy().tolist() for v in metric.variables]
-            if values:
-                out[metric.name] = values
-    except Exception:  # a metric whose state is not its variables
-        return {}
-    return out
-
-
-def _build_metrics(model, shrinker):
-    """Make the compiled metrics' variables now, as Keras does under a distribution strategy
-    (the TensorFlow backend otherwise makes them as the first step is traced), so that a
-    checkpoint's metric state can be put in them as the epoch begins."""
-    metrics = getattr(model, "_compile_metrics", None)
-    if metrics is None or getattr(metrics, "built", True) or shrinker is None or \
-            not hasattr(model, "_symbolic_build"):
-        return
-    try:
-        batch = shrinker.one_batch()
-        if batch is not None:
-            model._symbolic_build(data_batch=batch)
-    except Exception:  # the epoch's metrics then cover the batches trained after the checkpoint
-        pass
-
-
-def _put_metric_state(model, state):
-    """The metrics as a checkpoint saved them; False when one of them could not be."""
-    whole = True
-    for metric in getattr(model, "metrics", None) or ():
-        values = state.get(metric.name)
-        variables = list(metric.variables)
-        if not values and not variables:
-            continue
-        if values is None or len(values) != len(variables):
-            whole = False
-            continue
-        try:
-            for variable, value in zip(variables, values):
-                variable.assign(value)
-        except Exception:
-            whole = False
-    return whole
 
 
 def _first_line(error):
