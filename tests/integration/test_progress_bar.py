@@ -64,6 +64,9 @@ def test_a_park_inside_an_epoch_leaves_the_bar_where_training_stopped(
     assert "313/313" in counts and counts[-1] == "306/313", counts[-5:]
     assert counts.count("313/313") == 1, counts
     assert "Traceback" not in output
+    # The progress the engine last had says the same: epoch 2, 306 of 313 batches.
+    last = [m for m in engine.drain() if m["type"] == protocol.PROGRESS][-1]
+    assert (last["epoch"], last["step"], last["steps"]) == (2, 306, STEPS), last
 
 
 def test_a_stop_inside_an_epoch_says_so_in_the_log(

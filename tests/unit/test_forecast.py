@@ -81,7 +81,8 @@ def test_the_first_steps_give_the_forecast_once_after_the_traced_step() -> None:
         {rf.RAM: (900 * MiB, 900 * MiB), "GPU:0": (3 * GiB, 3 * GiB)},  # after the first step
         {rf.RAM: (700 * MiB, 820 * MiB), "GPU:0": (3 * GiB, 5 * GiB)},  # peaks of 2 steps
     ])
-    steps = rf.StepMeter(meter, 64)  # type: ignore[arg-type]
+    steps = rf.StepMeter(meter, 64, steps=3)  # type: ignore[arg-type]
+    assert steps.measured == 2  # an epoch of 3 steps: all but its first
     assert steps.step(0) is None and meter.resets == 0
     assert steps.step(1) is None and meter.resets == 1
     assert steps.step(2) is None
@@ -93,6 +94,12 @@ def test_the_first_steps_give_the_forecast_once_after_the_traced_step() -> None:
     assert out["GPU:0"]["fixed_bytes"] == 3 * GiB  # what the allocator held after a step
     assert out["GPU:0"]["per_sample_bytes"] == 2 * GiB // 64
     assert out[rf.RAM]["measured_batch"] == 64 and out[rf.RAM]["peak_bytes"] == 820 * MiB
+
+
+def test_an_epoch_of_many_steps_is_measured_over_five() -> None:
+    assert rf.StepMeter(None, 64).measured == rf.MEASURED_STEPS == 5
+    assert rf.StepMeter(None, 64, steps=313).measured == 5
+    assert rf.StepMeter(None, 64, steps=2).measured == rf.FEWEST_MEASURED == 2
 
 
 def test_a_base_measured_after_tiny_steps_keeps_their_traces_out_of_the_per_sample_part() -> None:

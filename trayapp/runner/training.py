@@ -373,6 +373,8 @@ class FitRun:
         if control.pending:
             self.position = (epoch, batch)
             control.serve(self)
+            if self.stopping:
+                return  # parked or stopped here: the batch Keras still trains is not counted
         done = batch + k
         steps = self.steps
         self.position = (epoch + 1, 0) if steps is not None and done >= steps else (epoch, done)
@@ -492,7 +494,8 @@ class FitRun:
             micro = self.shrinker.micro()
         if not micro:
             return
-        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro)
+        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro,
+                                             self.steps)
         self._trained_at_start = self.trained
 
     def _forecast_step(self):
