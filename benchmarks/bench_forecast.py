@@ -1,14 +1,15 @@
 """The forecast's error against the measured peak, and which way of shrinking gives host memory
 back.
 
-1. A fit whose host memory grows with its batch (one Dense(32768) layer on 64 features, as in
-   ``tests/scripts/runner/wide_fit.py``) runs in a fresh process at each batch size, with the
-   runner's fit() hook installed as in a job (no engine connected; its messages are kept): the
-   forecast measured in the first steps at one batch size predicts the peak at the others, and
-   --fit-batch's probe (two steps at a sixteenth of the batch) predicts them before training; each
-   prediction is compared with the peak resident memory measured at that batch (the kernel's
-   VmHWM over a whole epoch, in a process of its own). Ratio = forecast / measured: above 1 errs
-   toward a smaller micro-batch, below 1 toward one that does not fit.
+1. Issue 23's cases, none a multiple of its batch: a fit whose host memory grows with its batch
+   (one Dense(32768) layer on 64 features, as in ``tests/scripts/runner/wide_fit.py``), a small
+   CNN with Adam, a metric and ``validation_split``, and a small MLP whose memory is nearly all
+   TensorFlow's own. Each runs in fresh processes with the runner's fit() hook installed as in a
+   job (no engine connected; its messages are kept): at the full batch (the first steps'
+   forecast), with --fit-batch answered "the full batch" (the probe's forecast) and answered "2
+   micro-batches" (the first steps at half the batch). Each forecast is compared with the peak
+   resident memory (the kernel's VmHWM) of the job it forecasts, as that job ran: ratio =
+   forecast / measured peak; goal: from 1 (never low) to 1.15 (at most 15% high).
 2. Host memory after shrinking in the same process against a fresh process at the smaller
    micro-batch, with TensorFlow's default oneDNN kernels and without them: in-process shrinking
    gives host memory back only when oneDNN does not keep it, which is why the guard relaunches a
