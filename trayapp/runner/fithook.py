@@ -167,8 +167,6 @@ def install(keras, session):
             history = None
         finally:
             shrinker.done()
-            if run.keeper is not None:
-                run.keeper.uninstall()
             session.fit_ended(run)
         _after_fit(session)
         return history
@@ -189,12 +187,7 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
     run.prepare_folder()
     shrinker = shrink.Shrinker(keras, session, model, bound, keras3)
     run.shrinker = shrinker
-    tf = sys.modules.get("tensorflow")
-    if tf_backend and tf is not None and shrinker.refusal() is None:
-        # Before the shrinker's own train step: the metrics' state of the batches done, kept
-        # for an epoch trained again after an out-of-memory error.
-        keeper = metricstate.Keeper(tf, model)
-        run.keeper = keeper if keeper.install(shrinker) else None
+    run.keeper = _keeper(model, shrinker, tf_backend)
     shrinker.prepare(tf_backend)
     _resume_shrunk(run, shrinker)
     if session.options["fit_batch"] and run.accumulation == 1:
@@ -207,6 +200,24 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
             fitbatch.fit_batch(run, shrinker)
     _say_batch(run, shrinker)
     return run, shrinker
+
+
+def _keeper(model, shrinker, tf_backend):
+    """The copy of the metrics' state as each update ends (``metricstate.Keeper``), for an
+    epoch trained again after an out-of-memory error; installed before the shrinker's own train
+    step, and kept on the model for its next fit() (installing it traces the step again)."""
+    tf = sys.modules.get("tensorflow")
+    if not tf_backend or tf is None or shrinker.refusal() is not None:
+        return None
+    keeper = vars(model).get("_headroom_keeper")
+    if keeper is not None and keeper.current():
+        return keeper
+    if keeper is not None:
+        keeper.uninstall()
+    keeper = metricstate.Keeper(tf, model)
+    keeper = keeper if keeper.install(shrinker) else None
+    object.__setattr__(model, "_headroom_keeper", keeper)  # not a layer's tracked state
+    return keeper
 
 
 def _callback_setter(bound, run, user, classes, keras3):

@@ -122,6 +122,18 @@ class Keeper:
                 value = variable.value
                 copy.assign(value if ended is None else tf.where(ended, value, copy))
 
+    def current(self):
+        """Installed, its step still the model's, and copying the metrics the model has now
+        (a fit() after another reuses it: no trace again; after a compile it is made anew)."""
+        if self._train_step is None or self.pairs is None or \
+                vars(self.model).get("train_step") is not self._train_step[2]:
+            return False
+        try:
+            now = [id(v) for metric in self.model.metrics for v in metric.variables]
+        except Exception:
+            return False
+        return now == [id(v) for _name, pairs in self.pairs for v, _copy in pairs]
+
     def state(self):
         """The state as the last whole update ended, in ``state``'s form; {} without copies."""
         if self.pairs is None:
