@@ -114,6 +114,8 @@ def verdict(res: Dict[str, Any]) -> str:
     if goal is None or not isinstance(value, (int, float)):
         return ""
     ok = value <= float(goal) if goal_on_value(res) else float(ratio) <= float(goal)
+    if res.get("goal_min") is not None:  # a range: "1 ≤ x ≤ 1.15"
+        ok = ok and value >= float(res["goal_min"])
     return "meets the goal" if ok else "misses the goal"
 
 
@@ -121,6 +123,8 @@ def goal_text(res: Dict[str, Any]) -> str:
     goal = res.get("goal")
     if goal is None:
         return ""
+    if res.get("goal_min") is not None:
+        return f"{fmt(res['goal_min'])} to {fmt(goal)} {res.get('unit', '')}".rstrip()
     if goal_on_value(res):
         return f"≤ {fmt(goal)} {res.get('unit', '')}".rstrip()
     return f"ratio ≤ {fmt(goal)}"

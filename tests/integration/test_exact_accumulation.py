@@ -126,6 +126,21 @@ def test_shrunk_in_place_at_an_epoch_start_and_in_its_short_last_batch(
                for n in said), said
 
 
+def test_an_epoch_shrunk_in_place_reports_its_metrics_over_the_whole_epoch(
+        tmp_path: Path, engine: TestEngine, jobs: List[Job], reference: Dict[str, Any]) -> None:
+    # 64 -> 32 x 2 at epoch 2's seventh batch; 32 x 2 -> 16 x 4 in the second micro-batch of
+    # epoch 3's short last batch (half of its update trained again). The metrics' state
+    # (means: total and count) of the batches done is kept: the History is plain python's.
+    cases = [c for c in SHRINKABLE if c not in ("one-sample", "batch-over-the-dataset")]
+    got = run_job(tmp_path, engine, jobs, "--cases", ",".join(cases),
+                  "--oom", "2:7", "--oom", "3:last")
+    for name in cases:
+        same_training(name, reference[name], got[name])
+    said = notes(engine)
+    assert any("out of memory at epoch 2, batch 7" in n for n in said), said
+    assert not any("metrics cover" in n for n in said), said
+
+
 def test_a_micro_batch_floor_above_the_batch_fails_as_keras_would(
         tmp_path: Path, engine: TestEngine, jobs: List[Job]) -> None:
     out = tmp_path / "report.json"

@@ -81,16 +81,33 @@ def test_the_first_steps_give_the_forecast_once_after_the_traced_step() -> None:
         {rf.RAM: (900 * MiB, 900 * MiB), "GPU:0": (3 * GiB, 3 * GiB)},  # after the first step
         {rf.RAM: (700 * MiB, 820 * MiB), "GPU:0": (3 * GiB, 5 * GiB)},  # peaks of 2 steps
     ])
-    steps = rf.StepMeter(meter, 64)  # type: ignore[arg-type]
+    steps = rf.StepMeter(meter, 64, steps=3)  # type: ignore[arg-type]
+    assert steps.measured == 2  # an epoch of 3 steps: all but its first
     assert steps.step(0) is None and meter.resets == 0
     assert steps.step(1) is None and meter.resets == 1
     assert steps.step(2) is None
     out = {d["device"]: d for d in steps.step(3) or []}
-    assert out[rf.RAM]["fixed_bytes"] == 500 * MiB
+    # The host's fixed part: the base, and an allowance for what the first steps do not show
+    # (the validation's step, the short last batch's trace): a share of what they added.
+    assert out[rf.RAM]["fixed_bytes"] == 500 * MiB + int(rf.STEPS_ALLOWANCE * 320 * MiB)
     assert out[rf.RAM]["per_sample_bytes"] == 320 * MiB // 64
     assert out["GPU:0"]["fixed_bytes"] == 3 * GiB  # what the allocator held after a step
     assert out["GPU:0"]["per_sample_bytes"] == 2 * GiB // 64
     assert out[rf.RAM]["measured_batch"] == 64 and out[rf.RAM]["peak_bytes"] == 820 * MiB
+
+
+def test_an_epoch_of_many_steps_is_measured_over_five() -> None:
+    assert rf.StepMeter(None, 64).measured == rf.MEASURED_STEPS == 5
+    assert rf.StepMeter(None, 64, steps=313).measured == 5
+    assert rf.StepMeter(None, 64, steps=2).measured == rf.FEWEST_MEASURED == 2
+
+
+def test_a_base_measured_after_tiny_steps_keeps_their_traces_out_of_the_per_sample_part() -> None:
+    # Before: 500 MiB; after steps at 2 samples (the traces): 540 MiB; the peak at 64: 602 MiB.
+    entry = rf.from_base(rf.RAM, 540 * MiB, 602 * MiB, 64, at=2, extra=40 * MiB)
+    assert entry["per_sample_bytes"] == MiB  # 62 MiB over 62 samples, not 102 MiB over 64
+    assert entry["fixed_bytes"] == 538 * MiB + 40 * MiB
+    assert rf.need(entry, 64, 1) == 642 * MiB and rf.need(entry, 1024, 1) == 1602 * MiB
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's VmHWM")
@@ -149,7 +166,7 @@ def test_the_engine_says_what_the_fit_needs_against_what_is_free() -> None:
     assert said.fits and said.accumulation == 1
     tight = forecasts.judge(msg, record(ram_budget_bytes=int(1.7 * GiB)), snapshot(8 * GiB), 8)
     assert tight is not None and not tight.fits and tight.accumulation == 2
-    assert tight.text.endswith("its budget is 1.7 GiB: it will train "
+    assert tight.text.endswith("its budget is 1.7 GiB (1.7 GiB of it left): it will train "
                                "micro-batches of 128 x 2 (the same training)")
     # What is left of the budget, beside the budget, once the job holds some of it.
     held = forecasts.judge(msg, record(ram_budget_bytes=int(1.7 * GiB), rss_bytes=GiB),
@@ -171,6 +188,22 @@ def test_the_engine_says_what_the_fit_needs_against_what_is_free() -> None:
                              record(ram_budget_bytes=int(1.7 * GiB)), snapshot(8 * GiB), 8)
     assert shrunk is not None and shrunk.fits
     assert shrunk.text.endswith("it trains micro-batches of 128 x 2 (the same training)")
+
+
+def test_does_not_fit_is_said_only_when_the_forecast_is_above_the_room_at_every_micro_batch(
+        ) -> None:
+    # 470 MiB + 0.25 MiB a sample: 534 MiB at batch 256, 502 at 128, 486 at 64, 472 at 8.
+    msg = forecast_of([device(fixed=470 * MiB, per_sample=MiB // 4)])
+    budget = 490 * MiB  # none fits under 90 % of it (441 MiB); 64 x 4 fits under it
+    said = forecasts.judge(msg, record(ram_budget_bytes=budget, rss_bytes=470 * MiB),
+                           snapshot(8 * GiB), 8)
+    assert said is not None and not said.fits and "does not fit" not in said.text
+    assert "its budget is 490.0 MiB (20.0 MiB of it left)" in said.text, said.text
+    assert said.accumulation == 4 and said.text.endswith(
+        "it will train micro-batches of 64 x 4 (the same training)"), said.text
+    small = forecasts.judge(msg, record(ram_budget_bytes=460 * MiB), snapshot(8 * GiB), 8)
+    assert small is not None and small.accumulation == 0
+    assert small.text.endswith("it does not fit even at micro-batches of 8")
 
 
 def test_a_gpu_has_its_free_memory_what_the_job_holds_and_its_limit() -> None:

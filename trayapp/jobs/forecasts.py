@@ -39,12 +39,12 @@ class Room:
     used: int = 0  # what the job holds of it now (a bound's sentence says what is left)
 
     def said(self) -> str:
-        """``"9.0 GiB is free"``; a bound: ``"its budget is 4.0 GiB (3.5 GiB of it left)"``."""
+        """``"9.0 GiB is free"``; a bound: ``"its budget is 4.0 GiB (3.5 GiB of it left)"`` (what
+        the job does not hold of it now)."""
         if not self.bound:
             return f"{format_bytes(self.free)} is free"
-        left = f" ({format_bytes(max(0, self.free - self.used))} of it left)" \
-            if self.used else ""
-        return f"{self.bound} is {format_bytes(self.free)}{left}"
+        left = format_bytes(max(0, self.free - self.used))
+        return f"{self.bound} is {format_bytes(self.free)} ({left} of it left)"
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,10 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
         return None
     accumulators = dict(msg.accumulators)
     room = {name: r.free for name, r in space.items()}
-    chosen = rf.choose(known, batch, floor, room, accumulators)
+    # The largest micro-batch that fits with the forecast's margin to spare, else the one that
+    # fits at all: "does not fit" only when the forecast is above the room at every one.
+    chosen = rf.choose(known, batch, floor, room, accumulators) or \
+        rf.choose(known, batch, floor, room, accumulators, margin=1.0)
     k_now = max(1, msg.accumulation or 1)
     micro_now = max(1, batch // k_now)
     # What it trains now, measured, against the room itself (the margin is for choosing).

@@ -15,6 +15,7 @@ from . import forecast, protocol, shrink
 from .training import _first_line
 
 ANSWER_SECONDS = 5.0  # how long the runner waits for the engine's choice
+TRACE_SIZES = (1, 2)  # the probe's first steps, which trace its train step
 
 
 def _slice(shrinker, micro):
@@ -83,7 +84,21 @@ def probe(run, shrinker, meter):
     before = meter.read()
     try:
         x, y, weights = _slice(shrinker, micro)
-        model.train_on_batch(x, y, sample_weight=weights)  # traced at this size
+        traced = 0
+        for tiny in TRACE_SIZES:
+            # Traced at two tiny sizes, the second trace for any size (Keras's
+            # reduce_retracing): what the traces keep is then part of the base, not counted
+            # as memory per sample and multiplied by the batch.
+            if tiny < micro:
+                model.train_on_batch(*_cut(shrinker, (x, y, weights), tiny))
+                traced = tiny
+        traces = 0
+        if traced:
+            before_host = meter.read().get(forecast.RAM)
+            if before_host is not None:
+                traces = max(0, before_host[0] - before.get(forecast.RAM, before_host)[0])
+                before = dict(before, **{forecast.RAM: before_host})
+        model.train_on_batch(x, y, sample_weight=weights)  # traced at this size, if not yet
         meter.reset()
         after_first = meter.read()
         model.train_on_batch(x, y, sample_weight=weights)
@@ -101,8 +116,18 @@ def probe(run, shrinker, meter):
     for name, (_now, peak) in peaks.items():
         base = (before if name == forecast.RAM else after_first).get(name)
         if base is not None:
-            out.append(forecast.from_base(name, base[0], peak, micro))
+            # The host keeps what the probe used (oneDNN's buffers of its size) and the fit
+            # traces its step again: both are part of what the fit will need.
+            extra = traces + max(0, peak - base[0]) if name == forecast.RAM else 0
+            out.append(forecast.from_base(name, base[0], peak, micro, traced, extra))
     return out
+
+
+def _cut(shrinker, parts, size):
+    """(x, y, sample_weight) cut to their first ``size`` samples."""
+    tree = shrinker.keras.tree
+    return tuple(None if p is None else tree.map_structure(lambda a: a[:size], p)
+                 for p in parts)
 
 
 def _local_room():

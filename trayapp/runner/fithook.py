@@ -4,9 +4,10 @@ imported (the runner cannot import Keras itself: the script chooses which one)."
 import functools
 import inspect
 import os
+import sys
 import tempfile
 
-from . import fitbatch, protocol, relaunch, shrink
+from . import fitbatch, metricstate, progbar, protocol, relaunch, shrink
 from .control import Parked
 from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 
@@ -14,7 +15,8 @@ from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 def _callback_classes(callbacks_module, keras3):
     """(the progress callback, the first callback, the restoring callback or None)."""
     headroom_cls, first_cls = _progress_classes(callbacks_module.Callback)
-    return headroom_cls, first_cls, _restore_class(callbacks_module, keras3)
+    return (headroom_cls, first_cls, _restore_class(callbacks_module, keras3),
+            progbar.bar_class(callbacks_module) if keras3 else None)
 
 
 def _progress_classes(base):
@@ -185,6 +187,7 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
     run.prepare_folder()
     shrinker = shrink.Shrinker(keras, session, model, bound, keras3)
     run.shrinker = shrinker
+    run.keeper = _keeper(model, shrinker, tf_backend)
     shrinker.prepare(tf_backend)
     _resume_shrunk(run, shrinker)
     if session.options["fit_batch"] and run.accumulation == 1:
@@ -199,17 +202,38 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
     return run, shrinker
 
 
+def _keeper(model, shrinker, tf_backend):
+    """The copy of the metrics' state as each update ends (``metricstate.Keeper``), for an
+    epoch trained again after an out-of-memory error; installed before the shrinker's own train
+    step, and kept on the model for its next fit() (installing it traces the step again)."""
+    tf = sys.modules.get("tensorflow")
+    if not tf_backend or tf is None or shrinker.refusal() is not None:
+        return None
+    keeper = vars(model).get("_headroom_keeper")
+    if keeper is not None and keeper.current():
+        return keeper
+    if keeper is not None:
+        keeper.uninstall()
+    keeper = metricstate.Keeper(tf, model)
+    keeper = keeper if keeper.install(shrinker) else None
+    object.__setattr__(model, "_headroom_keeper", keeper)  # not a layer's tracked state
+    return keeper
+
+
 def _callback_setter(bound, run, user, classes, keras3):
     """``set_callbacks(restore)``: the fit's callbacks, ours around the user's (the restoring
     one first, only when ``restore``: not after an out-of-memory error, whose weights in
     memory are newer than any checkpoint)."""
-    headroom_cls, first_cls, restore_cls = classes
+    headroom_cls, first_cls, restore_cls, bar_cls = classes
+    # Keras's bar, counting the user's batches (runner.progbar), where Keras would add its own.
+    bar = bar_cls is not None and progbar.wanted(bound, user)
 
     def set_callbacks(restore):
         first = [first_cls(run)]
         if restore and run.dir and restore_cls is not None:
             first.insert(0, _restorer(restore_cls, run, keras3))
-        bound.arguments["callbacks"] = first + list(user or []) + [headroom_cls(run)]
+        last = [headroom_cls(run)] + ([bar_cls(run)] if bar else [])
+        bound.arguments["callbacks"] = first + list(user or []) + last
 
     return set_callbacks
 
@@ -442,7 +466,7 @@ def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
     if folder is not None and run.dir is None:
         run.dir = os.path.join(folder, f"fit-{run.index}")
     saved = trusted and not untrained and run.dir is not None and \
-        run.save(epoch, done * shrinker.k, "oom")
+        run.save(epoch, done * shrinker.k, "oom", metrics=run.kept_metrics() or {})
     if saved:
         where = f"where it stood (epoch {epoch + 1}, batch {done + 1})"
     elif run.dir and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):

@@ -7,14 +7,19 @@ measures it two ways:
 - During the first steps of every fit (``StepMeter``): the baseline as training begins (for the
   host, the resident memory: TensorFlow, the data, the weights; for a GPU, the bytes TensorFlow's
   allocator holds after the first step, its weights and optimizer state), then the peak over
-  the steps after the first (which traces the step and is not typical), at the micro-batch it
-  trains. One batch size: the per-sample part is the peak over the baseline, per sample. The
-  host's baseline leaves out what the first step's tracing keeps, so this over-estimates the
-  per-sample part a little, which errs toward a smaller micro-batch.
+  the (up to 5) steps after the first (which traces the step and is not typical), at the
+  micro-batch it trains. One batch size: the per-sample part is the peak over the baseline, per
+  sample. The host's baseline leaves out what the first step's tracing keeps, so this
+  over-estimates the per-sample part a little, which errs toward a smaller micro-batch; its
+  fixed part adds ``STEPS_ALLOWANCE`` of what the steps added, for what they do not show (a
+  validation step, the trace of a short last batch).
 - Before training, on request (``--fit-batch``, ``trayapp.runner.fitbatch``): two steps at a
   sixteenth of the batch, the line from what each device held before them to their peak, and the
-  model's weights and optimizer state put back as they were. The full batch never runs to find
-  the answer, so the forecast does not risk the machine's memory on it.
+  model's weights and optimizer state put back as they were. Before them, steps at one and two
+  samples trace the step (the second trace serves any size), so what the traces keep is part of
+  the host's base and not taken for memory per sample; the host's fixed part then adds what the
+  probe leaves behind and the traces again (the fit traces its own step). The full batch never
+  runs to find the answer, so the forecast does not risk the machine's memory on it.
 
 Peaks come from TensorFlow's allocator for GPUs (``get_memory_info(...)["peak"]``, after
 ``reset_memory_stats``) and from the kernel for the host (``VmHWM``, reset by writing 5 to
@@ -29,13 +34,20 @@ Stdlib only: this runs inside the user's interpreter.
 import sys
 
 RAM = "ram"
-MEASURED_STEPS = 2  # steps measured after the first one
+# Steps measured after the first one: their peak is the step's. Over 2, a small CNN's peak was
+# 30 MB short of the fit's in one run of four (when its allocations did not overlap), over 5 in
+# none of six; an epoch of fewer steps is measured over all but its first (2 at least).
+MEASURED_STEPS = 5
+FEWEST_MEASURED = 2
 PROBE = "probe"
 STEPS = "steps"
 # A forecast is a line through measured points: the micro-batch chosen keeps this share of the
 # room free for the forecast's own error.
 MARGIN = 0.9
 PROBE_FRACTION = 16  # --fit-batch's probe trains batch / 16 (or the floor, when larger)
+# The host's peak over a whole fit against the one of its first steps (bench_forecast): what
+# they add, and this share of it again, which the forecast adds to its fixed part.
+STEPS_ALLOWANCE = 0.1
 
 
 # -- reading memory ---------------------------------------------------------------------------
@@ -142,11 +154,13 @@ def need(entry, micro, k, accumulators=0):
     return int(entry["fixed_bytes"] + entry["per_sample_bytes"] * micro + extra)
 
 
-def from_base(name, base, peak, micro):
-    """One device's forecast from what it held before the measured steps (``fixed``) and their
-    peak at micro-batches of ``micro``."""
-    fixed = min(base, peak)
-    return device(name, fixed, (peak - fixed) / max(1, micro), peak, micro)
+def from_base(name, base, peak, micro, at=0, extra=0):
+    """One device's forecast from what it held before the measured steps (``base``, after
+    steps at micro-batches of ``at``, 0: none) and their peak at micro-batches of ``micro``;
+    ``extra``: bytes the fit will hold besides (added to the fixed part)."""
+    base = min(base, peak)
+    per_sample = (peak - base) / max(1, micro - at)
+    return device(name, max(0, base - per_sample * at) + max(0, extra), per_sample, peak, micro)
 
 
 def gpu_names(tf):
@@ -169,9 +183,9 @@ def candidates(batch, floor, k=1):
     return out
 
 
-def choose(devices, batch, floor, room, accumulators=None, k=1):
+def choose(devices, batch, floor, room, accumulators=None, k=1, margin=MARGIN):
     """The largest micro-batch (micro, accumulation) whose need fits ``room`` {device: bytes}
-    on every device with a known room (each kept ``MARGIN`` full), or None when none does.
+    on every device with a known room (each kept ``margin`` full), or None when none does.
     ``accumulators``: {device: bytes of one copy of the trainable weights}."""
     accumulators = accumulators or {}
     for micro, acc in candidates(batch, floor, k):
@@ -180,7 +194,7 @@ def choose(devices, batch, floor, room, accumulators=None, k=1):
             space = room.get(entry["device"])
             if space is None:
                 continue
-            if need(entry, micro, acc, accumulators.get(entry["device"], 0)) > space * MARGIN:
+            if need(entry, micro, acc, accumulators.get(entry["device"], 0)) > space * margin:
                 fits = False
                 break
         if fits:
@@ -195,11 +209,14 @@ class StepMeter:
     """The forecast from the first steps of a fit: ``begin`` as training begins, ``step`` at
     every batch begin with the steps trained so far; returns the devices' forecast once."""
 
-    def __init__(self, meter, micro):
+    def __init__(self, meter, micro, steps=None):
         self.meter = meter
         self.micro = int(micro)
         self.base = meter.read() if meter is not None else {}
         self.start = None  # steps trained when the peaks were reset
+        # ``steps``: the micro-steps of an epoch, when known
+        self.measured = MEASURED_STEPS if not steps else \
+            max(FEWEST_MEASURED, min(MEASURED_STEPS, int(steps) - 1))
 
     def step(self, trained):
         """None until the measured steps are done; then the list of devices (once)."""
@@ -209,7 +226,7 @@ class StepMeter:
                 self.start = trained
                 self.after_first = self.meter.read()
             return None
-        if trained < self.start + MEASURED_STEPS:
+        if trained < self.start + self.measured:
             return None
         now = self.meter.read()
         out = []
@@ -218,7 +235,10 @@ class StepMeter:
             # first step (weights, optimizer state), the activations given back.
             base = (self.base if name == RAM else self.after_first).get(name)
             if base is not None:
-                out.append(from_base(name, base[0], peak, self.micro))
+                # The host: what the first steps did not show (the validation's step, the last
+                # short batch's trace, later epochs) as a share of what the steps added.
+                extra = STEPS_ALLOWANCE * max(0, peak - base[0]) if name == RAM else 0
+                out.append(from_base(name, base[0], peak, self.micro, extra=extra))
         return out
 
 

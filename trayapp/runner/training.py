@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from . import forecast, protocol, shrink
+from . import forecast, metricstate, progbar, protocol, shrink
 from .control import Parked, Stopped
 from .tfoptions import gpu_memory
 
@@ -154,6 +154,10 @@ class FitRun:
         self.epochs_done = []
         self._attempt_begun = False  # the History of this fit() attempt has the earlier epochs
         self.metric_state = None  # (epoch, {metric: [values]}) to put back as it begins
+        # Where a park or stop ended this fit: (epoch, the user's batches done, of how many)
+        self.stopped_at = None
+        self.keeper = None  # the metrics' state as each update began (runner.metricstate)
+        self._progress_epoch = 1 << 30  # the epoch whose beginning the progress said
         self._last_progress = 0.0
         self._bad_logs_noted = False
 
@@ -205,7 +209,7 @@ class FitRun:
                 },
             }
             if metrics is None and done and reason != "oom":
-                metrics = _metric_state(self.model)
+                metrics = metricstate.state(self.model)
             if done and metrics:
                 metadata["headroom"]["metrics"] = metrics
             partial = os.path.join(self.dir, METADATA_FILE + ".saving")
@@ -236,8 +240,9 @@ class FitRun:
         once this fit trained something: else what is on disk is already where it stands)."""
         if not self.keras3:
             raise Stopped()  # as for park: Keras 2 would record the stopped epoch as done
+        epoch, done = self.position
+        self._stop_here(epoch, done)
         if save and self.dir is not None and self.trained:
-            epoch, done = self.position
             self.save(epoch, done, "stop")
         self.stopping = True
         self.model.stop_training = True
@@ -248,6 +253,7 @@ class FitRun:
             # keep its last own checkpoint.
             raise Parked()
         epoch, done = self.position
+        self._stop_here(epoch, done)
         if self.dir is None:
             self.session.note("warn", "no checkpoint folder: parked without a checkpoint")
         else:
@@ -255,6 +261,13 @@ class FitRun:
             self.save(epoch, done, "park")
         self.stopping = True
         self.model.stop_training = True
+
+    def _stop_here(self, epoch, done):
+        """Keep where this fit ends (in the user's batches) for its bar and its log."""
+        acc = self.accumulation
+        steps = -(-self.steps // acc) if self.steps is not None else None
+        self.stopped_at = (epoch, done // acc if steps is None else min(steps, -(-done // acc)),
+                           steps)
 
     def checkpoint_on_request(self, paused):
         if not self.keras3:
@@ -298,7 +311,7 @@ class FitRun:
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
         if self.metric_state is not None:
-            _build_metrics(self.model, self.shrinker)
+            metricstate.build(self.model, self.shrinker)
         if self.shrinker is not None:
             if not self.in_memory and getattr(self.model.optimizer, "built", False):
                 shrink.empty_at_boundary(self.model.optimizer)
@@ -309,6 +322,7 @@ class FitRun:
         # The batch and whether the fit can shrink, said before its first step: a step held
         # at the job's memory limit never ends, and the engine relaunches it smaller.
         self._progress(start, 0, None, now=True)
+        self._progress_epoch = start
         if self.session.control.stop:
             self.request_stop(save=False)
 
@@ -327,7 +341,7 @@ class FitRun:
         if self.metric_state is not None:
             saved_epoch, state = self.metric_state
             self.metric_state = None
-            if saved_epoch == epoch and not _put_metric_state(self.model, state):
+            if saved_epoch == epoch and not metricstate.put(self.model, state):
                 self.session.note("info", f"epoch {epoch + 1}'s metrics cover the batches "
                                           "trained after the checkpoint only (a metric's state "
                                           "could not be restored)")
@@ -336,6 +350,11 @@ class FitRun:
         self.begun = skipped if skipped else None
         if self.skip and epoch == self.skip_epoch:
             self._start_skip()
+        if epoch > self._progress_epoch:
+            # Said as it begins: the last progress was the end of the epoch before.
+            self._last_progress = time.monotonic()
+            self._progress(epoch, skipped, None, now=True)
+        self._progress_epoch = epoch
         if self.session.control.pending and not self.skipping:
             self.session.control.serve(self)
 
@@ -354,6 +373,8 @@ class FitRun:
         if control.pending:
             self.position = (epoch, batch)
             control.serve(self)
+            if self.stopping:
+                return  # parked or stopped here: the batch Keras still trains is not counted
         done = batch + k
         steps = self.steps
         self.position = (epoch + 1, 0) if steps is not None and done >= steps else (epoch, done)
@@ -390,6 +411,11 @@ class FitRun:
             self.session.control.serve(self)
 
     def train_end(self, logs):
+        if self.stopped_at is not None and (self.stopping or self.session.control.parked):
+            how = "parked" if self.session.control.park else "stopped"
+            # In the log, after Keras's bar: where training stopped, which it does not say.
+            sys.stderr.write(f"headroom: {progbar.stop_line(how, self.stopped_at, self.epochs)}\n")
+            sys.stderr.flush()
         if not self._attempt_begun:  # a finished fit restored: no epoch left to train
             self._attempt_begun = True
             _prepend_history(getattr(self.model, "history", None), self.epochs_done)
@@ -439,9 +465,18 @@ class FitRun:
             pass
         return self.epoch, done
 
+    def kept_metrics(self):
+        """The training metrics' state as the last whole update ended (after an out-of-memory
+        error: that of the batches done), or None when it is not kept."""
+        return (self.keeper.state() or None) if self.keeper is not None else None
+
     def restart_in_memory(self, epoch, updates, accumulation):
         """Train on from ``epoch`` with ``updates`` of it done, at ``accumulation`` micro-batches
-        an update: the next fit() attempt drops the micro-batches already trained."""
+        an update: the next fit() attempt drops the micro-batches already trained, its metrics
+        put back as they were when the last whole update ended."""
+        kept = self.kept_metrics() if updates else None
+        if kept is not None:
+            self.metric_state = (epoch, kept)
         self.accumulation = accumulation
         self.in_memory = True
         self.initial_epoch = epoch
@@ -459,7 +494,8 @@ class FitRun:
             micro = self.shrinker.micro()
         if not micro:
             return
-        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro)
+        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro,
+                                             self.steps)
         self._trained_at_start = self.trained
 
     def _forecast_step(self):
@@ -575,55 +611,6 @@ def _prepend_history(history, epochs_done):
     for key, values in logs.items():
         history.history[key] = values + list(history.history.get(key, []))
     history.epoch = [e for e, _ in epochs_done] + list(getattr(history, "epoch", []) or [])
-
-
-def _metric_state(model):
-    """{metric name: [its variables' values]} of the training metrics (the loss's mean, the
-    compiled metrics: totals and counts), for a checkpoint saved inside an epoch."""
-    out = {}
-    try:
-        for metric in model.metrics:
-            values = [v.numpy().tolist() for v in metric.variables]
-            if values:
-                out[metric.name] = values
-    except Exception:  # a metric whose state is not its variables
-        return {}
-    return out
-
-
-def _build_metrics(model, shrinker):
-    """Make the compiled metrics' variables now, as Keras does under a distribution strategy
-    (the TensorFlow backend otherwise makes them as the first step is traced), so that a
-    checkpoint's metric state can be put in them as the epoch begins."""
-    metrics = getattr(model, "_compile_metrics", None)
-    if metrics is None or getattr(metrics, "built", True) or shrinker is None or \
-            not hasattr(model, "_symbolic_build"):
-        return
-    try:
-        batch = shrinker.one_batch()
-        if batch is not None:
-            model._symbolic_build(data_batch=batch)
-    except Exception:  # the epoch's metrics then cover the batches trained after the checkpoint
-        pass
-
-
-def _put_metric_state(model, state):
-    """The metrics as a checkpoint saved them; False when one of them could not be."""
-    whole = True
-    for metric in getattr(model, "metrics", None) or ():
-        values = state.get(metric.name)
-        variables = list(metric.variables)
-        if not values and not variables:
-            continue
-        if values is None or len(values) != len(variables):
-            whole = False
-            continue
-        try:
-            for variable, value in zip(variables, values):
-                variable.assign(value)
-        except Exception:
-            whole = False
-    return whole
 
 
 def _first_line(error):
