@@ -54,7 +54,7 @@ def test_cells_and_states() -> None:
               rss_bytes=3 * 1024**3, vram_bytes=None, started=1000.0)
     assert state_text(job) == "paused by the guard: RAM below 8%"
     assert [cell_text(job, c, 1065.0) for c in range(8)] == [
-        "mnist", "paused by the guard: RAM below 8%", "", "0.1235", "2 min 05 s", "3.0 GiB", "n/a",
+        "mnist (ab12)", "paused by the guard: RAM below 8%", "", "0.1235", "2 min 05 s", "3.0 GiB", "n/a",
         "1 min 05 s"]
     ended = rec(id="cd34", name="x", state=S.FAILED, end_reason="exit status 3", exit_code=3,
                 started=1000.0, ended=1010.0, rss_bytes=None, eta_seconds=4.0)
@@ -148,7 +148,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     assert window.windowTitle() == "Jobs — Headroom"
     qtbot.waitUntil(lambda: window.proxy.rowCount() == 3, timeout=10000)
     names = [window.proxy.index(r, 0).data() for r in range(3)]
-    assert names == ["ticker", "will-finish", "will-fail"]
+    assert names == [f"{j['name']} ({j['id'][:4]})" for j in (ticker, finished, failed)]
     fail_row = window.model.job(failed["id"])
     assert fail_row is not None and state_text(fail_row) == "failed (exit status 3)"
 

@@ -105,7 +105,8 @@ def _state_why(job: JobRecord) -> str:
 def cell_text(job: JobRecord, column: int, now: float) -> str:
     name = COLUMNS[column]
     if name == "Name":
-        return job.name or job.id
+        # Its short id beside: five runs of "train" are five jobs (as the dashboard says).
+        return f"{job.name} ({job.id[:4]})" if job.name else job.id
     if name == "State":
         return state_text(job)
     if name == "Progress":
