@@ -593,15 +593,21 @@ class ChannelServer:
 
     def _bounded(self, answer: Any) -> bytes:
         """``answer`` encoded; one larger than a client reads is replaced by a refusal that says
-        so (the client would otherwise drop the connection on it)."""
-        data = encode(answer)
-        if len(data) <= self.max_message_bytes:
-            return data
+        so (the client would otherwise drop the connection on it); one JSON cannot hold (a
+        handler's bug) is an internal error, the connection serving on."""
         req_id = answer.get("id") if isinstance(answer, dict) else None
-        log.warning("%s: an answer of %d bytes was not sent (at most %d)", self.name, len(data),
-                    self.max_message_bytes)
         if not isinstance(req_id, (int, str)) or len(str(req_id)) > 200:
             req_id = None
+        try:
+            data = encode(answer)
+        except (TypeError, ValueError, RecursionError):
+            log.exception("%s: an answer that is not JSON was not sent", self.name)
+            return encode({"id": req_id, "ok": False, "code": "internal",
+                           "error": "internal error in the engine (see its log)"})
+        if len(data) <= self.max_message_bytes:
+            return data
+        log.warning("%s: an answer of %d bytes was not sent (at most %d)", self.name, len(data),
+                    self.max_message_bytes)
         return encode({"id": req_id,
                        "ok": False, "code": "too_large",
                        "error": f"the answer is larger than {self.max_message_bytes} bytes; "

@@ -62,3 +62,46 @@ def _help_at(widget: Any, pos: QPoint) -> Any:
     from PySide6.QtGui import QHelpEvent
 
     return QHelpEvent(QEvent.Type.ToolTip, pos, widget.mapToGlobal(pos))
+
+
+@pytest.mark.parametrize("values, total, width", [
+    ([float("inf"), 10], 100, 200), ([float("nan"), 10], 100, 200), ([10, 20], float("nan"), 200),
+    ([10, 20], float("inf"), 200), ([-5, 10], 100, 200), ([1.0] * 5000, 5000, 300),
+])
+def test_widths_of_values_no_reading_should_give_never_raise_nor_overflow(
+        values: Any, total: float, width: int) -> None:
+    out = widths(values, total, width)
+    assert len(out) == len(values) and all(w >= 0 for w in out)
+    if len(values) * MIN_SEGMENT_PX <= width:
+        assert sum(out) <= width
+
+
+MARKUP = "<img src='file:///etc/passwd'> & <b>bold</b>"
+
+
+def test_names_with_markup_are_shown_as_written_never_as_markup(qtbot: Any,
+                                                                 tmp_path: Path) -> None:
+    from PySide6.QtWidgets import QToolTip
+
+    d = Dashboard(QSettings(str(tmp_path / "ui.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(d)
+    d.resize(1000, 700)
+    d.show()
+    consumers = [{"name": MARKUP, "rss_bytes": 6 * GiB, "processes": 1}]
+    for k in range(3):
+        st = make_status(t=T0 + k, available=8 * GiB,
+                         jobs=[job("ab12cd", "<i>job</i> &", rss_bytes=2 * GiB)])
+        pin(st, {"consumers": consumers})
+        d.apply_snapshot(st)
+    QApplication.processEvents()
+    plain = d.show_values_at(None)
+    assert MARKUP in plain and "<i>job</i> & (job ab12)" in plain
+    assert "<img" not in d.readout.text()
+    ram = d.now_bars.bars["RAM"]
+    for rect, _ in ram.layout_rects()[:2]:
+        ram.event(_help_at(ram, rect.center()))
+        tip = QToolTip.text()
+        assert "<img" not in tip and "<i>job" not in tip, tip
+        assert "&lt;" in tip
+    tip = d.ram_plot.titleLabel.toolTip()
+    assert "<img" not in tip and "&lt;img" in tip, tip

@@ -70,3 +70,28 @@ def test_a_long_id_is_refused_not_given_back() -> None:
         protocol.parse_request(json.dumps({"id": "i" * 201, "op": "ping"}).encode())
     assert protocol.parse_request(json.dumps({"id": "i" * 200, "op": "ping"}).encode())[0] \
         == "i" * 200
+
+
+def test_an_answer_json_cannot_hold_is_an_internal_error_and_the_connection_serves_on(
+        tmp_path: Path) -> None:
+    def handle(peer: Any, data: bytes) -> Any:
+        if data == b"bad":
+            return {"id": 7, "ok": True, "data": {1, 2}, Path("x"): b"bytes"}
+        return {"id": 7, "ok": True}
+
+    srv = ChannelServer(str(tmp_path / "s"), KEY, handle, name="test")
+    srv.start()
+    try:
+        conn = Client(srv.address, family="AF_UNIX", authkey=KEY)
+        try:
+            for data, expected in ((b"bad", {"id": 7, "ok": False, "code": "internal",
+                                             "error": "internal error in the engine (see its "
+                                                      "log)"}),
+                                   (b"good", {"id": 7, "ok": True})):
+                conn.send_bytes(data)
+                assert conn.poll(20), "no answer"
+                assert json.loads(conn.recv_bytes(MAX_MESSAGE_BYTES)) == expected
+        finally:
+            conn.close()
+    finally:
+        srv.close()

@@ -100,3 +100,18 @@ def test_a_reused_pid_is_named_again(tmp_path: Path) -> None:
     assert namer.name(42, "python3", start=300) == "python3"  # gone: its kernel name
     namer.keep_only([])
     assert namer.name(43, "bash", start=1) == "bash"
+
+
+@pytest.mark.parametrize("cmdline, kernel_name", [
+    (b"python3\0" + b"x" * 60000 + b".py\0", "python3"),  # a script's name as long as argv goes
+    (b"python3\0train\x1b]0;owned\x07\n.py\0", "python3"),  # escapes and a newline
+    (b"python3\0-m\0" + b"m" * 60000 + b"\0", "python3"),  # a module's
+    (b"bash\0", "evil\x1b[2J\r"),  # a kernel name set by the process itself
+])
+def test_a_name_a_process_chose_is_one_short_printable_line(tmp_path: Path, cmdline: bytes,
+                                                            kernel_name: str) -> None:
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cmdline").write_bytes(cmdline)
+    shown = Namer(str(proc)).name(42, kernel_name, start=1)
+    assert shown.isprintable() and 0 < len(shown) <= names.MAX_NAME_CHARS, shown[:200]

@@ -81,3 +81,62 @@ def test_the_second_start_says_so_in_one_line_and_exits(listener: socket.socket,
     assert (done.returncode, done.stdout, done.stderr) == (
         0, "Headroom is already running; opened the settings\n", "")
     assert got == [b'{"open": "settings"}\n']
+
+
+def asked(srv: socket.socket) -> bool:
+    """Whether anyone connected to ``srv``."""
+    srv.settimeout(0.2)
+    try:
+        srv.accept()[0].close()
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_a_listener_that_floods_bytes_is_no_tray_and_is_left_at_once(
+        listener: socket.socket, paths: Paths) -> None:
+    def flood() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            try:
+                while True:
+                    conn.sendall(b"x" * 65536)
+            except OSError:
+                pass
+    threading.Thread(target=flood, daemon=True).start()
+    start = time.monotonic()
+    assert ask_running_tray(paths, "dashboard", timeout_s=5) == \
+        "the running Headroom gave no answer it should"
+    assert time.monotonic() - start < 2  # not read until the bound
+
+
+def test_a_socket_in_a_runtime_folder_others_can_write_is_not_asked(
+        listener: socket.socket, paths: Paths) -> None:
+    os.chmod(paths.runtime_dir, 0o777)
+    try:
+        why = ask_running_tray(paths, "dashboard", timeout_s=0.5)
+    finally:
+        os.chmod(paths.runtime_dir, 0o700)
+    assert why is not None and why.startswith("refusing to trust the running Headroom's socket")
+    assert "can be written by other users" in why
+    assert not asked(listener)
+
+
+def test_a_link_planted_at_the_socket_is_not_followed(paths: Paths, tmp_path: Path) -> None:
+    paths.ensure()
+    elsewhere = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    elsewhere.bind(str(tmp_path / "other.sock"))
+    elsewhere.listen(1)
+    os.symlink(tmp_path / "other.sock", tray_socket(paths))
+    try:
+        why = ask_running_tray(paths, "dashboard", timeout_s=0.5)
+        assert why is not None and "is a symbolic link" in why
+        assert not asked(elsewhere)
+    finally:
+        elsewhere.close()
+
+
+def test_no_runtime_folder_means_no_tray(paths: Paths) -> None:
+    assert not paths.runtime_dir.exists()
+    assert ask_running_tray(paths, "dashboard") is None

@@ -11,9 +11,11 @@ import sys
 import time
 from typing import Optional
 
+from trayapp import private
 from trayapp.config import Paths
 
 ANSWER_SECONDS = 2.0
+MAX_ANSWER_BYTES = 64  # the tray answers "ok\n": more than this is not a tray speaking
 
 
 def tray_socket(paths: Paths) -> str:
@@ -27,6 +29,13 @@ def ask_running_tray(paths: Paths, window: str, timeout_s: float = ANSWER_SECOND
     if sys.platform == "win32":
         return None
     path = tray_socket(paths)
+    try:  # as every engine client: what is not the user's own and closed to others is not asked
+        private.check_runtime(paths.data_dir, paths.runtime_dir)
+        private.check_file(path, private=False)
+    except private.UnsafePath as e:
+        return f"refusing to trust the running Headroom's socket: {e}"
+    except OSError:
+        return None  # no runtime folder or no socket: no tray
     deadline = time.monotonic() + timeout_s
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -39,7 +48,7 @@ def ask_running_tray(paths: Paths, window: str, timeout_s: float = ANSWER_SECOND
             return None  # no tray, or one that died (the new one takes over its socket)
         sock.sendall(json.dumps({"open": window}).encode() + b"\n")
         answer = b""
-        while not answer.endswith(b"\n"):
+        while not answer.endswith(b"\n") and len(answer) <= MAX_ANSWER_BYTES:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise socket.timeout

@@ -4,8 +4,10 @@ Every training script, notebook and test run is "python3" to the kernel. ``perso
 a Python process by what it runs: ``python train.py`` -> "train.py", ``python -m pytest`` ->
 "pytest", ``python -m ipykernel_launcher -f ...`` -> "Jupyter kernel", and Headroom's own
 processes "Headroom engine" and "Headroom tray" (a bare "headroom" reads as memory left).
-Any other process keeps its name. ``Namer`` reads a Python process's command line once and
-keeps its name for as long as that process lives (its pid and start time).
+Any other process keeps its name. What a process chose (its command line, its kernel name) is
+shown as one printable line of at most ``MAX_NAME_CHARS`` (``text.one_line``). ``Namer`` reads
+a Python process's command line once and keeps its name for as long as that process lives (its
+pid and start time).
 
 Pure but for ``Namer.name``'s read of ``/proc/<pid>/cmdline`` (psutil elsewhere); never raises.
 """
@@ -18,6 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
+from trayapp.text import one_line
+
 ENGINE = "Headroom engine"
 TRAY = "Headroom tray"
 KERNEL = "Jupyter kernel"
@@ -29,6 +33,7 @@ _KERNELS = frozenset({"ipykernel_launcher", "ipykernel", "ipykernel.kernelapp"})
 _HEADROOM = frozenset({"headroom", "headroom.exe", "headroom-script.py", "trayapp"})
 _HEADROOM_WITH_VALUE = frozenset({"--config", "--open"})  # headroom's options with a value
 MAX_NAMES = 4096  # pids a Namer keeps a name for
+MAX_NAME_CHARS = 120  # a name as shown: whatever a process wrote in its argv
 
 
 def _basename(path: str) -> str:
@@ -133,12 +138,12 @@ class Namer:
         """The person name of ``pid`` whose kernel name is ``name``; ``start`` tells a pid
         reused by a new process apart (its start time, where the caller has it)."""
         if not is_python(name) and name.lower() not in ("headroom", "headroom.exe"):
-            return name
+            return one_line(name, MAX_NAME_CHARS)
         kept = self._names.get(pid)
         if kept is not None and kept[0] == start and kept[1] == name:
             return kept[2]
         argv = read_argv(pid, self.proc_root)
-        found = person_name(name, argv)
+        found = one_line(person_name(name, argv), MAX_NAME_CHARS)
         if argv:  # not yet readable (a process starting): asked again next time
             if len(self._names) >= MAX_NAMES:
                 self._names.clear()

@@ -166,7 +166,8 @@ class DashboardPlots(QWidget):
         # The title never sets the plot's width (a long legend once pushed "now" off screen):
         # it is cut to fit instead, and its tooltip has every name in full.
         plot.titleLabel.setMinimumWidth(0)
-        plot.titleLabel.setToolTip("\n".join(label for label, _ in keys))
+        plot.titleLabel.setToolTip("<span>" + "<br>".join(html.escape(label)
+                                                          for label, _ in keys) + "</span>")
 
     def set_note(self, plot: Any, note: str) -> None:
         """A line of words after the plot's legend ("" for none)."""

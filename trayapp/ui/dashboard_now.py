@@ -8,6 +8,8 @@ where its name fits and on hover always.
 
 from __future__ import annotations
 
+import html
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -32,10 +34,11 @@ def widths(values: Sequence[float], total: float, width: int,
            minimum: int = MIN_SEGMENT_PX) -> List[int]:
     """Pixel widths for ``values`` out of ``total`` in a bar ``width`` wide: each value above 0
     gets at least ``minimum``, taken from the widest, and together they fill no more of the bar
-    than their share of ``total`` (or ``minimum`` each, where that is more)."""
-    if width <= 0 or total <= 0:
+    than their share of ``total`` (or ``minimum`` each, where that is more). A value or a total
+    that is not a finite number (no reading) counts as nothing."""
+    if width <= 0 or not (math.isfinite(total) and total > 0):
         return [0 for _ in values]
-    raw = [max(0.0, v) / total * width for v in values]
+    raw = [v / total * width if math.isfinite(v) and v > 0 else 0.0 for v in values]
     out = [max(minimum, int(round(r))) if r > 0 else 0 for r in raw]
     shown = sum(1 for r in raw if r > 0)
     limit = min(width, max(int(round(sum(raw))), minimum * shown))
@@ -108,8 +111,9 @@ class CompositionBar(QWidget):
         if isinstance(e, QHelpEvent):
             seg = self.segment_at(e.pos().x())
             if seg is not None:
-                QToolTip.showText(e.globalPos(), f"{seg.label}: {gib(seg.value)} "
-                                                 f"({share(seg.value, self.total)})", self)
+                # Rich text with the name escaped: a name is never read as markup.
+                text = f"{seg.label}: {gib(seg.value)} ({share(seg.value, self.total)})"
+                QToolTip.showText(e.globalPos(), f"<span>{html.escape(text)}</span>", self)
             else:
                 QToolTip.hideText()
             return True

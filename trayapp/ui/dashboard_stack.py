@@ -7,6 +7,7 @@ RAM: ``job.<id>.rss``, ``ram.proc.<name>``, the rest of ``mem.used``. A GPU: ``g
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -192,7 +193,7 @@ class Stack:
 
     def readout(self, tb: Table, i: int, whole: float) -> List[str]:
         """Each layer's value at row ``i``, largest first after the jobs, with its share of
-        ``whole`` (the memory's total) when known."""
+        ``whole`` (the memory's total) when known; rich text, the labels escaped."""
         values = self.values(tb)
         parts: List[Tuple[bool, float, str]] = []
         for layer in self.layers:
@@ -202,7 +203,7 @@ class Stack:
             if not np.isfinite(v) or v <= 0:
                 continue  # a job that has ended, a name gone: not "0 MiB (0%)"
             share = f" ({v / whole:.0%})" if whole and whole > 0 else ""
-            text = f"{layer.label} {format_gib(v)}{share}"
+            text = f"{html.escape(layer.label)} {format_gib(v)}{share}"
             parts.append((layer.job, v, f"<b>{text}</b>" if layer.job else text))
         parts.sort(key=lambda p: (not p[0], -p[1]))
         free = float(values[FREE][i]) if FREE in values else math.nan
