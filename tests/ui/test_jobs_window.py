@@ -54,8 +54,8 @@ def test_cells_and_states() -> None:
               rss_bytes=3 * 1024**3, vram_bytes=None, started=1000.0)
     assert state_text(job) == "paused by the guard: RAM below 8%"
     assert [cell_text(job, c, 1065.0) for c in range(8)] == [
-        "mnist (ab12)", "paused by the guard: RAM below 8%", "", "0.1235", "2 min 05 s", "3.0 GiB", "n/a",
-        "1 min 05 s"]
+        "mnist (ab12)", "paused by the guard: RAM below 8%", "", "0.1235", "2 min 05 s",
+        "3.0 GiB", "n/a", "1 min 05 s"]
     ended = rec(id="cd34", name="x", state=S.FAILED, end_reason="exit status 3", exit_code=3,
                 started=1000.0, ended=1010.0, rss_bytes=None, eta_seconds=4.0)
     assert state_text(ended) == "failed (exit status 3)"
