@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set everything up and run the checks: ruff, mypy and the test suite.
+# Set everything up and run the checks: ruff (lint, and the format of trayapp), mypy and the
+# test suite.
 #   HEADROOM_TEST_PACKAGING=1 also builds the installers and tests them (slow; CI sets it).
 #   HEADROOM_TEST_WORKERS=N runs the tests in N processes (default 2; 0 runs them in this one).
 set -euo pipefail
@@ -7,6 +8,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh test
 echo "== ruff"
 .venv/bin/ruff check trayapp tests benchmarks scripts packaging
+.venv/bin/ruff format --check trayapp
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"

@@ -59,7 +59,6 @@ WRITE_SECONDS = 5.0
 OUTBOX_SIZE = 16  # messages waiting for a peer at once (commands coalesce by their kind)
 
 
-
 def encode(obj: Any) -> bytes:
     """JSON bytes; NaN and infinities become null so the other side can always parse them."""
     return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode("utf-8")
@@ -73,6 +72,7 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
 
 class ChannelFull(ValueError):
     """A subscription refused: the channel keeps its last places for clients that ask."""
@@ -136,8 +136,9 @@ class Peer:
             with self._outbox_lock:
                 if self._outbox is None:
                     self._outbox = Outbox(OUTBOX_SIZE)
-                    threading.Thread(target=self._write_outbox, name=f"outbox-{self.id}",
-                                     daemon=True).start()
+                    threading.Thread(
+                        target=self._write_outbox, name=f"outbox-{self.id}", daemon=True
+                    ).start()
         return self._outbox.put(encode(obj), key)
 
     def cut(self) -> None:
@@ -306,8 +307,13 @@ class _Tally:
             counts, serious, since = self._counts, self._serious, self._since
             self._counts, self._serious, self._since, self._logged = {}, False, now, now
         text = ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items()))
-        log.log(logging.WARNING if serious else logging.INFO, "%s, in the last %.1f s: %s",
-                self.name, max(now - since, 0.0), text)
+        log.log(
+            logging.WARNING if serious else logging.INFO,
+            "%s, in the last %.1f s: %s",
+            self.name,
+            max(now - since, 0.0),
+            text,
+        )
 
 
 class ChannelServer:
@@ -322,20 +328,30 @@ class ChannelServer:
     ``idle_timeout`` for a client that neither asks nor subscribes (None: never cut).
     """
 
-    def __init__(self, address: str, authkey: bytes, handler: Handler, *, name: str = "control",
-                 max_peers: Optional[int] = None, auth_timeout: Optional[float] = None,
-                 stall_timeout: Optional[float] = None, max_pending: Optional[int] = None,
-                 idle_timeout: Optional[float] = None,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 on_open: Optional[Callable[[Peer], None]] = None,
-                 on_close: Optional[Callable[[Peer], None]] = None):
+    def __init__(
+        self,
+        address: str,
+        authkey: bytes,
+        handler: Handler,
+        *,
+        name: str = "control",
+        max_peers: Optional[int] = None,
+        auth_timeout: Optional[float] = None,
+        stall_timeout: Optional[float] = None,
+        max_pending: Optional[int] = None,
+        idle_timeout: Optional[float] = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        on_open: Optional[Callable[[Peer], None]] = None,
+        on_close: Optional[Callable[[Peer], None]] = None,
+    ):
         self.address = address
         self.authkey = authkey
         self.handler = handler
         self.name = name
         self.max_peers = max(1, MAX_CLIENTS if max_peers is None else max_peers)
-        self.max_pending = max(1, PENDING_PER_CLIENT * self.max_peers if max_pending is None
-                               else max_pending)
+        self.max_pending = max(
+            1, PENDING_PER_CLIENT * self.max_peers if max_pending is None else max_pending
+        )
         # The last places are kept for clients that ask (a subscriber is never cut for them).
         self.max_subscribers = max(1, self.max_peers - max(1, self.max_peers // 8))
         self.auth_timeout = HANDSHAKE_SECONDS if auth_timeout is None else auth_timeout
@@ -423,8 +439,9 @@ class ChannelServer:
             n = sum(1 for p in self.peers if p.subscriptions and not p.closed and p is not peer)
         if n >= self.max_subscribers:
             self._tally.note("subscriptions refused (too many subscribers)", serious=True)
-            raise ChannelFull(f"the engine already has {n} subscribed clients, its most; "
-                              "close some of them")
+            raise ChannelFull(
+                f"the engine already has {n} subscribed clients, its most; close some of them"
+            )
 
     # -- accepting ----------------------------------------------------------------------------
 
@@ -455,8 +472,9 @@ class ChannelServer:
         from trayapp.winpipe import UserOnlyPipeListener  # type: ignore[attr-defined]
 
         self._listener = UserOnlyPipeListener(self.address)
-        t = threading.Thread(target=self._accept_loop_windows, name=f"{self.name}-accept",
-                             daemon=True)
+        t = threading.Thread(
+            target=self._accept_loop_windows, name=f"{self.name}-accept", daemon=True
+        )
         t.start()
         self._threads.append(t)
 
@@ -485,8 +503,9 @@ class ChannelServer:
             if len(pending) >= self.max_pending:
                 oldest = min(pending, key=lambda p: p.connected_at)
                 if time.monotonic() - oldest.connected_at < self.evict_after:
-                    self._tally.note("connections refused (every handshake place taken)",
-                                     serious=True)
+                    self._tally.note(
+                        "connections refused (every handshake place taken)", serious=True
+                    )
                     return False
                 victim = oldest
         if victim is not None:
@@ -519,8 +538,9 @@ class ChannelServer:
     def _spawn(self, peer: Peer) -> None:
         with self._lock:
             self.peers.append(peer)
-        threading.Thread(target=self._serve, args=(peer,), name=f"{self.name}-{peer.id}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._serve, args=(peer,), name=f"{self.name}-{peer.id}", daemon=True
+        ).start()
 
     # -- one connection -----------------------------------------------------------------------
 
@@ -556,8 +576,14 @@ class ChannelServer:
                     if peer.closed:
                         return
                     if "bad message length" in str(e):
-                        peer.send({"id": None, "ok": False, "code": "too_large",
-                                   "error": f"message larger than {self.max_message_bytes} bytes"})
+                        peer.send(
+                            {
+                                "id": None,
+                                "ok": False,
+                                "code": "too_large",
+                                "error": f"message larger than {self.max_message_bytes} bytes",
+                            }
+                        )
                     return
                 except EOFError:
                     return
@@ -573,8 +599,12 @@ class ChannelServer:
                         answer = self.handler(peer, data)
                     except Exception:  # the server must outlive any handler bug
                         log.exception("%s: handler failed", self.name)
-                        answer = {"id": None, "ok": False, "code": "internal",
-                                  "error": "internal error in the engine (see its log)"}
+                        answer = {
+                            "id": None,
+                            "ok": False,
+                            "code": "internal",
+                            "error": "internal error in the engine (see its log)",
+                        }
                     if answer is not None:
                         peer.send_bytes(self._bounded(answer))
                 finally:
@@ -602,20 +632,37 @@ class ChannelServer:
             data = encode(answer)
         except (TypeError, ValueError, RecursionError):
             log.exception("%s: an answer that is not JSON was not sent", self.name)
-            return encode({"id": req_id, "ok": False, "code": "internal",
-                           "error": "internal error in the engine (see its log)"})
+            return encode(
+                {
+                    "id": req_id,
+                    "ok": False,
+                    "code": "internal",
+                    "error": "internal error in the engine (see its log)",
+                }
+            )
         if len(data) <= self.max_message_bytes:
             return data
-        log.warning("%s: an answer of %d bytes was not sent (at most %d)", self.name, len(data),
-                    self.max_message_bytes)
-        return encode({"id": req_id,
-                       "ok": False, "code": "too_large",
-                       "error": f"the answer is larger than {self.max_message_bytes} bytes; "
-                                "ask for less"})
+        log.warning(
+            "%s: an answer of %d bytes was not sent (at most %d)",
+            self.name,
+            len(data),
+            self.max_message_bytes,
+        )
+        return encode(
+            {
+                "id": req_id,
+                "ok": False,
+                "code": "too_large",
+                "error": f"the answer is larger than {self.max_message_bytes} bytes; ask for less",
+            }
+        )
 
     def _idle_too_long(self, peer: Peer) -> bool:
-        return (self.idle_timeout is not None and not peer.subscriptions
-                and time.monotonic() - peer.last_active > self.idle_timeout)
+        return (
+            self.idle_timeout is not None
+            and not peer.subscriptions
+            and time.monotonic() - peer.last_active > self.idle_timeout
+        )
 
     def _reaper(self) -> None:
         """Cut off clients that never authenticate or stall half-way through a message."""

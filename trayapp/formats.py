@@ -99,8 +99,9 @@ def started(t: Optional[float], now: Optional[float] = None) -> str:
     return time.strftime("%b %d %H:%M", time.localtime(t))
 
 
-def progress_parts(epoch: Optional[int], epochs: Optional[int], step: Optional[int],
-                   steps: Optional[int]) -> List[str]:
+def progress_parts(
+    epoch: Optional[int], epochs: Optional[int], step: Optional[int], steps: Optional[int]
+) -> List[str]:
     """A job's training position, ``["epoch 2/10", "step 120/500"]``: an epoch count only when
     the job reports its epochs, a step count only when it reports its steps."""
     parts = []
@@ -111,8 +112,13 @@ def progress_parts(epoch: Optional[int], epochs: Optional[int], step: Optional[i
     return parts
 
 
-def progress(epoch: Optional[int], epochs: Optional[int], step: Optional[int],
-             steps: Optional[int], sep: str = ", ") -> str:
+def progress(
+    epoch: Optional[int],
+    epochs: Optional[int],
+    step: Optional[int],
+    steps: Optional[int],
+    sep: str = ", ",
+) -> str:
     """``progress_parts`` joined by ``sep`` (``"epoch 2/10, step 120/500"``); "" when the job
     reports no progress."""
     return sep.join(progress_parts(epoch, epochs, step, steps))
@@ -144,7 +150,7 @@ def checkpoint_at(epoch: Optional[int], step: Optional[int]) -> str:
 
 
 def exhaustion_words(guard: Mapping[str, Any]) -> str:
-    """"memory runs out in ~9 min 39 s" from the guard's status where it predicts it and is
+    """ "memory runs out in ~9 min 39 s" from the guard's status where it predicts it and is
     not at ease; "" otherwise. At ease ("ok"), the prediction is a straight line through a few
     seconds of growth beyond the guard's own horizon (a job loading its data, with 22 GiB free):
     said, it reads as an alarm the guard does not raise."""

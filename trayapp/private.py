@@ -39,10 +39,23 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 # The engine's own files in the state folder, checked (no link, the user's) before it starts.
-STATE_FILES = ("engine.lock", "engine.log", "engine.log.1", "engine.log.2", "engine.log.3",
-               "headroom.db", "headroom.db-wal", "headroom.db-shm", "headroom.db-journal",
-               "crash.log", "tray.lock", "tray.log", "tray.log.1", "tray.log.2",
-               "launch-recent.json")
+STATE_FILES = (
+    "engine.lock",
+    "engine.log",
+    "engine.log.1",
+    "engine.log.2",
+    "engine.log.3",
+    "headroom.db",
+    "headroom.db-wal",
+    "headroom.db-shm",
+    "headroom.db-journal",
+    "crash.log",
+    "tray.lock",
+    "tray.log",
+    "tray.log.1",
+    "tray.log.2",
+    "launch-recent.json",
+)
 
 _user_umask: Optional[int] = None
 
@@ -128,17 +141,26 @@ def _group_is_only_yours(gid: int) -> bool:
         group = grp.getgrgid(gid)
     except (ImportError, KeyError):
         return False
-    return gid == me.pw_gid and group.gr_name == me.pw_name and \
-        set(group.gr_mem) <= {me.pw_name}
+    return gid == me.pw_gid and group.gr_name == me.pw_name and set(group.gr_mem) <= {me.pw_name}
 
 
 def _link(path: os.PathLike | str) -> UnsafePath:
-    return UnsafePath(path, "is a symbolic link, and Headroom follows no link in its state",
-                      f"remove it: rm {_q(path)}")
+    return UnsafePath(
+        path,
+        "is a symbolic link, and Headroom follows no link in its state",
+        f"remove it: rm {_q(path)}",
+    )
 
 
-def _check(path: os.PathLike | str, st: os.stat_result, *, folder: bool, private: bool,
-           root_ok: bool = False, sticky_ok: bool = False) -> None:
+def _check(
+    path: os.PathLike | str,
+    st: os.stat_result,
+    *,
+    folder: bool,
+    private: bool,
+    root_ok: bool = False,
+    sticky_ok: bool = False,
+) -> None:
     """Raise UnsafePath unless ``st`` (of ``path``) is a folder (or a file) of this user that
     no one else can write (and, with ``private``, read)."""
     if stat.S_ISLNK(st.st_mode):
@@ -149,9 +171,12 @@ def _check(path: os.PathLike | str, st: os.stat_result, *, folder: bool, private
         raise UnsafePath(path, "is not a regular file", f"remove it: rm {_q(path)}")
     uid = os.getuid()
     if st.st_uid != uid and not (root_ok and st.st_uid == 0):
-        raise UnsafePath(path, f"belongs to {_owner(st.st_uid)}, not to you ({_owner(uid)})",
-                         "Headroom uses only what is yours: remove it, or set HEADROOM_HOME to a "
-                         "folder of your own")
+        raise UnsafePath(
+            path,
+            f"belongs to {_owner(st.st_uid)}, not to you ({_owner(uid)})",
+            "Headroom uses only what is yours: remove it, or set HEADROOM_HOME to a "
+            "folder of your own",
+        )
     fix = f"fix: chmod {'700' if folder else '600'} {_q(path)}"
     if _writable_by_others(st) and not (sticky_ok and st.st_mode & stat.S_ISVTX):
         raise UnsafePath(path, f"can be written by other users (mode {_mode(st)})", fix)
@@ -162,8 +187,9 @@ def _check(path: os.PathLike | str, st: os.stat_result, *, folder: bool, private
 # -- opening without following links --------------------------------------------------------------
 
 
-def _open_regular(path: os.PathLike | str, flags: int, mode: int = 0o600,
-                  private: bool = False) -> Tuple[int, os.stat_result]:
+def _open_regular(
+    path: os.PathLike | str, flags: int, mode: int = 0o600, private: bool = False
+) -> Tuple[int, os.stat_result]:
     """(descriptor, its stat) of the regular file ``path`` of this user, opened without
     following a link and without waiting on a FIFO; checked as ``_check`` does. The caller
     owns the descriptor."""
@@ -174,8 +200,7 @@ def _open_regular(path: os.PathLike | str, flags: int, mode: int = 0o600,
         if e.errno == errno.ELOOP:
             raise _link(path) from None
         if e.errno == errno.ENXIO:  # a FIFO no one reads, opened to write
-            raise UnsafePath(path, "is not a regular file", f"remove it: rm {_q(path)}") \
-                from None
+            raise UnsafePath(path, "is not a regular file", f"remove it: rm {_q(path)}") from None
         raise
     try:
         st = os.fstat(fd)
@@ -188,8 +213,9 @@ def _open_regular(path: os.PathLike | str, flags: int, mode: int = 0o600,
     return fd, st
 
 
-def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                 mode: int = 0o600) -> int:
+def open_private(
+    path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode: int = 0o600
+) -> int:
     """A descriptor on the regular file ``path`` of this user, opened without following a link
     (created ``mode`` when ``flags`` has O_CREAT), made 0600 if it was readable by others.
 
@@ -209,13 +235,19 @@ def open_private(path: os.PathLike | str, flags: int = os.O_WRONLY | os.O_APPEND
     return fd
 
 
-def open_private_file(path: os.PathLike | str, mode: str = "ab",
-                      encoding: Optional[str] = None, errors: Optional[str] = None) -> IO:
+def open_private_file(
+    path: os.PathLike | str,
+    mode: str = "ab",
+    encoding: Optional[str] = None,
+    errors: Optional[str] = None,
+) -> IO:
     """``open(path, mode)`` for "ab", "a", "r+" (created when missing), "rb" or "r", through
     ``open_private``: no link followed, the file made 0600."""
-    flags = {"a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-             "r+": os.O_RDWR | os.O_CREAT,
-             "r": os.O_RDONLY}[mode.replace("b", "")]
+    flags = {
+        "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+        "r+": os.O_RDWR | os.O_CREAT,
+        "r": os.O_RDONLY,
+    }[mode.replace("b", "")]
     fd = open_private(path, flags)
     try:
         if "b" in mode:
@@ -233,11 +265,16 @@ def rotating_log_handler(path: os.PathLike | str, max_bytes: int, backups: int) 
 
     class PrivateRotatingFileHandler(RotatingFileHandler):
         def _open(self) -> Any:
-            return open_private_file(self.baseFilename, self.mode.replace("b", ""),
-                                     encoding=self.encoding, errors=self.errors)
+            return open_private_file(
+                self.baseFilename,
+                self.mode.replace("b", ""),
+                encoding=self.encoding,
+                errors=self.errors,
+            )
 
-    return PrivateRotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
-                                      encoding="utf-8")
+    return PrivateRotatingFileHandler(
+        path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
+    )
 
 
 def read_private(path: os.PathLike | str, limit: int = 1 << 20) -> bytes:
@@ -264,8 +301,9 @@ def tighten(path: os.PathLike | str, folder: bool = False) -> None:
     _check(path, st, folder=folder, private=False)
     if not st.st_mode & 0o077 or stat.S_ISSOCK(st.st_mode):
         return
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK |
-                 (_DIRECTORY if folder else 0))
+    fd = os.open(
+        path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK | (_DIRECTORY if folder else 0)
+    )
     try:
         if os.path.samestat(os.fstat(fd), st):
             os.fchmod(fd, 0o700 if folder else 0o600)
@@ -309,8 +347,14 @@ def make_private_dir(path: os.PathLike | str, *, follow: bool = False) -> None:
         os.close(fd)
 
 
-def check_dir(path: os.PathLike | str, *, private: bool = True, follow: bool = False,
-              root_ok: bool = False, sticky_ok: bool = False) -> None:
+def check_dir(
+    path: os.PathLike | str,
+    *,
+    private: bool = True,
+    follow: bool = False,
+    root_ok: bool = False,
+    sticky_ok: bool = False,
+) -> None:
     """Raise UnsafePath unless ``path`` is a folder of this user (``root_ok``: or root's) that
     no one else can write (``sticky_ok``: unless it is sticky) nor, with ``private``, read.
     FileNotFoundError when it is missing."""
@@ -320,8 +364,9 @@ def check_dir(path: os.PathLike | str, *, private: bool = True, follow: bool = F
     _check(path, st, folder=True, private=private, root_ok=root_ok, sticky_ok=sticky_ok)
 
 
-def check_file(path: os.PathLike | str, *, private: bool = True, follow: bool = False,
-               root_ok: bool = False) -> None:
+def check_file(
+    path: os.PathLike | str, *, private: bool = True, follow: bool = False, root_ok: bool = False
+) -> None:
     """Raise UnsafePath unless ``path`` is a file (or socket) of this user (``root_ok``: or
     root's) that no one else can write (nor, with ``private``, read); ``follow``: a link to
     such a file will do. FileNotFoundError when it is missing."""
@@ -405,17 +450,21 @@ def _shared_hint(kind: str) -> Iterator[None]:
     except UnsafePath as e:
         if kind != "shared" or "belongs to" not in e.problem:
             raise
-        raise UnsafePath(e.path, e.problem,
-                         "someone may be trying to intercept Headroom's connections; a shorter "
-                         "HEADROOM_HOME (the socket then fits in it), or TMPDIR set to a folder "
-                         "of your own, avoids this folder") from None
+        raise UnsafePath(
+            e.path,
+            e.problem,
+            "someone may be trying to intercept Headroom's connections; a shorter "
+            "HEADROOM_HOME (the socket then fits in it), or TMPDIR set to a folder "
+            "of your own, avoids this folder",
+        ) from None
 
 
 # -- the whole state ------------------------------------------------------------------------------
 
 
-def ensure_state(home: Path, data_dir: Path, config_file: Path, jobs_dir: Path,
-                 runtime_dir: Path) -> None:
+def ensure_state(
+    home: Path, data_dir: Path, config_file: Path, jobs_dir: Path, runtime_dir: Path
+) -> None:
     """Make the state private, or refuse it: the home (created 0700; one of the user's that
     others can read is made 0700), ``jobs/`` and the runtime folder's levels 0700, the engine's
     files and ``config.toml`` the user's, not links, 0600. Raises UnsafePath naming the first

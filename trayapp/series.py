@@ -56,12 +56,12 @@ def job_layer(job_id: str) -> str:
 
 def layer_job(layer: str) -> Optional[str]:
     """The job id of a VRAM layer name, or None for ``"other"``."""
-    return layer[len("job."):] if layer.startswith("job.") else None
+    return layer[len("job.") :] if layer.startswith("job.") else None
 
 
 def proc_name(layer: str) -> Optional[str]:
     """The process name of a layer (``proc.Xorg`` -> ``Xorg``), or None for another layer."""
-    return layer[len(PROC):] if layer.startswith(PROC) else None
+    return layer[len(PROC) :] if layer.startswith(PROC) else None
 
 
 def memory_only(name: str) -> bool:
@@ -108,13 +108,13 @@ def vram_layers(gpu: Any, owners: Mapping[int, str]) -> Dict[str, float]:
     return layers
 
 
-def sample_values(memory: Any, gpus: Iterable[Any], jobs: Iterable[Any]
-                  ) -> Dict[str, Optional[float]]:
+def sample_values(
+    memory: Any, gpus: Iterable[Any], jobs: Iterable[Any]
+) -> Dict[str, Optional[float]]:
     """One sample as named series (the module docstring). ``memory``: the memory reading (or
     its JSON); ``gpus``: the GPU readings; ``jobs``: the guard's live jobs."""
     jobs = list(jobs)
-    values: Dict[str, Optional[float]] = {
-        name: _field(memory, key) for name, key in MEMORY_SERIES}
+    values: Dict[str, Optional[float]] = {name: _field(memory, key) for name, key in MEMORY_SERIES}
     for job in jobs:
         job_id = str(_field(job, "id"))
         for what, key in (("rss", "rss_bytes"), ("vram", "vram_bytes")):
@@ -130,8 +130,9 @@ def sample_values(memory: Any, gpus: Iterable[Any], jobs: Iterable[Any]
     return values
 
 
-def process_values(gpus: Iterable[Any], jobs: Iterable[Any], consumers: Iterable[Any] = ()
-                   ) -> Dict[str, float]:
+def process_values(
+    gpus: Iterable[Any], jobs: Iterable[Any], consumers: Iterable[Any] = ()
+) -> Dict[str, float]:
     """The per-name series of one sample (the module docstring): ``consumers`` are the RAM
     consumers (``probes.consumers.Consumer`` or their JSON), the GPUs' processes outside the
     guard's jobs summed by name. A GPU process whose memory the driver does not tell (WDDM)

@@ -217,7 +217,12 @@ class EventKind(Word):
 E = EventKind
 # The event each guard action is recorded as.
 GUARD_EVENTS: Mapping[str, str] = {
-    "warn": E.GUARD_WARN.value, "ok": E.GUARD_OK.value, "pause": E.GUARD_PAUSE.value,
-    "resume": E.GUARD_RESUME.value, "park": E.GUARD_PARK.value, "stop": E.GUARD_STOP.value}
+    "warn": E.GUARD_WARN.value,
+    "ok": E.GUARD_OK.value,
+    "pause": E.GUARD_PAUSE.value,
+    "resume": E.GUARD_RESUME.value,
+    "park": E.GUARD_PARK.value,
+    "stop": E.GUARD_STOP.value,
+}
 # How a job ended, as its event says.
 JOB_END_EVENTS = words(E.JOB_FINISHED, E.JOB_FAILED, E.JOB_STOPPED, E.JOB_PARKED, E.JOB_LOST)

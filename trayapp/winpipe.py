@@ -18,25 +18,41 @@ if sys.platform == "win32":  # pragma: no cover - Windows only
     from multiprocessing.connection import BUFSIZE, PipeListener  # type: ignore[attr-defined]
 
     class _SecurityAttributes(ctypes.Structure):
-        _fields_ = [("nLength", wintypes.DWORD), ("lpSecurityDescriptor", ctypes.c_void_p),
-                    ("bInheritHandle", wintypes.BOOL)]
+        _fields_ = [
+            ("nLength", wintypes.DWORD),
+            ("lpSecurityDescriptor", ctypes.c_void_p),
+            ("bInheritHandle", wintypes.BOOL),
+        ]
 
     def _user_sid() -> str:
         """The current user's SID as a string ("S-1-5-21-...")."""
         advapi32 = ctypes.WinDLL("advapi32", use_last_error=True)
         kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
         kernel32.GetCurrentProcess.restype = wintypes.HANDLE
-        advapi32.OpenProcessToken.argtypes = [wintypes.HANDLE, wintypes.DWORD,
-                                              ctypes.POINTER(wintypes.HANDLE)]
-        advapi32.GetTokenInformation.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p,
-                                                 wintypes.DWORD, ctypes.POINTER(wintypes.DWORD)]
-        advapi32.ConvertSidToStringSidW.argtypes = [ctypes.c_void_p,
-                                                    ctypes.POINTER(wintypes.LPWSTR)]
+        advapi32.OpenProcessToken.argtypes = [
+            wintypes.HANDLE,
+            wintypes.DWORD,
+            ctypes.POINTER(wintypes.HANDLE),
+        ]
+        advapi32.GetTokenInformation.argtypes = [
+            wintypes.HANDLE,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            wintypes.DWORD,
+            ctypes.POINTER(wintypes.DWORD),
+        ]
+        advapi32.ConvertSidToStringSidW.argtypes = [
+            ctypes.c_void_p,
+            ctypes.POINTER(wintypes.LPWSTR),
+        ]
         kernel32.LocalFree.argtypes = [ctypes.c_void_p]
         kernel32.CloseHandle.argtypes = [wintypes.HANDLE]
         token = wintypes.HANDLE()
-        if not advapi32.OpenProcessToken(kernel32.GetCurrentProcess(), 0x0008,  # TOKEN_QUERY
-                                         ctypes.byref(token)):
+        if not advapi32.OpenProcessToken(
+            kernel32.GetCurrentProcess(),
+            0x0008,  # TOKEN_QUERY
+            ctypes.byref(token),
+        ):
             raise ctypes.WinError(ctypes.get_last_error())
         try:
             size = wintypes.DWORD()
@@ -61,12 +77,16 @@ if sys.platform == "win32":  # pragma: no cover - Windows only
         caller for as long as pipes are made with it)."""
         advapi32 = ctypes.WinDLL("advapi32", use_last_error=True)
         advapi32.ConvertStringSecurityDescriptorToSecurityDescriptorW.argtypes = [
-            wintypes.LPCWSTR, wintypes.DWORD, ctypes.POINTER(ctypes.c_void_p),
-            ctypes.POINTER(wintypes.DWORD)]
+            wintypes.LPCWSTR,
+            wintypes.DWORD,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(wintypes.DWORD),
+        ]
         descriptor = ctypes.c_void_p()
         sddl_revision_1 = 1
         if not advapi32.ConvertStringSecurityDescriptorToSecurityDescriptorW(
-                f"D:P(A;;GA;;;{_user_sid()})", sddl_revision_1, ctypes.byref(descriptor), None):
+            f"D:P(A;;GA;;;{_user_sid()})", sddl_revision_1, ctypes.byref(descriptor), None
+        ):
             raise ctypes.WinError(ctypes.get_last_error())
         return _SecurityAttributes(ctypes.sizeof(_SecurityAttributes), descriptor, False)
 
@@ -83,7 +103,12 @@ if sys.platform == "win32":  # pragma: no cover - Windows only
             if first:
                 flags |= _winapi.FILE_FLAG_FIRST_PIPE_INSTANCE
             return _winapi.CreateNamedPipe(
-                self._address, flags,
+                self._address,
+                flags,
                 _winapi.PIPE_TYPE_MESSAGE | _winapi.PIPE_READMODE_MESSAGE | _winapi.PIPE_WAIT,
-                _winapi.PIPE_UNLIMITED_INSTANCES, BUFSIZE, BUFSIZE,
-                _winapi.NMPWAIT_WAIT_FOREVER, ctypes.addressof(self._attributes))
+                _winapi.PIPE_UNLIMITED_INSTANCES,
+                BUFSIZE,
+                BUFSIZE,
+                _winapi.NMPWAIT_WAIT_FOREVER,
+                ctypes.addressof(self._attributes),
+            )

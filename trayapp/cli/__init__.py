@@ -57,8 +57,13 @@ def cmd_engine(args: argparse.Namespace, paths: Paths) -> int:
         say(f"refusing to start the engine: {e}")
         return EXIT_USAGE
     setup_logging(paths.log_file)
-    engine = Engine(paths, configmod.load(paths.config_file), demo=args.demo, stay=args.stay,
-                    metrics=args.metrics)
+    engine = Engine(
+        paths,
+        configmod.load(paths.config_file),
+        demo=args.demo,
+        stay=args.stay,
+        metrics=args.metrics,
+    )
     return engine.run()
 
 
@@ -81,10 +86,17 @@ def cmd_tray(args: argparse.Namespace, paths: Paths) -> int:
 
 
 COMMANDS: Dict[Optional[str], Command] = {
-    None: cmd_tray, "engine": cmd_engine, "status": cmd_status, "run": cmd_run,
-    "jobs": cmd_jobs, "logs": cmd_logs, "attach": cmd_attach, "doctor": cmd_doctor,
+    None: cmd_tray,
+    "engine": cmd_engine,
+    "status": cmd_status,
+    "run": cmd_run,
+    "jobs": cmd_jobs,
+    "logs": cmd_logs,
+    "attach": cmd_attach,
+    "doctor": cmd_doctor,
     "kernel": cmd_kernel,
-    **{name: cmd_action for name in ACTIONS}, "resume": cmd_resume,
+    **{name: cmd_action for name in ACTIONS},
+    "resume": cmd_resume,
 }
 # The commands that may be given a --config file that is not there yet: the tray's settings
 # window writes it, and the engine (the tray starts one with it) reads it once it is there.
@@ -98,8 +110,10 @@ def dispatch(args: argparse.Namespace, paths: Paths) -> int:
         raise UsageError(f"unknown command {args.command}")
     if args.config and args.command not in CREATE_CONFIG and not paths.config_file.is_file():
         missing = "not a file" if paths.config_file.exists() else "no such file"
-        raise UsageError(f"--config: {missing}: {paths.config_file} (to create it, start the "
-                         f"tray with it: headroom --config {paths.config_file})")
+        raise UsageError(
+            f"--config: {missing}: {paths.config_file} (to create it, start the "
+            f"tray with it: headroom --config {paths.config_file})"
+        )
     return command(args, paths)
 
 
@@ -113,9 +127,11 @@ def no_display() -> Optional[str]:
         return None  # offscreen, vnc, eglfs...: no desktop needed
     if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
         return None
-    return ("no display to show the tray on (DISPLAY and WAYLAND_DISPLAY are not set); "
-            "without a desktop, use the commands: 'headroom run SCRIPT', 'headroom status', "
-            "'headroom jobs' (see 'headroom --help')")
+    return (
+        "no display to show the tray on (DISPLAY and WAYLAND_DISPLAY are not set); "
+        "without a desktop, use the commands: 'headroom run SCRIPT', 'headroom status', "
+        "'headroom jobs' (see 'headroom --help')"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -144,8 +160,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE if e.code in ("refused", "bad_request") else EXIT_FAILED
     except Exception as e:  # no traceback on the user's screen; it goes to a file
         where = _save_traceback()
-        say(f"internal error: {type(e).__name__}: {e}"
-            + (f" (details in {where})" if where else ""))
+        say(
+            f"internal error: {type(e).__name__}: {e}" + (f" (details in {where})" if where else "")
+        )
         return EXIT_FAILED
 
 
@@ -186,5 +203,15 @@ def _save_traceback() -> Optional[str]:
         return None
 
 
-__all__ = ["main", "dispatch", "build_parser", "format_status", "no_display", "EXIT_OK",
-           "EXIT_FAILED", "EXIT_USAGE", "EXIT_NO_ENGINE", "UsageError"]
+__all__ = [
+    "main",
+    "dispatch",
+    "build_parser",
+    "format_status",
+    "no_display",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "EXIT_NO_ENGINE",
+    "UsageError",
+]

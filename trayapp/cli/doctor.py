@@ -58,8 +58,15 @@ def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
     checks.append(doctor.protection_check(paths.config_file))
     verdict = doctor.verdict(checks)
     if args.json:
-        print(json.dumps({"python": interp.to_json(), "verdict": verdict,
-                          "checks": [c.to_json() for c in checks]}))
+        print(
+            json.dumps(
+                {
+                    "python": interp.to_json(),
+                    "verdict": verdict,
+                    "checks": [c.to_json() for c in checks],
+                }
+            )
+        )
     else:
         show(doctor.format_report(checks), end="")
     return EXIT_FAILED if verdict == "fail" else EXIT_OK

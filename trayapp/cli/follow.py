@@ -73,9 +73,16 @@ class Follower:
     stops it (twice: stops it at once), or with ``detach`` leaves it running. ``offset``: the
     byte of the log to show the output from."""
 
-    def __init__(self, client: Any, paths: Paths, job: JobRecord,
-                 out: Optional[TextIO] = None, err: Optional[TextIO] = None,
-                 detach: bool = False, offset: int = 0):
+    def __init__(
+        self,
+        client: Any,
+        paths: Paths,
+        job: JobRecord,
+        out: Optional[TextIO] = None,
+        err: Optional[TextIO] = None,
+        detach: bool = False,
+        offset: int = 0,
+    ):
         self.client = client
         self.paths = paths
         self.job = job
@@ -106,11 +113,15 @@ class Follower:
 
     def run(self) -> int:
         if self.detach:
-            self.say(f"following job {self.job_id} ({self.job.name}), {self.job.state}; "
-                     "Ctrl-C leaves it running")
+            self.say(
+                f"following job {self.job_id} ({self.job.name}), {self.job.state}; "
+                "Ctrl-C leaves it running"
+            )
         else:
-            self.say(f"job {self.job_id} ({self.job.name}) started; output follows "
-                     "(Ctrl-C: " + ("park" if self.job.checkpoint_dir else "stop") + " it)")
+            self.say(
+                f"job {self.job_id} ({self.job.name}) started; output follows "
+                "(Ctrl-C: " + ("park" if self.job.checkpoint_dir else "stop") + " it)"
+            )
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGINT, self._on_sigint)
@@ -150,8 +161,10 @@ class Follower:
             if self.interrupts > self.handled:
                 if self.detach:
                     self.screen.end_line()
-                    self.say(f"left job {self.job_id}, which goes on running ('headroom attach "
-                             f"{self.job_id}' follows it again)")
+                    self.say(
+                        f"left job {self.job_id}, which goes on running ('headroom attach "
+                        f"{self.job_id}' follows it again)"
+                    )
                     return EXIT_INTERRUPTED
                 if self._interrupt():
                     self.screen.end_line()
@@ -169,8 +182,10 @@ class Follower:
             except EngineBusy:
                 # It runs, and watches the job: follow on once it answers again (Ctrl-C leaves).
                 if not busy_said:
-                    self.say(f"the engine is busy and does not answer now; still following job "
-                        f"{self.job_id}")
+                    self.say(
+                        f"the engine is busy and does not answer now; still following job "
+                        f"{self.job_id}"
+                    )
                     busy_said = True
                 self.client.close()
                 time.sleep(POLL_SECONDS)
@@ -178,8 +193,10 @@ class Follower:
             except EngineUnavailable:
                 if not self._reconnect():
                     self.screen.end_line()
-                    self.say(f"the engine went away; job {self.job_id} goes on running "
-                        "(see 'headroom jobs')")
+                    self.say(
+                        f"the engine went away; job {self.job_id} goes on running "
+                        "(see 'headroom jobs')"
+                    )
                     return EXIT_NO_ENGINE
                 continue
             self._show_events()
@@ -216,8 +233,10 @@ class Follower:
                 return True
             park = bool(self.job.checkpoint_dir) and self.job.hooked
             if park:
-                self.say(f"parking job {self.job_id} (checkpoint, then end); Ctrl-C again to "
-                         "stop it at once")
+                self.say(
+                    f"parking job {self.job_id} (checkpoint, then end); Ctrl-C again to "
+                    "stop it at once"
+                )
             else:
                 self.say(f"stopping job {self.job_id}; Ctrl-C again to stop it at once")
             self._act_in_background("park" if park else "stop", fallback="stop")
@@ -324,13 +343,17 @@ class Follower:
         if job.state == S.FINISHED:
             self.say(f"job {self.job_id} finished")
         elif job.state == S.PARKED:
-            self.say(f"job {self.job_id} parked (checkpoint in {job.checkpoint_dir}); continue it "
-                f"with 'headroom resume {self.job_id}'")
+            self.say(
+                f"job {self.job_id} parked (checkpoint in {job.checkpoint_dir}); continue it "
+                f"with 'headroom resume {self.job_id}'"
+            )
         elif job.state == S.STOPPED:
             text = f"job {self.job_id} {job.end_reason or 'stopped'}"
             if job.resumable:
-                text += (f" (checkpoint in {job.checkpoint_dir}); continue it with "
-                         f"'headroom resume {self.job_id}'")
+                text += (
+                    f" (checkpoint in {job.checkpoint_dir}); continue it with "
+                    f"'headroom resume {self.job_id}'"
+                )
             self.say(text)
         elif job.state == S.LOST:
             self.say(f"job {self.job_id}: {job.end_reason or 'its end is unknown'}")
@@ -347,10 +370,7 @@ class Follower:
             return
         lines = (chunk.get("data") or "").rstrip("\n").splitlines()[-LAST_LINES:]
         if lines:
-            print(f"headroom: the last lines of its output ({self.job.log_path}):",
-                  file=sys.stderr)
+            print(f"headroom: the last lines of its output ({self.job.log_path}):", file=sys.stderr)
             for line in lines:
                 print(f"  {line}", file=sys.stderr)
             sys.stderr.flush()
-
-

@@ -111,10 +111,21 @@ def format_jobs(jobs: Iterable[JobRecord]) -> str:
     rows: List[Tuple[str, ...]] = [head]
     for j in jobs:
         # Escaped before the columns are measured, so that they line up.
-        rows.append(tuple(one_line(cell) for cell in (
-            j.id, one_line(j.name)[:NAME_WIDTH], state_text(j), progress_cell(j),
-            formats.format_bytes(j.rss_bytes), formats.format_bytes(j.vram_bytes),
-            formats.started(j.started), tag_of(j.protection))))
+        rows.append(
+            tuple(
+                one_line(cell)
+                for cell in (
+                    j.id,
+                    one_line(j.name)[:NAME_WIDTH],
+                    state_text(j),
+                    progress_cell(j),
+                    formats.format_bytes(j.rss_bytes),
+                    formats.format_bytes(j.vram_bytes),
+                    formats.started(j.started),
+                    tag_of(j.protection),
+                )
+            )
+        )
     if len(rows) == 1:
         return "no jobs"
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -135,26 +146,33 @@ def describe_interrupt(job: JobRecord) -> str:
         return describe(job)
     point = (job.checkpoint or {}).get("path")
     saved = f"; its checkpoint is in {point}" if point else " (no checkpoint folder: nothing saved)"
-    return (f"{head}: its fit was interrupted{saved}. The kernel and its variables are kept; run "
-            "the same fit() again to go on")
+    return (
+        f"{head}: its fit was interrupted{saved}. The kernel and its variables are kept; run "
+        "the same fit() again to go on"
+    )
 
 
 def describe_kernel_stop(job: JobRecord) -> str:
     """A kernel's stop shuts it down: what happened to it and to its variables."""
     head = f"kernel {job.id} ({job.name})"
     if job.state == S.STOPPING:
-        return (f"{head}: its fit stops at the next batch end (after a checkpoint, with a "
-                "checkpoint folder), then the kernel shuts down; its variables are lost")
+        return (
+            f"{head}: its fit stops at the next batch end (after a checkpoint, with a "
+            "checkpoint folder), then the kernel shuts down; its variables are lost"
+        )
     if job.state in vocab.ENDED:
-        return (f"{head}: {state_text(job, reason=True)}; the kernel is shut down and its "
-                "variables are lost (Jupyter may start a fresh, empty kernel)")
+        return (
+            f"{head}: {state_text(job, reason=True)}; the kernel is shut down and its "
+            "variables are lost (Jupyter may start a fresh, empty kernel)"
+        )
     return describe(job)
 
 
 def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
     # An engine is started when state exists: it adopts jobs left running and knows the parked.
-    client = connect(paths, start=paths.db_file.exists(), demo=demo(args),
-                     config_file=config_file(args))
+    client = connect(
+        paths, start=paths.db_file.exists(), demo=demo(args), config_file=config_file(args)
+    )
     try:
         jobs = client.jobs(all=bool(args.all))
     finally:
@@ -163,8 +181,10 @@ def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
         print(json.dumps(jobs, indent=None))  # as the engine sent it: the contract of DESIGN.md
     elif not jobs and not args.all:
         # Where a job that just ended went, a stopped one that 'headroom resume' continues too.
-        print("no running, paused or parked jobs ('headroom jobs --all' lists the ended ones, "
-              "stopped included)")
+        print(
+            "no running, paused or parked jobs ('headroom jobs --all' lists the ended ones, "
+            "stopped included)"
+        )
     else:
         show(format_jobs(records(jobs)))
     return EXIT_OK

@@ -34,8 +34,9 @@ def cmd_kernel(args: argparse.Namespace, paths: Paths) -> int:
             return _remove(args)
     except (ks.KernelSpecError, SpecError) as e:
         raise UsageError(one_line(e)) from None
-    raise UsageError("headroom kernel: say what to do: install, list or remove "
-                     "(see 'headroom kernel --help')")
+    raise UsageError(
+        "headroom kernel: say what to do: install, list or remove (see 'headroom kernel --help')"
+    )
 
 
 def _target_python(args: argparse.Namespace) -> Optional[str]:
@@ -71,9 +72,14 @@ def _install(args: argparse.Namespace, paths: Paths) -> int:
         say(problem)
         return EXIT_USAGE
     config = configmod.load(paths.config_file)
-    data = ks.kernel_json(spec, name, display_name=args.display_name, gpus=gpus,
-                          ram_total_bytes=make_memory_probe().read().total_bytes,
-                          process=JobProcess.from_config(config))
+    data = ks.kernel_json(
+        spec,
+        name,
+        display_name=args.display_name,
+        gpus=gpus,
+        ram_total_bytes=make_memory_probe().read().total_bytes,
+        process=JobProcess.from_config(config),
+    )
     for w in warnings:
         say(f"warning: {w}")
     if args.dry_run:
@@ -86,19 +92,29 @@ def _install(args: argparse.Namespace, paths: Paths) -> int:
     if old is None:
         show(f"Installed the kernel spec {name} in {done.path.parent}")
     elif old.headroom:
-        show(f"Replaced the kernel spec {name} in {done.path.parent} (it was installed before; "
-             "it now has these options)")
+        show(
+            f"Replaced the kernel spec {name} in {done.path.parent} (it was installed before; "
+            "it now has these options)"
+        )
     elif old.problem:
-        show(f"Replaced the kernel spec {name} in {done.path.parent} (the one before was "
-             f"broken: {old.problem})")
+        show(
+            f"Replaced the kernel spec {name} in {done.path.parent} (the one before was "
+            f"broken: {old.problem})"
+        )
     else:
-        show(f"Replaced the kernel spec {name} in {done.path.parent} (Headroom did not write "
-             f"the one before: {old.display_name or name})")
-    show(f"  Jupyter lists it as \"{data['display_name']}\"; its kernel runs {python} "
-         "under Headroom's guard")
+        show(
+            f"Replaced the kernel spec {name} in {done.path.parent} (Headroom did not write "
+            f"the one before: {old.display_name or name})"
+        )
+    show(
+        f'  Jupyter lists it as "{data["display_name"]}"; its kernel runs {python} '
+        "under Headroom's guard"
+    )
     if not private:
-        show(f"  Jupyter finds it when run from {folder.parent.parent.parent}, or with "
-             f"JUPYTER_PATH={folder.parent}")
+        show(
+            f"  Jupyter finds it when run from {folder.parent.parent.parent}, or with "
+            f"JUPYTER_PATH={folder.parent}"
+        )
     return EXIT_OK
 
 
@@ -127,9 +143,15 @@ def format_list(entries: Sequence[ks.KernelEntry]) -> str:
     for e in entries:
         options = " ".join(e.options) or ("-" if e.headroom else "?")
         if len(options) > OPTIONS_WIDTH:
-            options = options[:OPTIONS_WIDTH - 3] + "..."
-        rows.append((one_line(e.name), one_line(e.display_name) or "?", one_line(e.python) or "?",
-                     one_line(options)))
+            options = options[: OPTIONS_WIDTH - 3] + "..."
+        rows.append(
+            (
+                one_line(e.name),
+                one_line(e.display_name) or "?",
+                one_line(e.python) or "?",
+                one_line(options),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = []
     for i, row in enumerate(rows):

@@ -92,23 +92,27 @@ def _resumes_by_itself(job: JobRecord) -> bool:
     return job.is_parked and job.parked_by == "guard" and job.auto_resume
 
 
-def cmd_logs(args: argparse.Namespace, paths: Paths,
-             out: Optional[TextIO] = None) -> int:
+def cmd_logs(args: argparse.Namespace, paths: Paths, out: Optional[TextIO] = None) -> int:
     out = out or sys.stdout
     # The engine knows the ended jobs too (from the store): one is started when state exists.
-    client = connect(paths, start=paths.db_file.exists(), demo=demo(args),
-                     config_file=config_file(args))
+    client = connect(
+        paths, start=paths.db_file.exists(), demo=demo(args), config_file=config_file(args)
+    )
     screen = Screen(out, sys.stderr)
     try:
         job = JobRecord.from_json(client.job_get(args.job))
         if job.is_kernel:
-            say(f"job {job.id} ({job.name}) is a Jupyter kernel: its output is in its notebook, "
-                "and Headroom keeps no log of it ('headroom jobs' shows its fit's progress)")
+            say(
+                f"job {job.id} ({job.name}) is a Jupyter kernel: its output is in its notebook, "
+                "and Headroom keeps no log of it ('headroom jobs' shows its fit's progress)"
+            )
             return EXIT_OK
         offset = 0 if args.tail is None else tail_offset(client, job.id, args.tail)
         if args.follow and job.is_live:
-            say(f"following the log of job {job.id} ({job.name}) until it ends; Ctrl-C leaves "
-                "it running")
+            say(
+                f"following the log of job {job.id} ({job.name}) until it ends; Ctrl-C leaves "
+                "it running"
+            )
         try:
             follow_log(client, job.id, offset, screen, follow=bool(args.follow))
         except KeyboardInterrupt:
@@ -125,8 +129,13 @@ def cmd_logs(args: argparse.Namespace, paths: Paths,
     return EXIT_OK
 
 
-def attach(client: Any, paths: Paths, job: JobRecord, args: argparse.Namespace,
-           offset: Optional[int] = None) -> int:
+def attach(
+    client: Any,
+    paths: Paths,
+    job: JobRecord,
+    args: argparse.Namespace,
+    offset: Optional[int] = None,
+) -> int:
     """Follow ``job`` as ``headroom run`` does, from byte ``offset`` of its log (default: its
     last lines); Ctrl-C leaves it running. Returns the exit status ``headroom run`` would
     have."""
@@ -141,8 +150,9 @@ def attach(client: Any, paths: Paths, job: JobRecord, args: argparse.Namespace,
 
 
 def cmd_attach(args: argparse.Namespace, paths: Paths) -> int:
-    client = connect(paths, start=paths.db_file.exists(), demo=demo(args),
-                     config_file=config_file(args))
+    client = connect(
+        paths, start=paths.db_file.exists(), demo=demo(args), config_file=config_file(args)
+    )
     try:
         job = JobRecord.from_json(client.job_get(args.job))
     except BaseException:
@@ -156,8 +166,9 @@ def cmd_resume(args: argparse.Namespace, paths: Paths) -> int:
     ``attach``, from its output after the resume on."""
     if not args.follow:
         return cmd_action(args, paths)
-    client = connect(paths, start=paths.db_file.exists(), demo=demo(args),
-                     config_file=config_file(args))
+    client = connect(
+        paths, start=paths.db_file.exists(), demo=demo(args), config_file=config_file(args)
+    )
     try:
         # A relaunch's output starts at the end of the log as it is now.
         offset = tail_offset(client, args.job, 0)

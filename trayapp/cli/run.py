@@ -76,22 +76,35 @@ def _dry_run(spec: JobSpec, paths: Paths, gpus: Tuple[GpuReading, ...]) -> int:
     # The engine reads the same file: the priority, the log cap and the guard it would give
     # the job, and applies the preset against the machine's RAM (a budget) as here.
     config = configmod.load(paths.config_file)
-    process = dataclasses.replace(JobProcess.from_config(config),
-                                  engine_rlimits=engine_rlimits(paths))
+    process = dataclasses.replace(
+        JobProcess.from_config(config), engine_rlimits=engine_rlimits(paths)
+    )
     if spec.preset:
         try:
-            spec = apply_preset(spec, spec.preset, gpus,
-                                ram_total_bytes=make_memory_probe().read().total_bytes)
+            spec = apply_preset(
+                spec, spec.preset, gpus, ram_total_bytes=make_memory_probe().read().total_bytes
+            )
         except SpecError as e:
             raise UsageError(one_line(e)) from None
     folder = paths.jobs_dir / DRY_RUN_ID
     try:
-        plan = build_launch(spec, job_id=DRY_RUN_ID, address=paths.job_address(DRY_RUN_ID),
-                            keyfile=str(folder / "key"), gpus=gpus,
-                            base_env=dict(os.environ), process=process,
-                            log_path=str(folder / "log"))
+        plan = build_launch(
+            spec,
+            job_id=DRY_RUN_ID,
+            address=paths.job_address(DRY_RUN_ID),
+            keyfile=str(folder / "key"),
+            gpus=gpus,
+            base_env=dict(os.environ),
+            process=process,
+            log_path=str(folder / "log"),
+        )
     except ValueError as e:
         raise UsageError(one_line(e)) from None
-    show(format_plan(plan, guard_lines(spec, config.values) + [
-        cgroups.plan_line(bool(config["guard.kernel_brake"]), spec.ram_budget_mb)]))
+    show(
+        format_plan(
+            plan,
+            guard_lines(spec, config.values)
+            + [cgroups.plan_line(bool(config["guard.kernel_brake"]), spec.ram_budget_mb)],
+        )
+    )
     return EXIT_OK

@@ -34,7 +34,7 @@ def same_file(a: TextIO, b: TextIO) -> bool:
 def visible_tail(line: str) -> str:
     """What a terminal shows of an open line: the text after its last carriage return, without
     the backspaces a progress bar redraws with."""
-    return line[line.rfind("\r") + 1:].replace("\b", "")
+    return line[line.rfind("\r") + 1 :].replace("\b", "")
 
 
 class Screen:
@@ -42,8 +42,9 @@ class Screen:
     ``out`` is a terminal (a status line may be drawn); ``shared``: both reach the same place
     (default: they are the same file)."""
 
-    def __init__(self, out: TextIO, err: TextIO, tty: Optional[bool] = None,
-                 shared: Optional[bool] = None):
+    def __init__(
+        self, out: TextIO, err: TextIO, tty: Optional[bool] = None, shared: Optional[bool] = None
+    ):
         self.out = out
         self.err = err
         self.tty = out.isatty() if tty is None else tty
@@ -65,7 +66,7 @@ class Screen:
         self.out.flush()
         cut = text.rfind("\n")
         if cut >= 0:
-            self.open_line = text[cut + 1:]
+            self.open_line = text[cut + 1 :]
         else:
             self.open_line = (self.open_line + text)[-OPEN_LINE_MAX:]
 

@@ -22,8 +22,7 @@ def tray_socket(paths: Paths) -> str:
     return str(paths.runtime_dir / "tray.sock")  # as ``ui.single_instance.server_name``
 
 
-def ask_running_tray(paths: Paths, window: str, timeout_s: float = ANSWER_SECONDS
-                     ) -> Optional[str]:
+def ask_running_tray(paths: Paths, window: str, timeout_s: float = ANSWER_SECONDS) -> Optional[str]:
     """Ask the running tray to open ``window``. None: no tray listens (start one); "" : it
     opened the window; otherwise one line saying why it could not."""
     if sys.platform == "win32":
@@ -61,8 +60,10 @@ def ask_running_tray(paths: Paths, window: str, timeout_s: float = ANSWER_SECOND
             return ""
         return "the running Headroom gave no answer it should"
     except socket.timeout:
-        return (f"Headroom is already running but its tray did not answer within "
-                f"{timeout_s:g} s (it may be busy); try again in a moment")
+        return (
+            f"Headroom is already running but its tray did not answer within "
+            f"{timeout_s:g} s (it may be busy); try again in a moment"
+        )
     except OSError as e:
         return f"cannot reach the running Headroom: {e.strerror or e}"
     finally:

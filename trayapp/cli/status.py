@@ -79,19 +79,24 @@ def _metrics_lines(eng: Dict[str, Any]) -> List[str]:
 
 def _memory_lines(m: Dict[str, Any]) -> List[str]:
     limit = "cgroup limit" if m.get("limit_source", "host") == "cgroup" else "host"
-    lines = [f"RAM    {_fmt(m.get('available_bytes'))} available of "
-             f"{_fmt(m.get('total_bytes'))} ({limit}), "
-             f"{formats.percent(m.get('used_bytes'), m.get('total_bytes'))} used"]
+    lines = [
+        f"RAM    {_fmt(m.get('available_bytes'))} available of "
+        f"{_fmt(m.get('total_bytes'))} ({limit}), "
+        f"{formats.percent(m.get('used_bytes'), m.get('total_bytes'))} used"
+    ]
     if m.get("swap_total_bytes"):
-        lines.append(f"Swap   {_fmt(m.get('swap_used_bytes'))} used of "
-                     f"{_fmt(m.get('swap_total_bytes'))}")
+        lines.append(
+            f"Swap   {_fmt(m.get('swap_used_bytes'))} used of {_fmt(m.get('swap_total_bytes'))}"
+        )
     else:
         lines.append("Swap   none")
     if m.get("psi_some_avg10") is None:
         lines.append("Pressure n/a (this kernel does not report memory pressure)")
     else:
-        lines.append(f"Pressure some {m['psi_some_avg10']:.1f}%  full "
-                     f"{m.get('psi_full_avg10') or 0:.1f}%  (avg10)")
+        lines.append(
+            f"Pressure some {m['psi_some_avg10']:.1f}%  full "
+            f"{m.get('psi_full_avg10') or 0:.1f}%  (avg10)"
+        )
     return lines
 
 
@@ -106,13 +111,18 @@ def _gpu_lines(st: Dict[str, Any]) -> List[str]:
         lines.append(
             f"GPU {g.index}  {g.name}{sim} | {_fmt(g.memory_used_bytes)} / "
             f"{_fmt(g.memory_total_bytes)} | util {formats.number(g.utilization_percent, '%')}"
-            f" | {formats.number(g.temperature_c, '°C')} | {formats.number(g.power_watts, ' W')}")
+            f" | {formats.number(g.temperature_c, '°C')} | {formats.number(g.power_watts, ' W')}"
+        )
         if g.processes:
-            lines.append("       " + ", ".join(
-                f"{p.name} ({p.pid}) {_fmt(p.used_memory_bytes)}" for p in g.processes))
+            lines.append(
+                "       "
+                + ", ".join(f"{p.name} ({p.pid}) {_fmt(p.used_memory_bytes)}" for p in g.processes)
+            )
     if gpu_status.driver_version:
-        lines.append(f"       driver {gpu_status.driver_version}, CUDA "
-                     f"{gpu_status.cuda_driver_version or 'n/a'}")
+        lines.append(
+            f"       driver {gpu_status.driver_version}, CUDA "
+            f"{gpu_status.cuda_driver_version or 'n/a'}"
+        )
     return lines
 
 
@@ -133,11 +143,20 @@ def local_status(demo: bool) -> Dict[str, Any]:
         backend.close()
     mem = snap.memory.to_json()
     mem.pop("time", None)
-    return {"time": snap.time, "memory": mem, "gpus": [g.to_json() for g in snap.gpus],
-            "gpu_status": snap.gpu_status.to_json(),
-            "guard": {"state": None, "mode": None, "reasons": ["no engine is running"],
-                      "seconds_to_exhaustion": None},
-            "jobs": [], "engine": {"running": False}}
+    return {
+        "time": snap.time,
+        "memory": mem,
+        "gpus": [g.to_json() for g in snap.gpus],
+        "gpu_status": snap.gpu_status.to_json(),
+        "guard": {
+            "state": None,
+            "mode": None,
+            "reasons": ["no engine is running"],
+            "seconds_to_exhaustion": None,
+        },
+        "jobs": [],
+        "engine": {"running": False},
+    }
 
 
 def _read_status(client: EngineClient, args: argparse.Namespace) -> Optional[Dict[str, Any]]:

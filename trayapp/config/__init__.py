@@ -45,6 +45,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python < 3.11
     import tomli as tomllib
 
+
 @dataclass
 class Config:
     """Loaded settings: ``values["guard.mode"]``, plus the messages about what was wrong."""
@@ -80,12 +81,14 @@ def _check_rules(raw: Any, problems: List[str]) -> List[Dict[str, Any]]:
         return rules
     for i, r in enumerate(raw):
         if not isinstance(r, dict) or not isinstance(r.get("process"), str):
-            problems.append(f"config: guard rule {i + 1} needs process = \"name pattern\"; ignored")
+            problems.append(f'config: guard rule {i + 1} needs process = "name pattern"; ignored')
             continue
         action = r.get("action", GuardAct.WARN.value)
         if action not in RULE_ACTS:
-            problems.append(f"config: guard rule {i + 1}: action {_shown(action)} is not warn, "
-                            "pause or stop; ignored")
+            problems.append(
+                f"config: guard rule {i + 1}: action {_shown(action)} is not warn, "
+                "pause or stop; ignored"
+            )
             continue
         rules.append({"process": r["process"], "action": action})
     return rules
@@ -112,10 +115,12 @@ def from_mapping(data: Dict[str, Any], path: Optional[Path] = None) -> Config:
             try:
                 cfg.values[setting.name] = setting.check(value)
             except ConfigError as e:
-                cfg.problems.append(one_line(
-                    f"config: {setting.name} = {_shown(value)}: {e}; "
-                    f"using the default {setting.default!r}"
-                ))
+                cfg.problems.append(
+                    one_line(
+                        f"config: {setting.name} = {_shown(value)}: {e}; "
+                        f"using the default {setting.default!r}"
+                    )
+                )
     _check_order(cfg)
     _check_tls(cfg)
     return cfg
@@ -125,8 +130,10 @@ def _check_order(cfg: Config) -> None:
     """The ladder's thresholds must nest; when they do not, say so (they still apply)."""
     ref = 16 * 1024**3
     try:
-        park, pause, warn = (cfg.threshold(f"guard.{k}").bytes_of(ref)
-                             for k in ("park_available", "pause_available", "warn_available"))
+        park, pause, warn = (
+            cfg.threshold(f"guard.{k}").bytes_of(ref)
+            for k in ("park_available", "pause_available", "warn_available")
+        )
     except ConfigError:  # pragma: no cover - validated above
         return
     if not park <= pause <= warn:
@@ -139,8 +146,10 @@ def _check_tls(cfg: Config) -> None:
     cert, key = cfg.values["metrics.tls_cert"], cfg.values["metrics.tls_key"]
     if bool(cert) != bool(key):
         given, missing = ("tls_cert", "tls_key") if cert else ("tls_key", "tls_cert")
-        cfg.problems.append(f"config: metrics.{given} is set but metrics.{missing} is not; "
-                            "the metrics exporter stays off until both are")
+        cfg.problems.append(
+            f"config: metrics.{given} is set but metrics.{missing} is not; "
+            "the metrics exporter stays off until both are"
+        )
 
 
 CONFIG_MAX_BYTES = 1 << 20  # a settings file is a few KiB; more is not a settings file
@@ -239,11 +248,13 @@ def default_text() -> str:
             table.add(tomlkit.comment(s.comment))
             table.add(s.key, s.default)
         if sec == "guard":
-            table.add(tomlkit.comment(
-                "Rules for processes Headroom did not start, e.g.\n"
-                "# [[guard.rules]]\n# process = \"chrome*\"\n"
-                "# action = \"warn\"   # warn | pause | stop"
-            ))
+            table.add(
+                tomlkit.comment(
+                    "Rules for processes Headroom did not start, e.g.\n"
+                    '# [[guard.rules]]\n# process = "chrome*"\n'
+                    '# action = "warn"   # warn | pause | stop'
+                )
+            )
         doc.add(sec, table)
     return tomlkit.dumps(doc)
 

@@ -14,6 +14,7 @@ from trayapp import private
 
 APP_NAME = "headroom"
 
+
 @dataclass(frozen=True)
 class Paths:
     """Where Headroom keeps its state. Tests point ``HEADROOM_HOME`` at a temporary folder."""
@@ -58,8 +59,9 @@ class Paths:
         """Create the folders, private to the user (0700), or refuse the state: raises
         UnsafePath (a ConfigError-like ValueError naming the path and the fix) when a part of
         it is another user's, a link, or writable by others (see ``trayapp.private``)."""
-        private.ensure_state(self.home, self.data_dir, self.config_file, self.jobs_dir,
-                             self.runtime_dir)
+        private.ensure_state(
+            self.home, self.data_dir, self.config_file, self.jobs_dir, self.runtime_dir
+        )
 
 
 def _short_hash(text: str) -> str:
@@ -105,5 +107,9 @@ def get_paths(config_override: Optional[str] = None) -> Paths:
         data_dir = home
     if config_override:
         config_file = Path(config_override).expanduser().absolute()
-    return Paths(home=home, config_file=config_file, data_dir=data_dir,
-                 runtime_dir=_runtime_dir_for(data_dir))
+    return Paths(
+        home=home,
+        config_file=config_file,
+        data_dir=data_dir,
+        runtime_dir=_runtime_dir_for(data_dir),
+    )

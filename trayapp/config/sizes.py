@@ -73,7 +73,7 @@ def parse_size(text: Any) -> int:
         return _bounded_size(text, text)
     m = _SIZE_RE.match(str(text)) if isinstance(text, str) else None
     if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ConfigError(f"{_shown(text)} is not a size like \"2048 MiB\" or \"2 GiB\"")
+        raise ConfigError(f'{_shown(text)} is not a size like "2048 MiB" or "2 GiB"')
     return _bounded_size(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], text)
 
 
@@ -97,7 +97,7 @@ class Threshold:
             try:
                 pct = float(text[:-1])
             except ValueError:
-                raise ConfigError(f"{_shown(value)} is not a percentage like \"15%\"") from None
+                raise ConfigError(f'{_shown(value)} is not a percentage like "15%"') from None
             if not 0 <= pct <= 100:
                 raise ConfigError(f"{_shown(value)} is not between 0% and 100%")
             return cls(percent=pct)
@@ -107,7 +107,7 @@ class Threshold:
             raise
         except ConfigError:
             raise ConfigError(
-                f"{_shown(value)} is not a percentage like \"15%\" or a size like \"2 GiB\""
+                f'{_shown(value)} is not a percentage like "15%" or a size like "2 GiB"'
             ) from None
 
     def bytes_of(self, total_bytes: int) -> int:

@@ -75,12 +75,15 @@ def describe(folder: str, name: str) -> Optional[Dict[str, Any]]:
     done, accumulation = _count(extra.get("batches_done")), _count(extra.get("accumulation"))
     saved = extra.get("time")
     return {
-        "name": name, "path": path, "fit": int(match.group(1)),
+        "name": name,
+        "path": path,
+        "fit": int(match.group(1)),
         "epoch": _count(data.get("epoch")),
         "step": done // accumulation if done is not None and accumulation else done,
         "finished": extra.get("finished") is True,
-        "time": float(saved) if isinstance(saved, (int, float)) and not isinstance(saved, bool)
-        and 0 < saved < 1e11 else newest,
+        "time": float(saved)
+        if isinstance(saved, (int, float)) and not isinstance(saved, bool) and 0 < saved < 1e11
+        else newest,
         "size_bytes": size,
         "weights": os.path.isfile(os.path.join(path, WEIGHTS_FILE)),
     }
@@ -126,8 +129,12 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
     path = os.path.join(folder, name)
     # On POSIX through the folder's descriptor: a folder swapped for a link after the check
     # above is not followed.
-    use_fd = {os.stat, os.unlink} <= os.supports_dir_fd and os.listdir in os.supports_fd \
-        and hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY")
+    use_fd = (
+        {os.stat, os.unlink} <= os.supports_dir_fd
+        and os.listdir in os.supports_fd
+        and hasattr(os, "O_NOFOLLOW")
+        and hasattr(os, "O_DIRECTORY")
+    )
     fd = None
     if use_fd:
         try:
@@ -137,8 +144,11 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
     try:
         for file in RUNNER_FILES:
             try:
-                st = os.lstat(file, dir_fd=fd) if fd is not None else \
-                    os.lstat(os.path.join(path, file))
+                st = (
+                    os.lstat(file, dir_fd=fd)
+                    if fd is not None
+                    else os.lstat(os.path.join(path, file))
+                )
                 if not stat.S_ISREG(st.st_mode):
                     continue
                 if fd is not None:
@@ -148,8 +158,7 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                raise Refused(f"cannot delete {os.path.join(path, file)}: "
-                                 f"{e.strerror}") from None
+                raise Refused(f"cannot delete {os.path.join(path, file)}: {e.strerror}") from None
         kept = sorted(os.listdir(fd if fd is not None else path))
     finally:
         if fd is not None:
@@ -183,9 +192,10 @@ def handlers(find_job: JobLookup) -> Dict[str, Callable[[Peer, Dict[str, Any]], 
         job = find_job(args["job"])
         folder = _job_folder(job)
         if job.get("state") in vocab.LIVE:
-            raise Refused(f"job {job.get('id')} is {job.get('state')}: its checkpoints can "
-                             "be deleted once it is parked or has ended")
+            raise Refused(
+                f"job {job.get('id')} is {job.get('state')}: its checkpoints can "
+                "be deleted once it is parked or has ended"
+            )
         return delete_checkpoint(folder, args["checkpoint"])
 
     return {"job_checkpoints": op_list, "job_checkpoint_delete": op_delete}
-

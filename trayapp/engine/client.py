@@ -91,8 +91,7 @@ def _open(paths: Paths, timeout: float) -> Connection:
 
 
 def _busy(paths: Paths) -> EngineBusy:
-    return EngineBusy(f"the engine at {paths.home} is busy and refused the connection; "
-                      "try again")
+    return EngineBusy(f"the engine at {paths.home} is busy and refused the connection; try again")
 
 
 class _Refused(Exception):
@@ -147,8 +146,10 @@ def _attempt(paths: Paths, key: bytes, timeout: float) -> Connection:
         except OSError:
             pass
     if t.is_alive():
-        raise EngineBusy(f"the engine at {paths.home} is busy and did not take the "
-                         f"connection in {timeout:.0f} s; try again")
+        raise EngineBusy(
+            f"the engine at {paths.home} is busy and did not take the "
+            f"connection in {timeout:.0f} s; try again"
+        )
     err = result.get("error")
     if isinstance(err, AuthenticationError):
         raise EngineUnavailable("the engine refused this client (wrong key)")
@@ -194,11 +195,14 @@ class EngineClient:
                     if op == "shutdown":
                         raise EngineUnavailable("the engine went away") from None
                     if attempt == 1:
-                        raise EngineBusy(f"the engine at {self.paths.home} is busy and cut "
-                                         "the connection; try again") from None
+                        raise EngineBusy(
+                            f"the engine at {self.paths.home} is busy and cut "
+                            "the connection; try again"
+                        ) from None
         if not answer.get("ok"):
-            raise EngineError(str(answer.get("error", "unknown error")),
-                              answer.get("code", "error"))
+            raise EngineError(
+                str(answer.get("error", "unknown error")), answer.get("code", "error")
+            )
         return answer.get("result")
 
     def _receive(self, conn: Connection, req_id: int, timeout: float) -> Dict[str, Any]:
@@ -207,8 +211,9 @@ class EngineClient:
             left = deadline - time.monotonic()
             if left <= 0 or not conn.poll(left):
                 self.close_nolock()
-                raise EngineBusy(f"the engine at {self.paths.home} did not answer in time; "
-                                 "try again")
+                raise EngineBusy(
+                    f"the engine at {self.paths.home} did not answer in time; try again"
+                )
             msg = json.loads(conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
             if isinstance(msg, dict) and msg.get("id") in (req_id, None) and "ok" in msg:
                 return msg
@@ -239,14 +244,29 @@ class EngineClient:
     def status(self) -> Dict[str, Any]:
         return self.request("status")
 
-    def history(self, start: float, end: Optional[float] = None,
-                series: Optional[List[str]] = None,
-                prefix: Optional[List[str]] = None) -> Dict[str, Any]:
-        return self.request("history", start=start, end=end, series=series, prefix=prefix,
-                            timeout=max(self.timeout, 30.0))
+    def history(
+        self,
+        start: float,
+        end: Optional[float] = None,
+        series: Optional[List[str]] = None,
+        prefix: Optional[List[str]] = None,
+    ) -> Dict[str, Any]:
+        return self.request(
+            "history",
+            start=start,
+            end=end,
+            series=series,
+            prefix=prefix,
+            timeout=max(self.timeout, 30.0),
+        )
 
-    def events(self, since: Optional[float] = None, after_id: Optional[int] = None,
-               job: Optional[str] = None, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+    def events(
+        self,
+        since: Optional[float] = None,
+        after_id: Optional[int] = None,
+        job: Optional[str] = None,
+        limit: Optional[int] = None,
+    ) -> List[Dict[str, Any]]:
         return self.request("events", since=since, after_id=after_id, job=job, limit=limit)
 
     def config_get(self) -> Dict[str, Any]:
@@ -270,21 +290,31 @@ class EngineClient:
         """The job's dict; with ``curves`` its loss and metric curves too (``"curves"``)."""
         return self.request("job_get", job=job, curves=True if curves else None)
 
-    def job_start(self, spec: Dict[str, Any],
-                  environ: Optional[Dict[str, str]] = None,
-                  env_from: Optional[str] = None) -> Dict[str, Any]:
+    def job_start(
+        self,
+        spec: Dict[str, Any],
+        environ: Optional[Dict[str, str]] = None,
+        env_from: Optional[str] = None,
+    ) -> Dict[str, Any]:
         """Launch a job; ``environ`` is the environment it starts from (default: the
         engine's). ``env_from``: the job whose kept ``--env`` values fill ``spec``'s hidden ones
         (a spec from ``jobs`` shows each value as None)."""
-        return self.request("job_start", spec=spec, environ=environ, env_from=env_from,
-                            timeout=max(self.timeout, 30.0))
+        return self.request(
+            "job_start",
+            spec=spec,
+            environ=environ,
+            env_from=env_from,
+            timeout=max(self.timeout, 30.0),
+        )
 
     def job_action(self, job: str, action: str, reason: Optional[str] = None) -> Dict[str, Any]:
-        return self.request("job_action", job=job, action=action, reason=reason,
-                            timeout=max(self.timeout, 60.0))
+        return self.request(
+            "job_action", job=job, action=action, reason=reason, timeout=max(self.timeout, 60.0)
+        )
 
-    def job_log(self, job: str, offset: Optional[int] = None,
-                max_bytes: Optional[int] = None) -> Dict[str, Any]:
+    def job_log(
+        self, job: str, offset: Optional[int] = None, max_bytes: Optional[int] = None
+    ) -> Dict[str, Any]:
         return self.request("job_log", job=job, offset=offset, max_bytes=max_bytes)
 
     def job_checkpoints(self, job: str) -> Dict[str, Any]:
@@ -304,12 +334,14 @@ class Subscription:
     (``{"push": "snapshot" | "event", "data": ...}``) or None on timeout. Raises
     EngineUnavailable when the engine goes away."""
 
-    def __init__(self, paths: Paths, snapshots: bool = True, events: bool = True,
-                 timeout: float = 10.0):
+    def __init__(
+        self, paths: Paths, snapshots: bool = True, events: bool = True, timeout: float = 10.0
+    ):
         self._conn = _open(paths, timeout)
         try:
-            self._conn.send_bytes(encode(request(1, "subscribe",
-                                                 {"snapshots": snapshots, "events": events})))
+            self._conn.send_bytes(
+                encode(request(1, "subscribe", {"snapshots": snapshots, "events": events}))
+            )
             if not self._conn.poll(timeout):
                 raise EngineUnavailable("the engine did not answer in time")
             answer = json.loads(self._conn.recv_bytes(MAX_MESSAGE_BYTES).decode("utf-8"))
@@ -361,24 +393,35 @@ def engine_command(demo: bool = False, config_file: Optional[str] = None) -> Lis
     return argv
 
 
-def start_engine(paths: Paths, demo: bool = False, config_file: Optional[str] = None) -> \
-        subprocess.Popen[bytes]:
+def start_engine(
+    paths: Paths, demo: bool = False, config_file: Optional[str] = None
+) -> subprocess.Popen[bytes]:
     """Start an engine in the background, detached from this terminal and this process."""
     kwargs: Dict[str, Any] = {}
     if WINDOWS:  # pragma: no cover
-        kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
-                                   | subprocess.CREATE_NO_WINDOW)  # type: ignore[attr-defined]
+        flags = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
+        kwargs["creationflags"] = flags | subprocess.CREATE_NO_WINDOW  # type: ignore[attr-defined]
     else:
         kwargs["start_new_session"] = True
-    return subprocess.Popen(engine_command(demo, config_file), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            close_fds=True, env={**os.environ, **private.umask_env()},
-                            **kwargs)
+    return subprocess.Popen(
+        engine_command(demo, config_file),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        env={**os.environ, **private.umask_env()},
+        **kwargs,
+    )
 
 
-def start_and_wait(paths: Paths, client: EngineClient, demo: bool = False,
-                   config_file: Optional[str] = None, timeout: float = ENGINE_START_SECONDS,
-                   halt: Optional[threading.Event] = None) -> subprocess.Popen[bytes]:
+def start_and_wait(
+    paths: Paths,
+    client: EngineClient,
+    demo: bool = False,
+    config_file: Optional[str] = None,
+    timeout: float = ENGINE_START_SECONDS,
+    halt: Optional[threading.Event] = None,
+) -> subprocess.Popen[bytes]:
     """Start an engine and wait until ``client`` reaches it, or reaches another one that won the
     race for the state folder. Returns the process started (a thread reaps it when it ends).
 
@@ -400,17 +443,23 @@ def start_and_wait(paths: Paths, client: EngineClient, demo: bool = False,
             rc = proc.poll()
             # 0: another engine won the race for the lock; keep trying to reach that one.
             if rc not in (None, 0):
-                raise EngineUnavailable(f"the engine could not start (exit status {rc}); "
-                                        f"see {paths.log_file}") from None
+                raise EngineUnavailable(
+                    f"the engine could not start (exit status {rc}); see {paths.log_file}"
+                ) from None
             if time.monotonic() > deadline:
-                raise EngineUnavailable(f"the engine did not start in {timeout:.0f} s; "
-                                        f"see {paths.log_file}") from None
+                raise EngineUnavailable(
+                    f"the engine did not start in {timeout:.0f} s; see {paths.log_file}"
+                ) from None
     raise EngineUnavailable("stopped")
 
 
-def connect(paths: Paths, start: bool = False, demo: bool = False,
-            config_file: Optional[str] = None,
-            timeout: float = ENGINE_START_SECONDS) -> EngineClient:
+def connect(
+    paths: Paths,
+    start: bool = False,
+    demo: bool = False,
+    config_file: Optional[str] = None,
+    timeout: float = ENGINE_START_SECONDS,
+) -> EngineClient:
     """A client of a running engine; with ``start``, one is started when none answers.
 
     Raises EngineUnavailable when none answers (within ``timeout`` after starting one).

@@ -28,8 +28,9 @@ def shown_problems(problems: List[str]) -> List[str]:
     if len(problems) <= STATUS_PROBLEMS:
         return list(problems)
     more = len(problems) - STATUS_PROBLEMS + 1
-    return list(problems[:STATUS_PROBLEMS - 1]) + [
-        f"config: and {more} more problems (see the settings)"]
+    return list(problems[: STATUS_PROBLEMS - 1]) + [
+        f"config: and {more} more problems (see the settings)"
+    ]
 
 
 class ConfigHost(Protocol):
@@ -39,8 +40,15 @@ class ConfigHost(Protocol):
     config: Config
     paths: Paths
 
-    def emit_event(self, kind: str, message: str, *, level: str = ...,
-                   job_id: Optional[str] = ..., data: Optional[Dict[str, Any]] = ...) -> Any: ...
+    def emit_event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        level: str = ...,
+        job_id: Optional[str] = ...,
+        data: Optional[Dict[str, Any]] = ...,
+    ) -> Any: ...
 
     def wake(self) -> None: ...
 
@@ -85,23 +93,36 @@ class ConfigWatcher:
             new = configmod.load(self.engine.paths.config_file)
             if new.read_error is not None:
                 new = dataclasses.replace(
-                    old, stamp=new.stamp, version=new.version, read_error=new.read_error,
-                    problems=[f"config: {new.path} cannot be read ({new.read_error}); the "
-                              "settings in use stay as they were"])
+                    old,
+                    stamp=new.stamp,
+                    version=new.version,
+                    read_error=new.read_error,
+                    problems=[
+                        f"config: {new.path} cannot be read ({new.read_error}); the "
+                        "settings in use stay as they were"
+                    ],
+                )
             self.engine.config = new
-        changed = [s.name for s in configmod.SETTINGS
-                   if old.values.get(s.name) != new.values.get(s.name)]
+        changed = [
+            s.name for s in configmod.SETTINGS if old.values.get(s.name) != new.values.get(s.name)
+        ]
         if old.rules != new.rules:
             changed.append("guard.rules")
         if cause == "file":
-            shown = ", ".join(f"{n} = {new.values[n]!r}" if n in new.values else n
-                              for n in changed[:PROBLEMS_SHOWN])
-            more = f" and {len(changed) - PROBLEMS_SHOWN} more" if len(changed) > \
-                PROBLEMS_SHOWN else ""
+            shown = ", ".join(
+                f"{n} = {new.values[n]!r}" if n in new.values else n
+                for n in changed[:PROBLEMS_SHOWN]
+            )
+            more = (
+                f" and {len(changed) - PROBLEMS_SHOWN} more"
+                if len(changed) > PROBLEMS_SHOWN
+                else ""
+            )
             self.engine.emit_event(
                 E.CONFIG_CHANGED,
                 f"{new.path} changed: " + (f"{shown}{more}" if changed else "no setting changed"),
-                data={"names": changed, "source": "file"})
+                data={"names": changed, "source": "file"},
+            )
         if new.problems != old.problems:
             self._report_problems(new.problems)
         self.engine.wake()
@@ -114,8 +135,9 @@ class ConfigWatcher:
         with self.lock:
             if configmod.changed_since(self.engine.config):
                 self.reload(cause="file")
-            checked = configmod.save_value(self.engine.paths.config_file, name, value,
-                                           version=version)
+            checked = configmod.save_value(
+                self.engine.paths.config_file, name, value, version=version
+            )
             self.reload(cause="save")
         return checked
 

@@ -78,8 +78,7 @@ class JobActs(Protocol):
 
     def tree_bytes(self, job_id: str, pids: Sequence[int], /) -> Optional[int]: ...
 
-    def pause(self, job_ref: str, /, *, by: str, reason: str,
-              deadline: Optional[float]) -> Any: ...
+    def pause(self, job_ref: str, /, *, by: str, reason: str, deadline: Optional[float]) -> Any: ...
 
     def resume(self, job_ref: str, /, *, by: str, reason: str) -> Any: ...
 
@@ -91,8 +90,15 @@ class JobActs(Protocol):
 class Emit(Protocol):
     """Where the guard's events go (the engine's ``emit_event``)."""
 
-    def __call__(self, kind: str, message: str, *, level: str = ...,
-                 job_id: Optional[str] = ..., data: Optional[Dict[str, Any]] = ...) -> Any: ...
+    def __call__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        level: str = ...,
+        job_id: Optional[str] = ...,
+        data: Optional[Dict[str, Any]] = ...,
+    ) -> Any: ...
 
 
 class ConfigPolicy:
@@ -115,7 +121,6 @@ class ConfigPolicy:
         return self._policy
 
 
-
 class GuardService:
     """The engine-side guard.
 
@@ -125,9 +130,16 @@ class GuardService:
     now; ``processes``: reads the process list when a warning should name names.
     """
 
-    def __init__(self, *, jobs: Callable[[], Sequence[JobRecord]], acts: Optional[JobActs],
-                 emit: Emit, read_snapshot: Callable[[bool], Snapshot],
-                 policy: Callable[[], Policy], processes: Optional[ProcessSampler] = None):
+    def __init__(
+        self,
+        *,
+        jobs: Callable[[], Sequence[JobRecord]],
+        acts: Optional[JobActs],
+        emit: Emit,
+        read_snapshot: Callable[[bool], Snapshot],
+        policy: Callable[[], Policy],
+        processes: Optional[ProcessSampler] = None,
+    ):
         self._job_records = jobs
         self._acts = acts
         self._emit_event = emit
@@ -151,9 +163,13 @@ class GuardService:
         self._failures: Dict[str, float] = {}
         self._self_pid = os.getpid()
         self._parts = Parts(log)  # what is not the ladder itself, each part on its own
-        self._json: Dict[str, Any] = {"state": L.OK, "mode": self.policy().mode, "reasons": [],
-                                      "seconds_to_exhaustion": None,
-                                      "fill_rate_bytes_per_s": None}
+        self._json: Dict[str, Any] = {
+            "state": L.OK,
+            "mode": self.policy().mode,
+            "reasons": [],
+            "seconds_to_exhaustion": None,
+            "fill_rate_bytes_per_s": None,
+        }
 
     # -- what the engine calls ----------------------------------------------------------------
 
@@ -170,8 +186,9 @@ class GuardService:
         if not self._lock.acquire(blocking=False):
             return self._interval if self._interval is not None else base
         try:
-            self._interval = guard.next_interval(self._last_input, self.history, self.policy(),
-                                                 base, self.state)
+            self._interval = guard.next_interval(
+                self._last_input, self.history, self.policy(), base, self.state
+            )
             return self._interval
         finally:
             self._lock.release()
@@ -215,8 +232,11 @@ class GuardService:
         inp = self._input(snap, jobs)
         self.history.record(inp)
         d = guard.decide(inp, self.history, policy, self.state)
-        if d.wants_processes and policy.mode != M.OFF and \
-                time.monotonic() - self._top_at >= TOP_MIN_INTERVAL:
+        if (
+            d.wants_processes
+            and policy.mode != M.OFF
+            and time.monotonic() - self._top_at >= TOP_MIN_INTERVAL
+        ):
             if self._parts.run("guard: the process list", self._sample_processes, policy):
                 inp = replace(inp, processes=self._processes(jobs, policy))
                 d = guard.decide(inp, self.history, policy, self.state)
@@ -274,8 +294,14 @@ class GuardService:
     def _input(self, snap: Snapshot, jobs: Tuple[JobView, ...]) -> GuardInput:
         fresh = snap.gpus is not self._gpus_seen
         self._gpus_seen = snap.gpus
-        return GuardInput(snap.time, snap.memory, tuple(snap.gpus), jobs,
-                          self._processes(jobs, self.policy()), gpus_fresh=fresh)
+        return GuardInput(
+            snap.time,
+            snap.memory,
+            tuple(snap.gpus),
+            jobs,
+            self._processes(jobs, self.policy()),
+            gpus_fresh=fresh,
+        )
 
     # -- acting -------------------------------------------------------------------------------
 
@@ -288,14 +314,23 @@ class GuardService:
             data = action.data
             if action.job_id is None:
                 # A machine-wide warning concerns every job: `headroom run` shows it too.
-                data = {**data, "job_ids": [j.id for j in inp.jobs
-                                            if j.state not in ENDED_STATES]}
-            self._emit(action.event_kind, action.message, level=action.event_level,
-                       job_id=action.job_id, data=data)
+                data = {**data, "job_ids": [j.id for j in inp.jobs if j.state not in ENDED_STATES]}
+            self._emit(
+                action.event_kind,
+                action.message,
+                level=action.event_level,
+                job_id=action.job_id,
+                data=data,
+            )
             return
         if action.dry_run:
-            self._emit(action.event_kind, action.message, level="info", job_id=action.job_id,
-                       data={**action.data, "dry_run": True})
+            self._emit(
+                action.event_kind,
+                action.message,
+                level="info",
+                job_id=action.job_id,
+                data={**action.data, "dry_run": True},
+            )
             self.state = guard.acted(self.state, action, inp.time, policy)
             return
         fresh = self._fresh_input(action, inp)
@@ -313,15 +348,21 @@ class GuardService:
             self._refused(action, fresh, policy, e)
             return
         data = dict(action.data)
-        data.update(available_bytes=fresh.memory.available_bytes,
-                    total_bytes=fresh.memory.total_bytes,
-                    psi_full_avg10=fresh.memory.psi_full_avg10)
-        self._emit(action.event_kind, action.message, level=action.event_level,
-                   job_id=action.job_id, data=data)
+        data.update(
+            available_bytes=fresh.memory.available_bytes,
+            total_bytes=fresh.memory.total_bytes,
+            psi_full_avg10=fresh.memory.psi_full_avg10,
+        )
+        self._emit(
+            action.event_kind,
+            action.message,
+            level=action.event_level,
+            job_id=action.job_id,
+            data=data,
+        )
         self.state = guard.acted(self.state, action, fresh.time, policy)
 
-    def _refused(self, action: Action, fresh: GuardInput, policy: Policy,
-                 error: Exception) -> None:
+    def _refused(self, action: Action, fresh: GuardInput, policy: Policy, error: Exception) -> None:
         """An act that could not be done: the target is left alone for a moment, and it is
         said (the same failure at most once a minute)."""
         self.state = guard.acted(self.state, action, fresh.time, policy, done=False)
@@ -330,16 +371,27 @@ class GuardService:
         now = time.monotonic()
         if last is None or now - last > FAILURE_QUIET_SECONDS:
             self._failures[action.key] = now
-            self._emit(E.GUARD_WARN, guard.text.failed_line(action.kind, action.label, why),
-                       level="warn", job_id=action.job_id, data={"cause": action.cause})
+            self._emit(
+                E.GUARD_WARN,
+                guard.text.failed_line(action.kind, action.label, why),
+                level="warn",
+                job_id=action.job_id,
+                data={"cause": action.cause},
+            )
 
     def _fresh_input(self, action: Action, inp: GuardInput) -> GuardInput:
         snap = self._read_snapshot(action.cause == C.BUDGET_VRAM)
         fresh_gpus = snap.gpus is not self._gpus_seen
         self._gpus_seen = snap.gpus
         jobs = self._jobs(snap.gpus)
-        return GuardInput(snap.time, snap.memory, tuple(snap.gpus), jobs, inp.processes,
-                          gpus_fresh=fresh_gpus or inp.gpus_fresh)
+        return GuardInput(
+            snap.time,
+            snap.memory,
+            tuple(snap.gpus),
+            jobs,
+            inp.processes,
+            gpus_fresh=fresh_gpus or inp.gpus_fresh,
+        )
 
     def _act_on_job(self, action: Action) -> None:
         manager = self._acts
@@ -350,8 +402,7 @@ class GuardService:
         if action.kind == A.PAUSE:
             group = self._stop_group_now(action) if action.deadline_seconds == 0 else None
             try:
-                manager.pause(ref, by=BY, reason=action.reason,
-                              deadline=action.deadline_seconds)
+                manager.pause(ref, by=BY, reason=action.reason, deadline=action.deadline_seconds)
             except BaseException:
                 if group is not None:
                     _signal_group(group, signal.SIGCONT)  # the manager refused: undo
@@ -359,8 +410,7 @@ class GuardService:
         elif action.kind == A.RESUME:
             manager.resume(ref, by=BY, reason=action.reason)
         elif action.kind == A.PARK:
-            manager.park(ref, by=BY, reason=action.reason,
-                         smaller=bool(action.data.get("smaller")))
+            manager.park(ref, by=BY, reason=action.reason, smaller=bool(action.data.get("smaller")))
         elif action.kind == A.STOP:
             manager.stop(ref, by=BY, reason=action.reason)
 
@@ -405,8 +455,7 @@ class GuardService:
                 proc.resume()  # a stopped process cannot act on SIGTERM
                 self._foreign_paused.pop(pid, None)
             proc.terminate()
-            self._foreign_stops[pid] = (time.monotonic() + FOREIGN_KILL_SECONDS,
-                                        proc.create_time())
+            self._foreign_stops[pid] = (time.monotonic() + FOREIGN_KILL_SECONDS, proc.create_time())
 
     def _tend_foreign(self) -> None:
         """Finish stops (SIGKILL once the grace has passed); forget processes that ended."""
@@ -444,14 +493,26 @@ class GuardService:
             for pid, name, rss, created, rate in self._top:
                 job_id = owner.get(pid)
                 shown = self._namer.name(pid, name, created)  # "train.py", not "python3"
-                rule = None if job_id or pid == self._self_pid else (
-                    _rule_for(name, policy.rules) or _rule_for(shown, policy.rules))
-                out[pid] = ProcessView(pid, shown, rss, rate, job_id, rule,
-                                       pid in self._foreign_paused, pid == self._self_pid)
+                rule = (
+                    None
+                    if job_id or pid == self._self_pid
+                    else (_rule_for(name, policy.rules) or _rule_for(shown, policy.rules))
+                )
+                out[pid] = ProcessView(
+                    pid,
+                    shown,
+                    rss,
+                    rate,
+                    job_id,
+                    rule,
+                    pid in self._foreign_paused,
+                    pid == self._self_pid,
+                )
         for pid, (_, name, rss) in self._foreign_paused.items():
             if pid not in out:
-                out[pid] = ProcessView(pid, name, rss, None, None,
-                                       _rule_for(name, policy.rules), True)
+                out[pid] = ProcessView(
+                    pid, name, rss, None, None, _rule_for(name, policy.rules), True
+                )
         return tuple(out.values())
 
     # -- the status ---------------------------------------------------------------------------
@@ -470,11 +531,19 @@ class GuardService:
             "thresholds": d.thresholds.to_json(),
             "psi_full_avg10": inp.memory.psi_full_avg10,
             "top_processes": [
-                {"pid": p.pid, "name": p.name, "rss_bytes": p.rss_bytes,
-                 "rate_bytes_per_s": None if p.rate_bytes_per_s is None
-                 else round(p.rate_bytes_per_s), "job_id": p.job_id}
+                {
+                    "pid": p.pid,
+                    "name": p.name,
+                    "rss_bytes": p.rss_bytes,
+                    "rate_bytes_per_s": None
+                    if p.rate_bytes_per_s is None
+                    else round(p.rate_bytes_per_s),
+                    "job_id": p.job_id,
+                }
                 for p in sorted(inp.processes, key=lambda p: -p.rss_bytes)[:TOP_LIMIT]
-            ] if d.wants_processes else [],
+            ]
+            if d.wants_processes
+            else [],
             "paused_by_guard": dict(self.state.paused_for),
             "suspended_processes": sorted(self._foreign_paused),
             "last_action": self.state.last_action,

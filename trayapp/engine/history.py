@@ -8,8 +8,9 @@ from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 
-def select_series(names: Sequence[str], series: Optional[Sequence[str]],
-                  prefix: Optional[Sequence[str]]) -> List[str]:
+def select_series(
+    names: Sequence[str], series: Optional[Sequence[str]], prefix: Optional[Sequence[str]]
+) -> List[str]:
     """The names matching ``series`` (exact) or ``prefix``; all of them when both are None."""
     if series is None and prefix is None:
         return list(names)
@@ -70,8 +71,13 @@ class RecentHistory:
         """Whether memory holds everything from ``start`` on (the engine ran since then)."""
         return self._first_t is not None and start >= self._first_t
 
-    def query(self, start: float, end: float, series: Optional[Sequence[str]] = None,
-              prefix: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    def query(
+        self,
+        start: float,
+        end: float,
+        series: Optional[Sequence[str]] = None,
+        prefix: Optional[Sequence[str]] = None,
+    ) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
         with self._lock:
             for name in select_series(list(self._series), series, prefix):
@@ -92,8 +98,13 @@ class ConsumerScan:
     per ``interval`` seconds: one pass over the process list costs about a millisecond per
     hundred processes, too much for every sample."""
 
-    def __init__(self, scan: Callable[..., List[Any]], interval: float = 5.0, limit: int = 4,
-                 min_bytes: int = 32 << 20):
+    def __init__(
+        self,
+        scan: Callable[..., List[Any]],
+        interval: float = 5.0,
+        limit: int = 4,
+        min_bytes: int = 32 << 20,
+    ):
         self._scan = scan
         self.interval = interval
         self.limit = limit
@@ -106,6 +117,5 @@ class ConsumerScan:
         last one is ``interval`` old (or the clock went back), else the last one's."""
         if self._at is None or not 0 <= t - self._at < self.interval:
             self._at = t
-            self.latest = list(self._scan(skip=skip, limit=self.limit,
-                                          min_bytes=self.min_bytes))
+            self.latest = list(self._scan(skip=skip, limit=self.limit, min_bytes=self.min_bytes))
         return self.latest

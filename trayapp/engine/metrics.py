@@ -109,17 +109,16 @@ class MetricsService:
             want = wanted(cfg, self.flag)
             if want != self._want or self._error is not None:
                 self._want = want
-                threading.Thread(target=self._apply, name="metrics-restart",
-                                 daemon=True).start()
+                threading.Thread(target=self._apply, name="metrics-restart", daemon=True).start()
         return self._server is not None
 
-    def publish(self, snap: Snapshot, guard: Mapping[str, Any],
-                jobs: Sequence[JobRecord]) -> None:
+    def publish(self, snap: Snapshot, guard: Mapping[str, Any], jobs: Sequence[JobRecord]) -> None:
         """The loop's reading, for the scrapes until the next one."""
         from trayapp.engine.metrics_export import Held  # loaded with the server
 
-        self._held = Held(snap, guard, tuple(jobs), self.tally.counts(), __version__,
-                          self._host, self._started)
+        self._held = Held(
+            snap, guard, tuple(jobs), self.tally.counts(), __version__, self._host, self._started
+        )
 
     def note_event(self, kind: str, data: Optional[Mapping[str, Any]]) -> None:
         self.tally.note(kind, data)
@@ -129,8 +128,11 @@ class MetricsService:
         None}``."""
         with self._lock:
             listen, cert, _ = self._serving
-            return {"listen": str(listen) if self._server is not None and listen else None,
-                    "tls": bool(cert) and self._server is not None, "error": self._error}
+            return {
+                "listen": str(listen) if self._server is not None and listen else None,
+                "tls": bool(cert) and self._server is not None,
+                "error": self._error,
+            }
 
     @property
     def port(self) -> Optional[int]:
@@ -173,13 +175,19 @@ class MetricsService:
         scheme = "https" if cert else "http"
         log.info("metrics: serving Prometheus metrics at %s://%s/metrics", scheme, listen)
         if not listen.loopback:
-            log.warning("metrics: listening on %s, which other machines can reach%s", listen,
-                        "" if cert else " without TLS (anyone on the network can read the "
-                        "machine's memory and jobs); set metrics.tls_cert and metrics.tls_key")
+            log.warning(
+                "metrics: listening on %s, which other machines can reach%s",
+                listen,
+                ""
+                if cert
+                else " without TLS (anyone on the network can read the "
+                "machine's memory and jobs); set metrics.tls_cert and metrics.tls_key",
+            )
 
     def _fail(self, listen: Optional[Listen], why: str) -> None:
-        self._error = f"cannot serve metrics on {listen}: {why}" if listen else \
-            f"cannot serve metrics: {why}"
+        self._error = (
+            f"cannot serve metrics on {listen}: {why}" if listen else f"cannot serve metrics: {why}"
+        )
         log.warning("metrics: %s; the engine goes on without them", self._error)
 
     def _stop_server(self) -> None:

@@ -72,15 +72,19 @@ def _ratio(percent: Optional[float]) -> Optional[float]:
 
 
 def engine_families(held: Held) -> List[Metric]:
-    info = _gauge("headroom_info", "The engine's version and host name (always 1).",
-                  ["version", "host"])
+    info = _gauge(
+        "headroom_info", "The engine's version and host name (always 1).", ["version", "host"]
+    )
     info.add_metric([label(held.version), label(held.host)], 1)
-    started = _gauge("headroom_engine_start_time_seconds",
-                     "When the engine started (seconds since the epoch).")
+    started = _gauge(
+        "headroom_engine_start_time_seconds", "When the engine started (seconds since the epoch)."
+    )
     started.add_metric([], held.started)
-    sampled = _gauge("headroom_last_sample_timestamp_seconds",
-                     "When the reading these metrics come from was taken (seconds since the "
-                     "epoch): far behind time() means the engine's loop is stuck.")
+    sampled = _gauge(
+        "headroom_last_sample_timestamp_seconds",
+        "When the reading these metrics come from was taken (seconds since the "
+        "epoch): far behind time() means the engine's loop is stuck.",
+    )
     sampled.add_metric([], held.snapshot.time)
     return [info, started, sampled]
 
@@ -89,22 +93,35 @@ def memory_families(held: Held) -> List[Metric]:
     m = held.snapshot.memory
     out: List[Metric] = []
     for name, doc, value in (
-        ("headroom_memory_total_bytes", "RAM the guard counts with (a cgroup's limit where one "
-         "bounds it).", m.total_bytes),
+        (
+            "headroom_memory_total_bytes",
+            "RAM the guard counts with (a cgroup's limit where one bounds it).",
+            m.total_bytes,
+        ),
         ("headroom_memory_available_bytes", "RAM available (cgroup-aware).", m.available_bytes),
         ("headroom_memory_used_bytes", "RAM in use (cgroup-aware).", m.used_bytes),
         ("headroom_swap_total_bytes", "Swap space.", m.swap_total_bytes),
         ("headroom_swap_used_bytes", "Swap in use.", m.swap_used_bytes),
-        ("headroom_memory_pressure_some_ratio", "PSI memory \"some\" avg10: share of the last "
-         "10 s some task stalled on memory (absent without PSI).", _ratio(m.psi_some_avg10)),
-        ("headroom_memory_pressure_full_ratio", "PSI memory \"full\" avg10: share of the last "
-         "10 s all tasks stalled on memory (absent without PSI).", _ratio(m.psi_full_avg10)),
+        (
+            "headroom_memory_pressure_some_ratio",
+            'PSI memory "some" avg10: share of the last '
+            "10 s some task stalled on memory (absent without PSI).",
+            _ratio(m.psi_some_avg10),
+        ),
+        (
+            "headroom_memory_pressure_full_ratio",
+            'PSI memory "full" avg10: share of the last '
+            "10 s all tasks stalled on memory (absent without PSI).",
+            _ratio(m.psi_full_avg10),
+        ),
     ):
         family = _gauge(name, doc)
         _add(family, [], value)
         out.append(family)
-    cgroup = _gauge("headroom_memory_cgroup_limited",
-                    "1 when a cgroup's limit, not the machine's RAM, bounds what is available.")
+    cgroup = _gauge(
+        "headroom_memory_cgroup_limited",
+        "1 when a cgroup's limit, not the machine's RAM, bounds what is available.",
+    )
     cgroup.add_metric([], 1.0 if m.limit_source == "cgroup" else 0.0)
     out.append(cgroup)
     return out
@@ -117,11 +134,13 @@ def gpu_families(held: Held) -> List[Metric]:
     keys = ["gpu", "uuid", "name"]
     table: List[Tuple[str, str, Callable[[Any], Optional[float]]]] = [
         ("headroom_gpu_memory_total_bytes", "A GPU's memory.", lambda g: g.memory_total_bytes),
-        ("headroom_gpu_memory_used_bytes", "A GPU's memory in use.",
-         lambda g: g.memory_used_bytes),
+        ("headroom_gpu_memory_used_bytes", "A GPU's memory in use.", lambda g: g.memory_used_bytes),
         ("headroom_gpu_memory_free_bytes", "A GPU's free memory.", lambda g: g.memory_free_bytes),
-        ("headroom_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the "
-         "GPU.", lambda g: _ratio(g.utilization_percent)),
+        (
+            "headroom_gpu_utilization_ratio",
+            "Share of the last sample period a kernel ran on the GPU.",
+            lambda g: _ratio(g.utilization_percent),
+        ),
         ("headroom_gpu_temperature_celsius", "A GPU's temperature.", lambda g: g.temperature_c),
         ("headroom_gpu_power_watts", "A GPU's power draw.", lambda g: g.power_watts),
     ]
@@ -142,31 +161,47 @@ def _number(value: Any) -> Optional[float]:
 
 def guard_families(held: Held) -> List[Metric]:
     g = held.guard
-    state = _gauge("headroom_guard_state", "The guard's level, as a state set: 1 on the "
-                   "current one (ok, warn, pause, park), 0 on the others.", ["state"])
+    state = _gauge(
+        "headroom_guard_state",
+        "The guard's level, as a state set: 1 on the "
+        "current one (ok, warn, pause, park), 0 on the others.",
+        ["state"],
+    )
     current = str(g.get("state", GuardLevel.OK))
     for level in GuardLevel:
         state.add_metric([level.value], 1.0 if level.value == current else 0.0)
-    mode = _gauge("headroom_guard_mode", "The guard's mode, as a state set (act, dry-run, "
-                  "off).", ["mode"])
+    mode = _gauge(
+        "headroom_guard_mode", "The guard's mode, as a state set (act, dry-run, off).", ["mode"]
+    )
     for m in GuardMode:
         mode.add_metric([m.value], 1.0 if m.value == g.get("mode") else 0.0)
-    tte = _gauge("headroom_guard_seconds_to_exhaustion", "Seconds until available memory runs "
-                 "out at the measured fill rate (absent when it is not filling).")
+    tte = _gauge(
+        "headroom_guard_seconds_to_exhaustion",
+        "Seconds until available memory runs "
+        "out at the measured fill rate (absent when it is not filling).",
+    )
     _add(tte, [], _number(g.get("seconds_to_exhaustion")))
-    rate = _gauge("headroom_guard_fill_rate_bytes_per_second", "How fast available memory "
-                  "shrinks (negative: it grows), fitted over the recent samples.")
+    rate = _gauge(
+        "headroom_guard_fill_rate_bytes_per_second",
+        "How fast available memory shrinks (negative: it grows), fitted over the recent samples.",
+    )
     _add(rate, [], _number(g.get("fill_rate_bytes_per_s")))
-    steps = _gauge("headroom_guard_threshold_bytes", "Available memory at which the guard "
-                   "takes each step (warn, pause, park, stop; resume above it).", ["step"])
+    steps = _gauge(
+        "headroom_guard_threshold_bytes",
+        "Available memory at which the guard "
+        "takes each step (warn, pause, park, stop; resume above it).",
+        ["step"],
+    )
     thresholds = g.get("thresholds")
     if isinstance(thresholds, Mapping):
         for key, value in sorted(thresholds.items()):
             if isinstance(key, str) and key.endswith("_bytes"):
-                _add(steps, [key[:-len("_bytes")]], _number(value))
-    actions = CounterMetricFamily("headroom_guard_actions", "What the guard did since the "
-                                  "engine started, by action (dry-run ones not counted).",
-                                  labels=["action"])
+                _add(steps, [key[: -len("_bytes")]], _number(value))
+    actions = CounterMetricFamily(
+        "headroom_guard_actions",
+        "What the guard did since the engine started, by action (dry-run ones not counted).",
+        labels=["action"],
+    )
     for action in GUARD_ACTIONS:
         actions.add_metric([action], float(held.actions.get(action, 0)))
     return [state, mode, tte, rate, steps, actions]
@@ -184,22 +219,38 @@ def progress_ratio(job: JobRecord) -> Optional[float]:
 
 def job_families(held: Held) -> List[Metric]:
     keys = ["job", "name"]
-    memory = _gauge("headroom_job_memory_bytes", "A job's memory: its process tree's RAM "
-                    "(kind=\"ram\") and its GPU memory (kind=\"vram\").", [*keys, "kind"])
-    budget = _gauge("headroom_job_memory_budget_bytes", "A job's guard budget, where it has one.",
-                    [*keys, "kind"])
-    state = _gauge("headroom_job_state", "1 for a job's current state (live and parked jobs "
-                   "only: an ended job drops out).", [*keys, "state"])
+    memory = _gauge(
+        "headroom_job_memory_bytes",
+        'A job\'s memory: its process tree\'s RAM (kind="ram") and its GPU memory (kind="vram").',
+        [*keys, "kind"],
+    )
+    budget = _gauge(
+        "headroom_job_memory_budget_bytes",
+        "A job's guard budget, where it has one.",
+        [*keys, "kind"],
+    )
+    state = _gauge(
+        "headroom_job_state",
+        "1 for a job's current state (live and parked jobs only: an ended job drops out).",
+        [*keys, "state"],
+    )
     progress = _gauge("headroom_job_progress_ratio", "Share of a job's training done.", keys)
     started = _gauge("headroom_job_start_time_seconds", "When a job started.", keys)
-    eta = _gauge("headroom_job_eta_seconds", "Seconds a job's training has left, estimated.",
-                 keys)
-    answering = _gauge("headroom_job_answering", "0 for a live job whose runner does not read "
-                       "what the engine sends (cut off: handled by signals), else 1.", keys)
-    protection = _gauge("headroom_job_protection_info", "1, labelled with what guards a job "
-                        "besides the guard: brake-v1 or brake-v2 (its cgroup's limit held by the "
-                        "kernel: cgroup v1, or a systemd scope on cgroup v2) or guard (the guard "
-                        "alone).", [*keys, "protection"])
+    eta = _gauge("headroom_job_eta_seconds", "Seconds a job's training has left, estimated.", keys)
+    answering = _gauge(
+        "headroom_job_answering",
+        "0 for a live job whose runner does not read "
+        "what the engine sends (cut off: handled by signals), else 1.",
+        keys,
+    )
+    protection = _gauge(
+        "headroom_job_protection_info",
+        "1, labelled with what guards a job "
+        "besides the guard: brake-v1 or brake-v2 (its cgroup's limit held by the "
+        "kernel: cgroup v1, or a systemd scope on cgroup v2) or guard (the guard "
+        "alone).",
+        [*keys, "protection"],
+    )
     for job in held.jobs[:JOBS_MAX]:
         ids = [label(job.id), label(job.name)]
         _add(memory, [*ids, "ram"], job.rss_bytes)
@@ -219,8 +270,13 @@ def job_families(held: Held) -> List[Metric]:
 
 def families(held: Held) -> List[Metric]:
     """Every metric family of one held reading (pure: nothing is read)."""
-    return [*engine_families(held), *memory_families(held), *gpu_families(held),
-            *guard_families(held), *job_families(held)]
+    return [
+        *engine_families(held),
+        *memory_families(held),
+        *gpu_families(held),
+        *guard_families(held),
+        *job_families(held),
+    ]
 
 
 class HeldCollector(Collector):
@@ -334,8 +390,10 @@ def _app(registry: CollectorRegistry) -> Callable[..., Any]:
 def _no_passphrase() -> bytes:
     """Called by OpenSSL for a key with a passphrase, which would otherwise be asked for on the
     engine's terminal (the engine's start waiting there)."""
-    raise ValueError("the TLS key has a passphrase, which the engine cannot be given: write it "
-                     "without one (openssl pkey -in KEY -out KEY2) and keep that file 0600")
+    raise ValueError(
+        "the TLS key has a passphrase, which the engine cannot be given: write it "
+        "without one (openssl pkey -in KEY -out KEY2) and keep that file 0600"
+    )
 
 
 class MetricsServer:
@@ -344,36 +402,38 @@ class MetricsServer:
     an address this machine does not have, a name that does not resolve) or ssl.SSLError / a
     missing file for the TLS files."""
 
-    def __init__(self, listen: Listen, held: Callable[[], Optional[Held]], *,
-                 cert: str = "", key: str = ""):
+    def __init__(
+        self, listen: Listen, held: Callable[[], Optional[Held]], *, cert: str = "", key: str = ""
+    ):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(HeldCollector(held))
-        family, _, _, _, address = socket.getaddrinfo(listen.host, listen.port,
-                                                      type=socket.SOCK_STREAM)[0]
+        family, _, _, _, address = socket.getaddrinfo(
+            listen.host, listen.port, type=socket.SOCK_STREAM
+        )[0]
         self.server = _Server(address, family)
         try:
             if cert:
                 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
                 context.minimum_version = ssl.TLSVersion.TLSv1_2
-                context.load_cert_chain(certfile=cert, keyfile=key or None,
-                                        password=_no_passphrase)
-                self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
-                                                         do_handshake_on_connect=False)
+                context.load_cert_chain(certfile=cert, keyfile=key or None, password=_no_passphrase)
+                self.server.socket = context.wrap_socket(
+                    self.server.socket, server_side=True, do_handshake_on_connect=False
+                )
             self.server.set_app(_app(registry))
         except BaseException:
             self.server.server_close()
             raise
         self.port = int(self.server.server_address[1])
         # No polling between scrapes (an idle engine wakes for nothing); close() wakes it.
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(IDLE_POLL,),
-                                       name="metrics", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, args=(IDLE_POLL,), name="metrics", daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:
         """Stop serving and free the port. The serving thread sleeps in select(): it is woken
         by connections of our own until it has seen the request to stop."""
-        stopper = threading.Thread(target=self.server.shutdown, name="metrics-stop",
-                                   daemon=True)
+        stopper = threading.Thread(target=self.server.shutdown, name="metrics-stop", daemon=True)
         stopper.start()
         deadline = time.monotonic() + 5
         while stopper.is_alive() and time.monotonic() < deadline:

@@ -22,8 +22,12 @@ class Parts:
     """``run(name, fn, *args, **kwargs)``: call ``fn``; True when it returned, False when it
     raised (and was reported)."""
 
-    def __init__(self, logger: logging.Logger, quiet: float = QUIET_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        logger: logging.Logger,
+        quiet: float = QUIET_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.log = logger
         self.quiet = quiet
         self.clock = clock
@@ -68,5 +72,6 @@ class Parts:
         if first:
             self.log.error("%s failed; the rest of the tick goes on", name, exc_info=error)
         else:
-            self.log.error("%s still fails (%d times in %.0f s): %s", name, count, since,
-                           one_line(error, 300))
+            self.log.error(
+                "%s still fails (%d times in %.0f s): %s", name, count, since, one_line(error, 300)
+            )

@@ -18,8 +18,16 @@ from trayapp.channel import encode
 from trayapp.runner.protocol import MAX_MESSAGE_BYTES, ProtocolError
 from trayapp.text import one_line
 
-__all__ = ["MAX_MESSAGE_BYTES", "ProtocolError", "REQUESTS", "encode", "parse_request",
-           "ok", "error", "push"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "ProtocolError",
+    "REQUESTS",
+    "encode",
+    "parse_request",
+    "ok",
+    "error",
+    "push",
+]
 
 # A request nests at most this deep (a job spec is two levels), and every number in it is finite
 # and within this magnitude (exact as a float, and within SQLite's 64-bit integers).
@@ -34,29 +42,52 @@ _OPT_STR = (str, type(None))
 REQUESTS: Dict[str, Dict[str, Tuple[tuple, bool]]] = {
     "ping": {},
     "status": {},
-    "history": {"start": (_NUM, True), "end": (_OPT_NUM, False),
-                "series": ((list, type(None)), False), "prefix": ((list, type(None)), False)},
-    "events": {"since": (_OPT_NUM, False), "after_id": ((int, type(None)), False),
-               "job": (_OPT_STR, False), "limit": ((int, type(None)), False)},
-    "subscribe": {"snapshots": ((bool,), False), "events": ((bool,), False),
-                  "logs": ((bool,), False)},
+    "history": {
+        "start": (_NUM, True),
+        "end": (_OPT_NUM, False),
+        "series": ((list, type(None)), False),
+        "prefix": ((list, type(None)), False),
+    },
+    "events": {
+        "since": (_OPT_NUM, False),
+        "after_id": ((int, type(None)), False),
+        "job": (_OPT_STR, False),
+        "limit": ((int, type(None)), False),
+    },
+    "subscribe": {
+        "snapshots": ((bool,), False),
+        "events": ((bool,), False),
+        "logs": ((bool,), False),
+    },
     "config_get": {},
-    "config_set": {"name": ((str,), True), "value": ((str, int, float, bool), True),
-                   "version": (_OPT_STR, False)},
+    "config_set": {
+        "name": ((str,), True),
+        "value": ((str, int, float, bool), True),
+        "version": (_OPT_STR, False),
+    },
     "guard_mode": {"mode": ((str,), True)},
     "shutdown": {"force": ((bool,), False)},
     "jobs": {"all": ((bool,), False)},
     "job_get": {"job": ((str,), True), "curves": ((bool,), False)},
-    "job_start": {"spec": ((dict,), True), "environ": ((dict, type(None)), False),
-                  "env_from": (_OPT_STR, False)},
-    "job_action": {"job": ((str,), True), "action": ((str,), True),
-                   "reason": (_OPT_STR, False)},
-    "job_log": {"job": ((str,), True), "offset": ((int, type(None)), False),
-                "max_bytes": ((int, type(None)), False)},
+    "job_start": {
+        "spec": ((dict,), True),
+        "environ": ((dict, type(None)), False),
+        "env_from": (_OPT_STR, False),
+    },
+    "job_action": {"job": ((str,), True), "action": ((str,), True), "reason": (_OPT_STR, False)},
+    "job_log": {
+        "job": ((str,), True),
+        "offset": ((int, type(None)), False),
+        "max_bytes": ((int, type(None)), False),
+    },
     "jobs_pause_all": {},
     "job_checkpoints": {"job": ((str,), True)},
-    "kernel_adopt": {"pid": ((int,), True), "name": (_OPT_STR, False),
-                     "kernel": ((dict, type(None)), False), "connection_file": (_OPT_STR, False)},
+    "kernel_adopt": {
+        "pid": ((int,), True),
+        "name": (_OPT_STR, False),
+        "kernel": ((dict, type(None)), False),
+        "connection_file": (_OPT_STR, False),
+    },
     "job_checkpoint_delete": {"job": ((str,), True), "checkpoint": ((str,), True)},
 }
 

@@ -110,8 +110,10 @@ def memlock_refused(euid: Optional[int] = None, limit: Optional[int] = None) -> 
     soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] if limit is None else limit
     if uid == 0 or soft == resource.RLIM_INFINITY:
         return ""
-    return (f"RLIMIT_MEMLOCK is {soft // 1024} KiB, and a locked engine could not start a "
-            "thread past it")
+    return (
+        f"RLIMIT_MEMLOCK is {soft // 1024} KiB, and a locked engine could not start a "
+        "thread past it"
+    )
 
 
 def harden_process() -> List[str]:
@@ -130,12 +132,15 @@ def harden_process() -> List[str]:
         # MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT: pages stay in RAM once touched, without
         # faulting in every thread stack up front.
         if refused:
-            notes.append(f"memory not locked ({refused}); the engine may be swapped out "
-                         "under pressure")
+            notes.append(
+                f"memory not locked ({refused}); the engine may be swapped out under pressure"
+            )
         elif libc.mlockall(1 | 2 | 4) != 0:
             err = ctypes.get_errno()
-            notes.append(f"memory not locked (mlockall refused: {os.strerror(err)}); the engine "
-                         "may be swapped out under pressure")
+            notes.append(
+                f"memory not locked (mlockall refused: {os.strerror(err)}); the engine "
+                "may be swapped out under pressure"
+            )
         else:
             notes.append("memory locked (mlockall)")
     except (OSError, AttributeError) as e:
@@ -171,10 +176,18 @@ def memory_json(snap: Snapshot) -> Dict[str, Any]:
 class Engine:
     """The guardian process. ``run()`` blocks until stopped; everything else is thread-safe."""
 
-    def __init__(self, paths: Paths, config: Config, *, demo: bool = False, stay: bool = False,
-                 memory_probe: Optional[Union[MemoryProbe, PsutilMemoryProbe]] = None,
-                 gpu_backend: Optional[GpuBackend] = None,
-                 clock: Callable[[], float] = time.time, metrics: Optional[str] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        config: Config,
+        *,
+        demo: bool = False,
+        stay: bool = False,
+        memory_probe: Optional[Union[MemoryProbe, PsutilMemoryProbe]] = None,
+        gpu_backend: Optional[GpuBackend] = None,
+        clock: Callable[[], float] = time.time,
+        metrics: Optional[str] = None,
+    ):
         self.paths = paths
         self.config = config
         self.demo = demo
@@ -225,19 +238,29 @@ class Engine:
             self._memory_probe = make_memory_probe()
         if self._gpu_backend is None:
             self._gpu_backend = make_backend(demo=self.demo)
-        self.store = Store(self.paths.db_file, raw_hours=self.config["history.raw_hours"],
-                           keep_days=self.config["history.keep_days"])
+        self.store = Store(
+            self.paths.db_file,
+            raw_hours=self.config["history.raw_hours"],
+            keep_days=self.config["history.keep_days"],
+        )
         if self.store.recovered_from is not None:
-            log.warning("the history database was damaged; moved aside to %s and started anew",
-                        self.store.recovered_from)
+            log.warning(
+                "the history database was damaged; moved aside to %s and started anew",
+                self.store.recovered_from,
+            )
         self._attach_jobs()
         self._attach_guard()
 
     def _attach_jobs(self) -> None:
         assert self.store is not None
-        self.jobs = JobManager(self.paths, self.store, emit=self.emit_event,
-                               gpus=lambda: self._gpus, config=lambda: self.config,
-                               wake=self.wake)
+        self.jobs = JobManager(
+            self.paths,
+            self.store,
+            emit=self.emit_event,
+            gpus=lambda: self._gpus,
+            config=lambda: self.config,
+            wake=self.wake,
+        )
         if hide_stored(self.store, self.paths.jobs_dir):  # saved by an older Headroom
             log.info("environment values of older jobs moved out of the database")
         self.handlers.update(self.jobs.handlers())
@@ -245,10 +268,14 @@ class Engine:
         self.jobs.adopt()
 
     def _attach_guard(self) -> None:
-        self.guard = GuardService(jobs=self._guard_jobs, acts=self.jobs, emit=self.emit_event,
-                                  read_snapshot=self.read_snapshot,
-                                  policy=ConfigPolicy(lambda: self.config),
-                                  processes=ProcessSampler())
+        self.guard = GuardService(
+            jobs=self._guard_jobs,
+            acts=self.jobs,
+            emit=self.emit_event,
+            read_snapshot=self.read_snapshot,
+            policy=ConfigPolicy(lambda: self.config),
+            processes=ProcessSampler(),
+        )
         self.handlers.update(self.guard.handlers())
 
     def _guard_jobs(self) -> List[JobRecord]:
@@ -256,8 +283,9 @@ class Engine:
         dicts has them read into records here, the one place the guard gets its jobs)."""
         if self.jobs is None:
             return []
-        return [JobRecord.from_json(d) if isinstance(d, dict) else d
-                for d in self.jobs.guard_jobs()]
+        return [
+            JobRecord.from_json(d) if isinstance(d, dict) else d for d in self.jobs.guard_jobs()
+        ]
 
     # -- running ------------------------------------------------------------------------------
 
@@ -267,14 +295,19 @@ class Engine:
         self.paths.ensure()
         if not self.lock.acquire():
             pid = self.lock.holder_pid()
-            log.info("an engine is already running for %s%s", self.paths.home,
-                     f" (pid {pid})" if pid else "")
+            log.info(
+                "an engine is already running for %s%s",
+                self.paths.home,
+                f" (pid {pid})" if pid else "",
+            )
             if self.metrics_flag or self.stay:
                 # Not applied to the one running: said, or a user takes them for done.
-                log.warning("--metrics and --stay start no exporter and keep nothing running "
-                            "here: they apply to a new engine only. Set [metrics] listen in "
-                            "config.toml (the running engine applies it within seconds), or "
-                            "stop that engine and start this one again")
+                log.warning(
+                    "--metrics and --stay start no exporter and keep nothing running "
+                    "here: they apply to a new engine only. Set [metrics] listen in "
+                    "config.toml (the running engine applies it within seconds), or "
+                    "stop that engine and start this one again"
+                )
             return 0
         try:
             for note in harden_process():
@@ -282,8 +315,13 @@ class Engine:
             self._open_parts()
             self.config_watch.report_start()
             key = secrets.token_bytes(32)
-            self.server = ChannelServer(self.paths.control_address, key, self._handle,
-                                        name="control", idle_timeout=channel.IDLE_SECONDS)
+            self.server = ChannelServer(
+                self.paths.control_address,
+                key,
+                self._handle,
+                name="control",
+                idle_timeout=channel.IDLE_SECONDS,
+            )
             self.server.start()
             self._parts.run("the metrics", self.metrics.start, self.started)
             # The key is written only after the socket exists, so a client that finds the key
@@ -291,9 +329,12 @@ class Engine:
             configmod.atomic_write_bytes(self.paths.key_file, key, mode=0o600)
             self._install_signals()
             assert self._gpu_backend is not None  # opened with the other parts
-            self.emit_event(E.ENGINE_STARTED, f"engine started (pid {os.getpid()}, "
-                            f"GPU backend: {self._gpu_backend.status.backend})",
-                            data={"pid": os.getpid(), "version": __version__})
+            self.emit_event(
+                E.ENGINE_STARTED,
+                f"engine started (pid {os.getpid()}, "
+                f"GPU backend: {self._gpu_backend.status.backend})",
+                data={"pid": os.getpid(), "version": __version__},
+            )
             log.info("engine %s listening for %s", __version__, self.paths.home)
             self._loop()
             return 0
@@ -330,8 +371,10 @@ class Engine:
             self._wake.clear()
             if self._should_exit_idle():
                 self._exit_reason = "idle"
-                log.info("no clients and no jobs for %.0f s; exiting",
-                         self.config["engine.idle_exit_seconds"])
+                log.info(
+                    "no clients and no jobs for %.0f s; exiting",
+                    self.config["engine.idle_exit_seconds"],
+                )
                 break
 
     def next_interval(self) -> float:
@@ -344,8 +387,9 @@ class Engine:
         # An engine serving metrics is watched by Prometheus even with no client or job here.
         if self.stay or self.metrics.serving():
             return False
-        busy = (self.server is not None and self.server.client_count > 0) or \
-            (self.jobs is not None and self.jobs.active_count() > 0)
+        busy = (self.server is not None and self.server.client_count > 0) or (
+            self.jobs is not None and self.jobs.active_count() > 0
+        )
         now = time.monotonic()
         if busy:
             self._idle_since = now
@@ -385,8 +429,9 @@ class Engine:
             # A hand edit of config.toml: one stat a second.
             parts.run("the config file", self.config_watch.poll)
             parts.run("the store", self._flush_store)
-        if self.server is not None and \
-                mono - self._last_publish >= 1.0 / float(self.config["engine.publish_hz"]):
+        if self.server is not None and mono - self._last_publish >= 1.0 / float(
+            self.config["engine.publish_hz"]
+        ):
             self._last_publish = mono
             parts.run("the snapshot push", self._publish_snapshot)
 
@@ -394,8 +439,9 @@ class Engine:
         jobs = self.jobs.list(include_finished=False) if self.jobs is not None else []
         values = sample_values(snap, jobs)
         # Per-name series stay in memory: names come and go, the store keeps what lasts.
-        named = process_values(snap.gpus, jobs,
-                               self.consumers.update(snap.time, pid_owners(jobs).keys()))
+        named = process_values(
+            snap.gpus, jobs, self.consumers.update(snap.time, pid_owners(jobs).keys())
+        )
         self.recent.add(snap.time, {**values, **named})
         self._history_store().add_sample(snap.time, values)
 
@@ -426,8 +472,12 @@ class Engine:
         if err == self._store_error:
             return
         if err and not self._store_error:
-            self.emit_event(E.STORE_ERROR, f"history cannot be written ({err}); the guard keeps "
-                            "working and keeps recent history in memory", level="warn")
+            self.emit_event(
+                E.STORE_ERROR,
+                f"history cannot be written ({err}); the guard keeps "
+                "working and keeps recent history in memory",
+                level="warn",
+            )
         elif not err:
             self.emit_event(E.STORE_OK, "history is written to disk again")
         self._store_error = err
@@ -455,23 +505,35 @@ class Engine:
 
     # -- events -------------------------------------------------------------------------------
 
-    def emit_event(self, kind: str, message: str, *, level: str = "info",
-                   job_id: Optional[str] = None, data: Optional[Dict[str, Any]] = None) -> \
-            Dict[str, Any]:
+    def emit_event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        level: str = "info",
+        job_id: Optional[str] = None,
+        data: Optional[Dict[str, Any]] = None,
+    ) -> Dict[str, Any]:
         """Record an event in the store and push it to subscribers; returns the event (its
         message escaped to one line: it often names a job, and every client shows it)."""
         message = one_line(str(message))
         event = None
         if self.store is not None:
             try:
-                event = self.store.add_event(kind, message, level=level, job_id=job_id,
-                                             data=data)
+                event = self.store.add_event(kind, message, level=level, job_id=job_id, data=data)
                 self._parts.worked("the event store")
             except Exception as e:  # the event is still logged and pushed
                 self._parts.failed("the event store", e)
         if event is None:
-            event = {"id": None, "time": self.clock(), "kind": kind, "level": level,
-                     "message": message, "job_id": job_id, "data": data}
+            event = {
+                "id": None,
+                "time": self.clock(),
+                "kind": kind,
+                "level": level,
+                "message": message,
+                "job_id": job_id,
+                "data": data,
+            }
         self.metrics.note_event(kind, data)
         log.log(logging.WARNING if level in ("warn", "error") else logging.INFO, "%s", message)
         if self.server is not None:
@@ -493,9 +555,14 @@ class Engine:
             "memory": memory_json(snap),
             "gpus": [g.to_json() for g in snap.gpus],
             "gpu_status": gpu_status.to_json(),
-            "guard": self.guard.state_json() if self.guard is not None else
-            {"state": GuardLevel.OK, "mode": self.config["guard.mode"], "reasons": [],
-             "seconds_to_exhaustion": None},
+            "guard": self.guard.state_json()
+            if self.guard is not None
+            else {
+                "state": GuardLevel.OK,
+                "mode": self.config["guard.mode"],
+                "reasons": [],
+                "seconds_to_exhaustion": None,
+            },
             "jobs": self.jobs.list(include_finished=False) if self.jobs is not None else [],
             "consumers": [c.to_json() for c in self.consumers.latest],
             "engine": {
@@ -532,12 +599,15 @@ class Engine:
             return protocol.error(req_id, str(message), "refused")
         except Exception:  # a fault, not a refusal: said as one, with its traceback logged
             log.exception("%s failed", op)
-            return protocol.error(req_id, "internal error in the engine (see its log)",
-                                  "internal")
+            return protocol.error(req_id, "internal error in the engine (see its log)", "internal")
 
     def _op_ping(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        return {"version": __version__, "pid": os.getpid(), "home": str(self.paths.home),
-                "demo": self.demo}
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "home": str(self.paths.home),
+            "demo": self.demo,
+        }
 
     def _op_history(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         end = args.get("end") or self.clock()
@@ -561,19 +631,30 @@ class Engine:
         limit = args.get("limit") or 500
         if not 1 <= limit <= 5000:
             raise Refused("events: limit must be between 1 and 5000")
-        return self._history_store().events(since=args.get("since"), after_id=args.get("after_id"),
-                                 job_id=args.get("job"), limit=limit)
+        return self._history_store().events(
+            since=args.get("since"),
+            after_id=args.get("after_id"),
+            job_id=args.get("job"),
+            limit=limit,
+        )
 
     def _op_subscribe(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        kinds = {k for k, default in (("snapshot", True), ("event", True), ("log", False))
-                 if args.get(k + "s", default)}
+        kinds = {
+            k
+            for k, default in (("snapshot", True), ("event", True), ("log", False))
+            if args.get(k + "s", default)
+        }
         peer.subscribe(kinds)
         return {"subscribed": sorted(kinds), "status": self.status()}
 
     def _config_json(self) -> Dict[str, Any]:
         config = self.config
-        return {"path": str(self.paths.config_file), "values": config.to_json(),
-                "problems": list(config.problems), "version": config.version}
+        return {
+            "path": str(self.paths.config_file),
+            "values": config.to_json(),
+            "problems": list(config.problems),
+            "version": config.version,
+        }
 
     def _op_config_set(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         """Save one setting. With ``version`` (``config_get``'s), a file edited since is refused
@@ -582,8 +663,9 @@ class Engine:
         if version is not None and not isinstance(version, str):
             raise Refused("config_set: version must be the text config_get gave")
         checked = self.config_watch.save(name, value, version)
-        self.emit_event(E.CONFIG_CHANGED, f"setting {name} = {checked!r}",
-                        data={"name": name, "value": checked})
+        self.emit_event(
+            E.CONFIG_CHANGED, f"setting {name} = {checked!r}", data={"name": name, "value": checked}
+        )
         return self._config_json()
 
     def _op_guard_mode(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
@@ -595,8 +677,10 @@ class Engine:
     def _op_shutdown(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         active = self.jobs.active_count() if self.jobs is not None else 0
         if active and not args.get("force"):
-            raise Refused(f"{active} job(s) still running; stop them first or shut down with "
-                             "force to stop them")
+            raise Refused(
+                f"{active} job(s) still running; stop them first or shut down with "
+                "force to stop them"
+            )
         if active and self.jobs is not None:
             self.jobs.stop_all("the engine was shut down")
         self.stop("shutdown requested")

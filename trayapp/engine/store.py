@@ -191,8 +191,9 @@ class Store:
         log.error(message, *args)
 
     def _read_failed(self, what: str, e: BaseException) -> None:
-        self._log_once(f"read:{what}:{e}", "history database: %s failed: %s", what,
-                       one_line(e, REASON_CHARS))
+        self._log_once(
+            f"read:{what}:{e}", "history database: %s failed: %s", what, one_line(e, REASON_CHARS)
+        )
         if isinstance(e, sqlite3.DatabaseError) and schema.is_corrupt(e):
             self._recover_at_runtime(e)
 
@@ -314,8 +315,7 @@ class Store:
         # that minute, so the minute tier never disagrees with the raw one.
         raw_cutoff = self._clock() - self.raw_seconds
         late = {
-            math.floor(t / 60.0) for _, t, _ in rows
-            if raw_cutoff <= t < self._rolled_until * 60.0
+            math.floor(t / 60.0) for _, t, _ in rows if raw_cutoff <= t < self._rolled_until * 60.0
         }
         for m in late:
             history.roll_up(conn, m, m + 1)
@@ -330,8 +330,9 @@ class Store:
 
     def _maintain(self, now: float) -> None:
         conn = self._db()
-        done, gone = history.maintain(conn, self._rolled_until, now, self.raw_seconds,
-                                      self.keep_seconds)
+        done, gone = history.maintain(
+            conn, self._rolled_until, now, self.raw_seconds, self.keep_seconds
+        )
         if done > self._rolled_until:
             self._rolled_until = done
         if gone:
@@ -362,7 +363,10 @@ class Store:
         now = self._clock()
         raw = end - start <= RAW_QUERY_MAX_SECONDS and start >= now - self.raw_seconds
         result: Dict[str, Any] = {
-            "resolution": "raw" if raw else "minute", "start": start, "end": end, "series": {},
+            "resolution": "raw" if raw else "minute",
+            "start": start,
+            "end": end,
+            "series": {},
         }
         if not (math.isfinite(start) and math.isfinite(end)) or end < start:
             return result
@@ -373,11 +377,19 @@ class Store:
             chosen = sorted(n for n in names if history.selected(n, series, prefix))
             if raw:
                 result["series"] = history.raw_history(
-                    self._db, self._ids, chosen, start, end, buffered, self._read_failed)
+                    self._db, self._ids, chosen, start, end, buffered, self._read_failed
+                )
             else:
                 result["series"] = history.minute_history(
-                    self._db, self._ids, self._rolled_until, chosen, start, end, buffered,
-                    self._read_failed)
+                    self._db,
+                    self._ids,
+                    self._rolled_until,
+                    chosen,
+                    start,
+                    end,
+                    buffered,
+                    self._read_failed,
+                )
         return result
 
     # -----------------------------------------------------------------------------------------
@@ -480,9 +492,13 @@ class Store:
         is replaced is zeroed in the file (secure_delete) and the WAL emptied afterwards, so the
         old text leaves no copy on disk. Returns how many changed; a database error is logged."""
         with self._lock:
-            changed = [j for j in (change(job) for job in
-                                   self.list_jobs(include_finished=True, limit=1_000_000))
-                       if j is not None]
+            changed = [
+                j
+                for j in (
+                    change(job) for job in self.list_jobs(include_finished=True, limit=1_000_000)
+                )
+                if j is not None
+            ]
             if not changed or self._conn is None:
                 return 0
             conn = self._conn
@@ -500,17 +516,20 @@ class Store:
                         conn.execute(f"PRAGMA secure_delete = {int(before)}")
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 except sqlite3.Error as e:
-                    log.warning("history database: the WAL was not emptied: %s",
-                                one_line(e, REASON_CHARS))
+                    log.warning(
+                        "history database: the WAL was not emptied: %s", one_line(e, REASON_CHARS)
+                    )
             return len(changed)
 
     def get_job(self, job_id: str) -> Optional[Dict[str, Any]]:
         """The saved job dict, or None when there is none (or on a database error)."""
         with self._lock:
             try:
-                row = self._db().execute(
-                    "SELECT data FROM jobs WHERE id = ?", (str(job_id),)
-                ).fetchone()
+                row = (
+                    self._db()
+                    .execute("SELECT data FROM jobs WHERE id = ?", (str(job_id),))
+                    .fetchone()
+                )
             except sqlite3.Error as e:
                 self._read_failed("jobs", e)
                 return None
@@ -520,8 +539,11 @@ class Store:
         """Saved jobs, newest start first (not yet started ones first of all); ``[]`` on error."""
         with self._lock:
             try:
-                found = self._db().execute(store_rows.jobs_query(include_finished),
-                                           (schema.limit(limit, 200),)).fetchall()
+                found = (
+                    self._db()
+                    .execute(store_rows.jobs_query(include_finished), (schema.limit(limit, 200),))
+                    .fetchall()
+                )
             except (sqlite3.Error, OverflowError) as e:
                 self._read_failed("jobs", e)
                 return []

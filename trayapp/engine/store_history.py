@@ -36,8 +36,15 @@ def roll_up(conn: sqlite3.Connection, m_from: int, m_to: int) -> None:
     )
 
 
-def raw_history(db: Db, ids: Mapping[str, int], names: List[str], start: float, end: float,
-                buffered: List[Row], failed: Failed) -> Dict[str, Any]:
+def raw_history(
+    db: Db,
+    ids: Mapping[str, int],
+    names: List[str],
+    start: float,
+    end: float,
+    buffered: List[Row],
+    failed: Failed,
+) -> Dict[str, Any]:
     """The raw samples of series ``names`` from ``start`` to ``end``, the buffered ones
     (``buffered``, not written yet) merged in; a read error goes to ``failed``."""
     out: Dict[str, Dict[str, List[float]]] = {}
@@ -48,8 +55,7 @@ def raw_history(db: Db, ids: Mapping[str, int], names: List[str], start: float, 
             if sid is None:
                 continue
             rows = conn.execute(
-                "SELECT t, v FROM samples WHERE series_id = ? AND t >= ? AND t <= ?"
-                " ORDER BY t",
+                "SELECT t, v FROM samples WHERE series_id = ? AND t >= ? AND t <= ? ORDER BY t",
                 (sid, start, end),
             ).fetchall()
             if rows:
@@ -63,16 +69,24 @@ def raw_history(db: Db, ids: Mapping[str, int], names: List[str], start: float, 
             extra.setdefault(name, []).append((t, v))
     for name, points in extra.items():
         entry = out.setdefault(name, {"t": [], "v": []})
-        merged = sorted(zip(entry["t"] + [p[0] for p in points],
-                            entry["v"] + [p[1] for p in points]))
+        merged = sorted(
+            zip(entry["t"] + [p[0] for p in points], entry["v"] + [p[1] for p in points])
+        )
         entry["t"] = [p[0] for p in merged]
         entry["v"] = [p[1] for p in merged]
     return out
 
 
-def minute_history(db: Db, ids: Mapping[str, int], rolled: int, names: List[str],
-                   start: float, end: float, buffered: List[Row],
-                   failed: Failed) -> Dict[str, Any]:
+def minute_history(
+    db: Db,
+    ids: Mapping[str, int],
+    rolled: int,
+    names: List[str],
+    start: float,
+    end: float,
+    buffered: List[Row],
+    failed: Failed,
+) -> Dict[str, Any]:
     """One-minute min/mean/max of series ``names`` from ``start`` to ``end``: rolled-up minutes
     (those before ``rolled``) from the minute tier, newer ones from the raw tier and the buffer;
     a read error goes to ``failed``."""
@@ -122,8 +136,7 @@ def minute_history(db: Db, ids: Mapping[str, int], rolled: int, names: List[str]
     for name in names:
         minutes = live.get(name, {})
         rows = done.get(name, []) + [
-            (m * 60.0, c[0], c[1] / c[3], c[2])
-            for m, c in sorted(minutes.items())
+            (m * 60.0, c[0], c[1] / c[3], c[2]) for m, c in sorted(minutes.items())
         ]
         if rows:
             times, lows, means, highs = (list(col) for col in zip(*rows))
@@ -131,8 +144,9 @@ def minute_history(db: Db, ids: Mapping[str, int], rolled: int, names: List[str]
     return out
 
 
-def maintain(conn: sqlite3.Connection, rolled_until: int, now: float, raw_seconds: float,
-             keep_seconds: float) -> Tuple[int, bool]:
+def maintain(
+    conn: sqlite3.Connection, rolled_until: int, now: float, raw_seconds: float, keep_seconds: float
+) -> Tuple[int, bool]:
     """Roll up the minutes completed since ``rolled_until`` and drop what is past retention
     (raw samples after ``raw_seconds``; minutes, events and ended jobs after ``keep_seconds``),
     in one transaction. Returns (the minute rolled up to now, whether series were dropped)."""

@@ -30,22 +30,29 @@ def insert_event(conn: sqlite3.Connection, event: Dict[str, Any]) -> int:
         except ValueError:  # a structure that refers to itself
             data = json.dumps(repr(event["data"]))
     cur = conn.execute(
-        "INSERT INTO events (time, kind, level, message, job_id, data)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (event["time"], event["kind"], event["level"], event["message"], event["job_id"],
-         data),
+        "INSERT INTO events (time, kind, level, message, job_id, data) VALUES (?, ?, ?, ?, ?, ?)",
+        (event["time"], event["kind"], event["level"], event["message"], event["job_id"], data),
     )
     return int(cur.lastrowid or 0)
 
 
-def events_query(since: Optional[float], until: Optional[float], job_id: Optional[str],
-                 after_id: Optional[int], count: Any) -> Tuple[str, List[Any], bool]:
+def events_query(
+    since: Optional[float],
+    until: Optional[float],
+    job_id: Optional[str],
+    after_id: Optional[int],
+    count: Any,
+) -> Tuple[str, List[Any], bool]:
     """(SQL, its arguments, whether it reads forward): with ``since`` or ``after_id`` the
     first ``count`` events from there, with neither the latest ``count`` (newest first)."""
     where: List[str] = []
     args: List[Any] = []
-    for clause, value in (("time >= ?", since), ("time <= ?", until),
-                          ("job_id = ?", job_id), ("id > ?", after_id)):
+    for clause, value in (
+        ("time >= ?", since),
+        ("time <= ?", until),
+        ("job_id = ?", job_id),
+        ("id > ?", after_id),
+    ):
         if value is not None:
             where.append(clause)
             args.append(value)
@@ -59,8 +66,15 @@ def events_query(since: Optional[float], until: Optional[float], job_id: Optiona
 
 
 def event_of(row: Sequence[Any]) -> Dict[str, Any]:
-    return {"id": row[0], "time": row[1], "kind": row[2], "level": row[3], "message": row[4],
-            "job_id": row[5], "data": loads(row[6])}
+    return {
+        "id": row[0],
+        "time": row[1],
+        "kind": row[2],
+        "level": row[3],
+        "message": row[4],
+        "job_id": row[5],
+        "data": loads(row[6]),
+    }
 
 
 def job_row(job: Dict[str, Any]) -> JobRow:

@@ -32,8 +32,16 @@ BUSY_TIMEOUT_SECONDS = 5.0
 # PERM, BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR, FULL, CANTOPEN.
 TRANSIENT_CODES = frozenset({3, 5, 6, 7, 8, 9, 10, 13, 14})
 TRANSIENT_WORDS = (
-    "locked", "busy", "full", "disk i/o", "unable to open", "readonly", "read-only",
-    "permission", "out of memory", "interrupted",
+    "locked",
+    "busy",
+    "full",
+    "disk i/o",
+    "unable to open",
+    "readonly",
+    "read-only",
+    "permission",
+    "out of memory",
+    "interrupted",
 )
 CORRUPT_CODES = frozenset({11, 26})  # CORRUPT, NOTADB
 
@@ -156,7 +164,9 @@ def connect(path: Path) -> sqlite3.Connection:
         path.parent.mkdir(parents=True, exist_ok=True)
         make_private(path)
     conn = sqlite3.connect(
-        str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None,
+        str(path),
+        timeout=BUSY_TIMEOUT_SECONDS,
+        isolation_level=None,
         check_same_thread=False,
     )
     try:
@@ -179,6 +189,7 @@ def connect(path: Path) -> sqlite3.Connection:
         raise
     return conn
 
+
 def schema_version(conn: sqlite3.Connection) -> int:
     known = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
@@ -190,6 +201,7 @@ def schema_version(conn: sqlite3.Connection) -> int:
         return int(row[0] or 0)
     except (TypeError, ValueError):
         raise Unusable(f"schema version {row[0]!r} is not a number") from None
+
 
 def migrate(conn: sqlite3.Connection, path: Path) -> None:
     version = schema_version(conn)
@@ -210,6 +222,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
             raise
         version += 1
         log.info("history database %s is now at schema version %d", path, version)
+
 
 def move_aside(path: Path, tag: str) -> Optional[Path]:
     """Rename the database and its WAL to ``<name>.<tag>-YYYYmmdd-HHMMSS``; None on failure."""
@@ -238,6 +251,7 @@ def move_aside(path: Path, tag: str) -> Optional[Path]:
     except OSError:
         pass
     return target
+
 
 def loads(text: Optional[str]) -> Any:
     if text is None:

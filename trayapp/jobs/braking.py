@@ -103,8 +103,10 @@ def why_not_smaller(rec: JobRecord) -> str:
     if not rec.hooked:
         return "it does not report to Headroom (no Keras fit hooked), so it cannot train smaller"
     if not rec.shrinkable or not rec.batch:
-        return ("its fit cannot train at a smaller micro-batch (Keras 2, input it cannot "
-                "re-batch, or --on-oom stop)")
+        return (
+            "its fit cannot train at a smaller micro-batch (Keras 2, input it cannot "
+            "re-batch, or --on-oom stop)"
+        )
     micro = rec.batch // (rec.accumulation or 1)
     floor = smallest_micro_batch(rec)
     if micro // 2 < floor:
@@ -117,15 +119,19 @@ def held_note(rec: JobRecord, limit: int, where: str) -> str:
     limit is) that is not relaunched: a kernel's state lives in its process, so it is held,
     never killed; the note says how to go on."""
     if rec.is_kernel:
-        return (f"kernel {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
-                f"{format_bytes(limit)} ({where}): its variables live in the process, so it is "
-                "not relaunched, and the OOM killer does not end it. To go on, interrupt the "
-                f"cell (it takes effect once the kernel runs again), or resume it by hand "
-                f"('headroom resume {rec.id}'), which raises its limit by a tenth of its "
-                "budget; it also goes on by itself when its limit rises")
-    return (f"job {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
-            f"{format_bytes(limit)} ({where}): {why_not_smaller(rec)}; it goes on when its "
-            "limit rises")
+        return (
+            f"kernel {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
+            f"{format_bytes(limit)} ({where}): its variables live in the process, so it is "
+            "not relaunched, and the OOM killer does not end it. To go on, interrupt the "
+            f"cell (it takes effect once the kernel runs again), or resume it by hand "
+            f"('headroom resume {rec.id}'), which raises its limit by a tenth of its "
+            "budget; it also goes on by itself when its limit rises"
+        )
+    return (
+        f"job {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
+        f"{format_bytes(limit)} ({where}): {why_not_smaller(rec)}; it goes on when its "
+        "limit rises"
+    )
 
 
 def progress_lost(rec: JobRecord) -> str:
@@ -144,8 +150,11 @@ def brake_end(rec: JobRecord, cause: str, size: int) -> BrakeEnd:
     ``size`` bytes) or the kernel's OOM killer did (OOM_KILL: at ``size`` bytes)."""
     head = f"job {rec.id} ({rec.name})"
     shown = format_bytes(size)
-    what = (f"stalled at its cgroup's limit of {shown}" if cause == STALL else
-            f"the kernel's OOM killer ended it at {shown}")
+    what = (
+        f"stalled at its cgroup's limit of {shown}"
+        if cause == STALL
+        else f"the kernel's OOM killer ended it at {shown}"
+    )
     k = brake_accumulation(rec)
     if k is not None and rec.batch:
         micro = rec.batch // k
@@ -154,8 +163,16 @@ def brake_end(rec: JobRecord, cause: str, size: int) -> BrakeEnd:
         said = f"{what}; relaunched {how} at micro-batches of {micro} x {k} (the same training)"
         if not ck:
             said += f"; {progress_lost(rec)}"
-        return BrakeEnd(S.PARKED, f"ended by the engine: {what}", E.JOB_BRAKED, "warn",
-                        f"{head} {said}", k, ck, what)
+        return BrakeEnd(
+            S.PARKED,
+            f"ended by the engine: {what}",
+            E.JOB_BRAKED,
+            "warn",
+            f"{head} {said}",
+            k,
+            ck,
+            what,
+        )
     why = why_not_smaller(rec)
     if cause == STALL:
         reason = f"stopped by the engine: {what}; {why}"
@@ -164,8 +181,7 @@ def brake_end(rec: JobRecord, cause: str, size: int) -> BrakeEnd:
             message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
         return BrakeEnd(S.STOPPED, reason, E.JOB_STOPPED, "warn", message, cause=what)
     reason = f"{what}; not relaunched: {why}"
-    return BrakeEnd(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed: {reason}",
-                    cause=what)
+    return BrakeEnd(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed: {reason}", cause=what)
 
 
 class Brakes(JobTable):
@@ -303,8 +319,11 @@ class Brakes(JobTable):
         kind = ScopeCgroup if offer.kind == cgroups.V2 else JobCgroup
         group = kind.of_process(offer, pid, job.id) if pid else None
         if group is None:
-            job.change(protection=offer.words if not offer.brakes else
-                       f"{cgroups.WORDS[cgroups.NONE]} (it runs in no cgroup of its own)")
+            job.change(
+                protection=offer.words
+                if not offer.brakes
+                else f"{cgroups.WORDS[cgroups.NONE]} (it runs in no cgroup of its own)"
+            )
             return
         try:
             job.brake.oom_kills = group.read().oom_kill
@@ -316,8 +335,7 @@ class Brakes(JobTable):
 
     def _cgroup_lost(self, job: Job, error: CgroupError) -> None:
         """The job's cgroup failed under it: one line, and the guard alone from now on."""
-        log.warning("job %s: %s; the kernel brake is off for it, the guard goes on", job.id,
-                    error)
+        log.warning("job %s: %s; the kernel brake is off for it, the guard goes on", job.id, error)
         group, job.cgroup = job.cgroup, None
         job.change(protection=f"{cgroups.WORDS[cgroups.NONE]} ({error})", cgroup_memory=None)
         if group is not None:
@@ -360,9 +378,11 @@ class Brakes(JobTable):
         mem = snap.memory
         # A job asked to park or stop must reach a batch end to save: it may use memory down
         # to the last resort's threshold, as it could without the brake.
-        name, default = ("guard.stop_available", STOP_RESERVE_DEFAULT) \
-            if job.state in (S.PARKING, S.STOPPING) else \
-            ("guard.park_available", PARK_RESERVE_DEFAULT)
+        name, default = (
+            ("guard.stop_available", STOP_RESERVE_DEFAULT)
+            if job.state in (S.PARKING, S.STOPPING)
+            else ("guard.park_available", PARK_RESERVE_DEFAULT)
+        )
         try:
             reserve = Threshold.parse(self._setting(name, default))
         except ValueError:
@@ -370,16 +390,35 @@ class Brakes(JobTable):
         budget = self._brake_budget(job)
         st = job.brake
         # (A few MiB above a v2 memory.high at its budget is being held there, not over it.)
-        held_at = r.limit is not None and budget is not None and budget >= r.limit and \
-            r.usage <= r.limit + cgroups_v2.high_slack(r.limit)
-        if budget is not None and budget < r.usage + outside and st is not None and \
-                not st.budget_said and not held_at:
+        held_at = (
+            r.limit is not None
+            and budget is not None
+            and budget >= r.limit
+            and r.usage <= r.limit + cgroups_v2.high_slack(r.limit)
+        )
+        if (
+            budget is not None
+            and budget < r.usage + outside
+            and st is not None
+            and not st.budget_said
+            and not held_at
+        ):
             st.budget_said = True
-            log.warning("job %s: its RAM budget of %s is below what it already uses (%s): its "
-                        "limit stays a margin above its use, and the guard handles it",
-                        job.id, format_bytes(budget), format_bytes(r.usage + outside))
-        return cgroups.kernel_limit(r.usage, outside, budget, mem.available_bytes,
-                                    reserve.bytes_of(mem.total_bytes), r.limit)
+            log.warning(
+                "job %s: its RAM budget of %s is below what it already uses (%s): its "
+                "limit stays a margin above its use, and the guard handles it",
+                job.id,
+                format_bytes(budget),
+                format_bytes(r.usage + outside),
+            )
+        return cgroups.kernel_limit(
+            r.usage,
+            outside,
+            budget,
+            mem.available_bytes,
+            reserve.bytes_of(mem.total_bytes),
+            r.limit,
+        )
 
     def _brake(self, job: Job, t: float, events: List[Event]) -> None:
         """One tick of the brake for a live job: read its cgroup, write its limit, take its
@@ -403,8 +442,7 @@ class Brakes(JobTable):
                 # read exactly from its cgroup.
                 if r.limit is not None:
                     group.set_limit(-1)  # "no limit"
-                job.change(rss_bytes=r.held + outside, memory_method="cgroup",
-                           cgroup_memory=shown)
+                job.change(rss_bytes=r.held + outside, memory_method="cgroup", cgroup_memory=shown)
                 return
             raised = False
             limit = self._limit_for(job, r, outside)
@@ -432,8 +470,11 @@ class Brakes(JobTable):
         the kill takes effect, as it would on a stopped process, and the rest stays paused."""
         try:
             if group.freezer_state() != "THAWED" and cgroups.kill_pending(group.pids()):
-                log.warning("job %s: a SIGKILL waits for it while it is frozen: paused by "
-                            "signal instead, so that it takes effect", job.id)
+                log.warning(
+                    "job %s: a SIGKILL waits for it while it is frozen: paused by "
+                    "signal instead, so that it takes effect",
+                    job.id,
+                )
                 group.hand_over()
         except CgroupError:
             pass  # the next read says it
@@ -448,8 +489,7 @@ class Brakes(JobTable):
             except CgroupError as e:
                 log.warning("job %s: %s", job.id, e)
 
-    def _write_limit(self, job: Job, group: JobCgroup, limit: int,
-                     r: cgroups.Reading) -> bool:
+    def _write_limit(self, job: Job, group: JobCgroup, limit: int, r: cgroups.Reading) -> bool:
         """Write the limit; True when it went up. A limit the kernel refuses (it cannot take
         back enough at once) is said once and tried again next tick."""
         try:
@@ -464,8 +504,7 @@ class Brakes(JobTable):
             return False
         return r.limit is not None and limit > r.limit
 
-    def _stalled(self, job: Job, group: JobCgroup, r: cgroups.Reading,
-                 events: List[Event]) -> None:
+    def _stalled(self, job: Job, group: JobCgroup, r: cgroups.Reading, events: List[Event]) -> None:
         """The job waits in the kernel at its limit and cannot reach a batch end. One that
         can train at half its micro-batch is ended, to be relaunched so at once; one at its
         ``--min-batch`` already, held at its own budget, is ended and stopped. One that cannot
@@ -478,25 +517,37 @@ class Brakes(JobTable):
         limit = r.limit if r.limit is not None else r.usage
         budget = self._brake_budget(job)
         outside = self._elsewhere(job, r)  # a kernel's memory charged where it was
-        at_budget = budget is not None and \
-            limit + outside >= budget - cgroups.WRITE_STEP_BYTES
+        at_budget = budget is not None and limit + outside >= budget - cgroups.WRITE_STEP_BYTES
         smaller = brake_accumulation(rec) is not None
         at_floor = rec.hooked and rec.shrinkable and bool(rec.batch) and not rec.is_kernel
         if not smaller and not (at_floor and at_budget):
             if not st.held_said:
                 st.held_said = True
-                where = (f"its budget of {format_bytes(budget)}" if at_budget and budget else
-                         "what the machine can give it")
+                where = (
+                    f"its budget of {format_bytes(budget)}"
+                    if at_budget and budget
+                    else "what the machine can give it"
+                )
                 if outside:
                     where += f", less the {format_bytes(outside)} it holds outside its cgroup"
-                events.append((E.JOB_NOTE, "warn",
-                               held_note(rec, limit, where), rec.id,
-                               {"cause": STALL, "limit_bytes": limit}))
+                events.append(
+                    (
+                        E.JOB_NOTE,
+                        "warn",
+                        held_note(rec, limit, where),
+                        rec.id,
+                        {"cause": STALL, "limit_bytes": limit},
+                    )
+                )
             return
         st.ended = (STALL, limit)
         job.pause_deadline = None  # no suspend now: a frozen task would not die of the kill
-        log.warning("job %s: stalled at its cgroup's limit of %s (%s); ending it", rec.id,
-                    format_bytes(limit), "its budget" if at_budget else "what the machine has")
+        log.warning(
+            "job %s: stalled at its cgroup's limit of %s (%s); ending it",
+            rec.id,
+            format_bytes(limit),
+            "its budget" if at_budget else "what the machine has",
+        )
         try:
             group.kill()
         except CgroupError as e:

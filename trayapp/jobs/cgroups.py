@@ -32,9 +32,11 @@ V1 = "v1"
 V2 = "v2"
 NONE = "none"
 # The protection a job has, in words (every surface says one of them) and as a short tag.
-WORDS: Mapping[str, str] = {V1: "kernel brake (cgroup v1)",
-                            V2: "kernel brake (cgroup v2, systemd)",
-                            NONE: "none: the guard only"}
+WORDS: Mapping[str, str] = {
+    V1: "kernel brake (cgroup v1)",
+    V2: "kernel brake (cgroup v2, systemd)",
+    NONE: "none: the guard only",
+}
 TAGS: Mapping[str, str] = {V1: "brake-v1", V2: "brake-v2", NONE: "guard"}
 
 ROOT = "/sys/fs/cgroup"
@@ -85,8 +87,13 @@ class Offer:
         return TAGS[self.kind] if self.brakes else TAGS[NONE]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"kind": self.kind if self.brakes else NONE, "words": self.words,
-                "tag": self.tag, "why": self.why, "freezer": self.freezer_parent is not None}
+        return {
+            "kind": self.kind if self.brakes else NONE,
+            "words": self.words,
+            "tag": self.tag,
+            "why": self.why,
+            "freezer": self.freezer_parent is not None,
+        }
 
 
 def own_cgroups(text: str) -> Dict[str, str]:
@@ -111,16 +118,20 @@ def v1_mount(root: str, controller: str, marker: str) -> Optional[str]:
     """The v1 hierarchy under ``root`` that carries ``controller`` (its own folder, or a
     co-mount like ``cpu,memory``), known by the file ``marker`` at its top; None."""
     plain = os.path.join(root, controller)
-    if os.path.isfile(os.path.join(plain, marker)) or \
-            (controller == "freezer" and os.path.isfile(os.path.join(plain, "cgroup.procs"))):
+    if os.path.isfile(os.path.join(plain, marker)) or (
+        controller == "freezer" and os.path.isfile(os.path.join(plain, "cgroup.procs"))
+    ):
         return plain
     try:
         names = sorted(os.listdir(root))
     except OSError:
         return None
     for name in names:
-        if controller in name.split(",") and os.path.isdir(os.path.join(root, name)) and \
-                os.path.isfile(os.path.join(root, name, "cgroup.procs")):
+        if (
+            controller in name.split(",")
+            and os.path.isdir(os.path.join(root, name))
+            and os.path.isfile(os.path.join(root, name, "cgroup.procs"))
+        ):
             return os.path.join(root, name)
     return None
 
@@ -142,8 +153,9 @@ def _can_make_children(folder: str, probe_it: bool = True) -> Optional[str]:
     if not probe_it:
         if os.access(folder, os.W_OK):
             return None
-        return f"cannot make a cgroup in {folder}: " + \
-            ("read-only file system" if _read_only(folder) else "permission denied")
+        return f"cannot make a cgroup in {folder}: " + (
+            "read-only file system" if _read_only(folder) else "permission denied"
+        )
     probe = os.path.join(folder, f"{PREFIX}probe-{os.getpid()}")
     try:
         os.mkdir(probe)
@@ -165,10 +177,15 @@ def _read_only(folder: str) -> bool:
         return False
 
 
-def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bool = True,
-           environ: Optional[Mapping[str, str]] = None, probe: bool = True,
-           uid: Optional[int] = None,
-           which: Optional[Callable[[str], Optional[str]]] = None) -> Offer:
+def detect(
+    root: str = ROOT,
+    proc_cgroup: str = "/proc/self/cgroup",
+    enabled: bool = True,
+    environ: Optional[Mapping[str, str]] = None,
+    probe: bool = True,
+    uid: Optional[int] = None,
+    which: Optional[Callable[[str], Optional[str]]] = None,
+) -> Offer:
     """What this machine offers the engine's jobs (``proc_cgroup``: where the engine is).
 
     V1 when the engine's memory cgroup (under ``root``) takes a child, which is tried (with
@@ -200,13 +217,13 @@ def detect(root: str = ROOT, proc_cgroup: str = "/proc/self/cgroup", enabled: bo
             folder = _below(fmount, own["freezer"])
             if _can_make_children(folder, probe) is None:
                 freezer = folder
-        return Offer(V1, f"children of {parent}", parent, freezer, mount,
-                     fmount if freezer else None)
+        return Offer(
+            V1, f"children of {parent}", parent, freezer, mount, fmount if freezer else None
+        )
     if "" in own:
         env = os.environ if environ is None else environ
         user = os.getuid() if uid is None else uid
-        service, why = cgroups_v2.user_manager(root, own[""], env, user,
-                                               which or shutil.which)
+        service, why = cgroups_v2.user_manager(root, own[""], env, user, which or shutil.which)
         if service is None:
             return Offer(NONE, why)
         return Offer(V2, why, service, service, root, root)
@@ -268,12 +285,22 @@ class Reading:
 
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {
-            "usage_bytes": self.usage, "limit_bytes": self.limit, "anon_bytes": self.anon,
-            "file_bytes": self.file, "working_set_bytes": self.working_set,
-            "under_oom": self.under_oom, "oom_kill": self.oom_kill, "failcnt": self.failcnt}
+            "usage_bytes": self.usage,
+            "limit_bytes": self.limit,
+            "anon_bytes": self.anon,
+            "file_bytes": self.file,
+            "working_set_bytes": self.working_set,
+            "under_oom": self.under_oom,
+            "oom_kill": self.oom_kill,
+            "failcnt": self.failcnt,
+        }
         if self.high_events is not None:
-            out.update(high_events=self.high_events, max_events=self.max_events,
-                       psi_some_avg10=self.psi_some, psi_full_avg10=self.psi_full)
+            out.update(
+                high_events=self.high_events,
+                max_events=self.max_events,
+                psi_some_avg10=self.psi_some,
+                psi_full_avg10=self.psi_full,
+            )
         return out
 
 
@@ -283,19 +310,28 @@ def reading(usage: str, limit: str, stat: str, oom_control: str, failcnt: str) -
     oom = parse_keyed(oom_control)
     lim = int(limit.strip())
     return Reading(
-        usage=int(usage.strip()), limit=None if lim >= UNLIMITED else lim,
+        usage=int(usage.strip()),
+        limit=None if lim >= UNLIMITED else lim,
         anon=st.get("total_rss", st.get("rss", 0)),
         file=st.get("total_cache", st.get("cache", 0)),
         inactive_file=st.get("total_inactive_file", st.get("inactive_file", 0)),
-        under_oom=bool(oom.get("under_oom", 0)), oom_kill=oom.get("oom_kill", 0),
-        failcnt=int(failcnt.strip() or 0))
+        under_oom=bool(oom.get("under_oom", 0)),
+        oom_kill=oom.get("oom_kill", 0),
+        failcnt=int(failcnt.strip() or 0),
+    )
 
 
 # -- the brake -----------------------------------------------------------------------------------
 
 
-def brake_limit(usage: int, budget: Optional[int], available: int, reserve: int,
-                current: Optional[int], margin: int = MARGIN_BYTES) -> int:
+def brake_limit(
+    usage: int,
+    budget: Optional[int],
+    available: int,
+    reserve: int,
+    current: Optional[int],
+    margin: int = MARGIN_BYTES,
+) -> int:
     """The limit a job's cgroup should have now: the smaller of its ``budget`` and what the
     machine can give it (its ``usage`` + ``available`` - the park ``reserve``).
 
@@ -321,16 +357,24 @@ def charged_elsewhere(usage: int, tree_rss: Optional[int]) -> int:
     return max(0, int(tree_rss) - int(usage))
 
 
-def kernel_limit(usage: int, outside: int, budget: Optional[int], available: int,
-                 reserve: int, current: Optional[int], margin: int = MARGIN_BYTES) -> int:
+def kernel_limit(
+    usage: int,
+    outside: int,
+    budget: Optional[int],
+    available: int,
+    reserve: int,
+    current: Optional[int],
+    margin: int = MARGIN_BYTES,
+) -> int:
     """The limit of a cgroup whose processes hold ``outside`` bytes charged elsewhere (an
     adopted kernel): ``brake_limit`` of everything the job holds (``usage`` + ``outside``,
     its ``current`` limit counted the same way), less what is charged elsewhere. So the job
     never gets more than its budget in all, nor a limit below what its cgroup holds."""
     outside = max(0, int(outside))
     total = usage + outside
-    limit = brake_limit(total, budget, available, reserve,
-                        None if current is None else current + outside, margin)
+    limit = brake_limit(
+        total, budget, available, reserve, None if current is None else current + outside, margin
+    )
     return max(usage, limit - outside)
 
 
@@ -390,8 +434,9 @@ class JobCgroup:
         return group
 
     @classmethod
-    def of_process(cls, offer: Offer, pid: int, job_id: str,
-                   proc: str = "/proc") -> Optional[JobCgroup]:
+    def of_process(
+        cls, offer: Offer, pid: int, job_id: str, proc: str = "/proc"
+    ) -> Optional[JobCgroup]:
         """The cgroups an earlier engine made for job ``job_id`` when process ``pid`` is still
         in them (an adopted job); None otherwise."""
         if not offer.brakes or offer.memory_parent is None:
@@ -408,10 +453,8 @@ class JobCgroup:
         if memory is None:
             return None
         freezer = None
-        if offer.freezer_parent is not None and \
-                os.path.basename(own.get("freezer", "")) == name:
-            freezer = _find_named(offer.freezer_parent, offer.freezer_mount,
-                                  own["freezer"], name)
+        if offer.freezer_parent is not None and os.path.basename(own.get("freezer", "")) == name:
+            freezer = _find_named(offer.freezer_parent, offer.freezer_mount, own["freezer"], name)
         return cls(memory, freezer)
 
     # -- files --------------------------------------------------------------------------------
@@ -432,8 +475,7 @@ class JobCgroup:
         except FileNotFoundError:
             raise CgroupError(f"its cgroup {folder} is gone") from None
         except OSError as e:
-            raise CgroupError(f"cannot write {value} to {name} of {folder}: {_why(e)}") \
-                from None
+            raise CgroupError(f"cannot write {value} to {name} of {folder}: {_why(e)}") from None
 
     # -- what the engine does -----------------------------------------------------------------
 
@@ -475,9 +517,16 @@ class JobCgroup:
     def read(self) -> Reading:
         """Its use, limit and OOM state now. Raises CgroupError."""
         m = self.memory
-        texts = [self._read(m, n) for n in ("memory.usage_in_bytes", "memory.limit_in_bytes",
-                                            "memory.stat", "memory.oom_control",
-                                            "memory.failcnt")]
+        texts = [
+            self._read(m, n)
+            for n in (
+                "memory.usage_in_bytes",
+                "memory.limit_in_bytes",
+                "memory.stat",
+                "memory.oom_control",
+                "memory.failcnt",
+            )
+        ]
         try:
             return reading(*texts)
         except ValueError:
@@ -488,8 +537,7 @@ class JobCgroup:
         try:
             return int(self._read(self.memory, "memory.max_usage_in_bytes").strip())
         except ValueError:
-            raise CgroupError(f"the peak of {self.memory} cannot be read as a number") \
-                from None
+            raise CgroupError(f"the peak of {self.memory} cannot be read as a number") from None
 
     def oom_killed(self, since: int) -> Optional[int]:
         """After its run ended: how much it held (its peak) when the kernel's OOM killer
@@ -608,8 +656,10 @@ def kill_pending(pids: List[int], proc: str = "/proc") -> bool:
         try:
             with open(os.path.join(proc, str(pid), "status")) as f:
                 for line in f:
-                    if line.startswith(("SigPnd:", "ShdPnd:")) and \
-                            int(line.split()[1], 16) & SIGKILL_BIT:
+                    if (
+                        line.startswith(("SigPnd:", "ShdPnd:"))
+                        and int(line.split()[1], 16) & SIGKILL_BIT
+                    ):
                         return True
         except (OSError, ValueError, IndexError):
             continue
@@ -623,17 +673,30 @@ def plan_line(enabled: bool, budget_mb: Optional[float], offer: Optional[Offer] 
     found = offer if offer is not None else detect(enabled=enabled, probe=False)
     if not found.brakes:
         return f"protection: {found.words}"
-    held = (f"the smaller of its budget ({format_bytes(budget_mb * MiB)}) and what the "
-            "machine can give it"
-            if budget_mb else "what the machine can give it")
-    freezer = "a pause freezes its cgroup" if found.freezer_parent else \
-        "a pause suspends it by signal (no freezer)"
-    how = ("in a systemd scope of its own, at memory.high (it stalls in reclaim, it is not "
-           "killed; memory.max a margin above)") if found.kind == V2 else \
-        "with its OOM killer off"
-    return (f"protection: {found.words}: the kernel holds the job at {held}, {how}; "
-            f"stalled there, a fit that can shrink is relaunched at half its "
-            f"micro-batch; {freezer}")
+    held = (
+        f"the smaller of its budget ({format_bytes(budget_mb * MiB)}) and what the "
+        "machine can give it"
+        if budget_mb
+        else "what the machine can give it"
+    )
+    freezer = (
+        "a pause freezes its cgroup"
+        if found.freezer_parent
+        else "a pause suspends it by signal (no freezer)"
+    )
+    how = (
+        (
+            "in a systemd scope of its own, at memory.high (it stalls in reclaim, it is not "
+            "killed; memory.max a margin above)"
+        )
+        if found.kind == V2
+        else "with its OOM killer off"
+    )
+    return (
+        f"protection: {found.words}: the kernel holds the job at {held}, {how}; "
+        f"stalled there, a fit that can shrink is relaunched at half its "
+        f"micro-batch; {freezer}"
+    )
 
 
 def sweep(offer: Offer) -> List[str]:
@@ -673,4 +736,3 @@ def tag_of(words: Optional[str]) -> str:
         if words.startswith(said):
             return TAGS[kind]
     return TAGS[NONE]
-

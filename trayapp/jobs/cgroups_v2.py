@@ -89,8 +89,10 @@ def scope_name(prefix: str, job_id: str, pid: int) -> str:
 
 def is_scope_of(name: str, prefix: str, job_id: str) -> bool:
     """Whether cgroup folder ``name`` is a scope of job ``job_id`` (``scope_name``)."""
-    return re.fullmatch(SCOPE_RE.format(prefix=re.escape(prefix), job=re.escape(job_id)),
-                        name) is not None
+    return (
+        re.fullmatch(SCOPE_RE.format(prefix=re.escape(prefix), job=re.escape(job_id)), name)
+        is not None
+    )
 
 
 def start_argv(unit: str, pid: int, description: str) -> list:
@@ -98,11 +100,31 @@ def start_argv(unit: str, pid: int, description: str) -> list:
     holding process ``pid`` (memory accounting on). It is collected once it ends, unless it
     failed: a scope whose process the OOM killer ended stays, failed with the result
     ``oom-kill``, until the engine has asked (``result_argv``) and reset it."""
-    return ["busctl", "--user", "--quiet", "call", "org.freedesktop.systemd1",
-            "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
-            "StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "fail",
-            "3", "PIDs", "au", "1", str(int(pid)), "MemoryAccounting", "b", "true",
-            "Description", "s", description, "0"]
+    return [
+        "busctl",
+        "--user",
+        "--quiet",
+        "call",
+        "org.freedesktop.systemd1",
+        "/org/freedesktop/systemd1",
+        "org.freedesktop.systemd1.Manager",
+        "StartTransientUnit",
+        "ssa(sv)a(sa(sv))",
+        unit,
+        "fail",
+        "3",
+        "PIDs",
+        "au",
+        "1",
+        str(int(pid)),
+        "MemoryAccounting",
+        "b",
+        "true",
+        "Description",
+        "s",
+        description,
+        "0",
+    ]
 
 
 def result_argv(unit: str) -> list:
@@ -122,8 +144,13 @@ def manager_environ(environ: Mapping[str, str], uid: int) -> Dict[str, str]:
     return env
 
 
-def user_manager(root: str, own_path: str, environ: Mapping[str, str], uid: int,
-                 which: Callable[[str], Optional[str]] = shutil.which) -> Tuple[Optional[str], str]:
+def user_manager(
+    root: str,
+    own_path: str,
+    environ: Mapping[str, str],
+    uid: int,
+    which: Callable[[str], Optional[str]] = shutil.which,
+) -> Tuple[Optional[str], str]:
     """Whether this machine gives the user's jobs transient scopes: (the folder of
     ``user@UID.service`` under ``root``, a line saying so), or (None, why not). ``own_path``:
     the engine's own cgroup (the ``0::`` line of ``/proc/self/cgroup``). Never raises."""
@@ -131,8 +158,10 @@ def user_manager(root: str, own_path: str, environ: Mapping[str, str], uid: int,
         return None, f"{root} is not a cgroup v2 hierarchy"
     runtime = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
     service_name = f"user@{uid}.service"
-    if not os.path.exists(os.path.join(runtime, "systemd", "private")) and \
-            f"/{service_name}" not in own_path:
+    if (
+        not os.path.exists(os.path.join(runtime, "systemd", "private"))
+        and f"/{service_name}" not in own_path
+    ):
         return None, f"cgroup v2 without a running systemd user manager ({service_name})"
     service = os.path.join(root, "user.slice", f"user-{uid}.slice", service_name)
     if not os.path.isdir(service):
@@ -152,10 +181,12 @@ def user_manager(root: str, own_path: str, environ: Mapping[str, str], uid: int,
         return None, f"the cgroup file system at {root} is read-only"
     if not os.access(service, os.W_OK):
         return None, f"{service} is not delegated to this user (not writable)"
-    if not environ.get("DBUS_SESSION_BUS_ADDRESS") and \
-            not os.path.exists(os.path.join(runtime, "bus")):
-        return None, (f"no user D-Bus ({runtime}/bus): the systemd user manager cannot be "
-                      "asked for scopes")
+    if not environ.get("DBUS_SESSION_BUS_ADDRESS") and not os.path.exists(
+        os.path.join(runtime, "bus")
+    ):
+        return None, (
+            f"no user D-Bus ({runtime}/bus): the systemd user manager cannot be asked for scopes"
+        )
     if which("busctl") is None:
         return None, "busctl (systemd) is not on PATH"
     return service, f"transient scopes of {service_name}"

@@ -44,8 +44,9 @@ class JobControl(Launching):
 
     # -- pause and resume ---------------------------------------------------------------------
 
-    def pause(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
-              deadline: Optional[float] = None) -> Dict[str, Any]:
+    def pause(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", deadline: Optional[float] = None
+    ) -> Dict[str, Any]:
         """Pause a job: a cooperative pause at the next batch end when its runner hooked
         ``fit``, a suspend of the whole tree when ``deadline`` seconds pass first (default: the
         setting ``guard.pause_deadline_seconds``) or at once without the hook.
@@ -85,8 +86,14 @@ class JobControl(Launching):
         trees.suspend(job)
         job.pause_deadline = None
         note = f" ({why})" if why else ""
-        self._set_paused(job, job.rec.paused_by or BY_USER, job.rec.pause_reason or "",
-                         SUSPENDED, events, note=note)
+        self._set_paused(
+            job,
+            job.rec.paused_by or BY_USER,
+            job.rec.pause_reason or "",
+            SUSPENDED,
+            events,
+            note=note,
+        )
 
     def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
         """Resume a paused job (the tree continues and/or the runner is told to), or relaunch
@@ -100,15 +107,19 @@ class JobControl(Launching):
             if isinstance(job, JobRecord):
                 if job.state == S.STOPPED:
                     return self._resume_stopped(job, by, reason)
-                raise Refused(f"job {job.id} is {job.state}; only a paused, parked or "
-                                 "stopped job can be resumed")
+                raise Refused(
+                    f"job {job.id} is {job.state}; only a paused, parked or "
+                    "stopped job can be resumed"
+                )
             if job.state in vocab.PARKED:
                 self._relaunch(job, by, reason)
             elif job.state in vocab.PAUSED or job.state == S.PAUSING:
                 self._continue(job, by, reason, events)
             elif job.state != S.RUNNING:
-                raise Refused(f"job {job.id} is {job.state}; only a paused, parked or "
-                                 "stopped job can be resumed")
+                raise Refused(
+                    f"job {job.id} is {job.state}; only a paused, parked or "
+                    "stopped job can be resumed"
+                )
             result = job.rec.to_json()
         self._flush_events(events)
         return result
@@ -118,24 +129,33 @@ class JobControl(Launching):
         # The word first: a runner that continues must find it before the next batch.
         self._send(job, rp.RESUME)
         if by == BY_USER:  # over its budget: its cgroup's limit rises as the guard's does
-            self._brake_resumed(job, 1.0 - float(self._setting("guard.budget_warn_percent",
-                                                               90.0)) / 100.0)
+            self._brake_resumed(
+                job, 1.0 - float(self._setting("guard.budget_warn_percent", 90.0)) / 100.0
+            )
         trees.resume(job)
         job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None, paused_at=None)
         job.pause_deadline = None
         job.rate_ref = None
         self._save(job)
         why = f": {reason}" if reason else ""
-        events.append((E.JOB_RESUMED, "info",
-                       f"job {job.id} ({job.rec.name}) resumed by {who(by)}{why}", job.id,
-                       {"by": by, "reason": reason}))
+        events.append(
+            (
+                E.JOB_RESUMED,
+                "info",
+                f"job {job.id} ({job.rec.name}) resumed by {who(by)}{why}",
+                job.id,
+                {"by": by, "reason": reason},
+            )
+        )
 
     def _resume_stopped(self, saved: JobRecord, by: str, reason: str) -> Dict[str, Any]:
         """Relaunch a stopped job from its checkpoint under the same id, as a parked one."""
         job_id = saved.id
         if not saved.checkpoint_dir:
-            raise Refused(f"job {job_id} was stopped and has no checkpoint folder: there is "
-                             "nothing to continue from (start it again with 'headroom run')")
+            raise Refused(
+                f"job {job_id} was stopped and has no checkpoint folder: there is "
+                "nothing to continue from (start it again with 'headroom run')"
+            )
         folder = self.paths.jobs_dir / job_id
         if not folder.is_dir():
             raise Refused(f"job {job_id} cannot be relaunched: its folder {folder} is gone")
@@ -151,8 +171,9 @@ class JobControl(Launching):
 
     # -- park ---------------------------------------------------------------------------------
 
-    def park(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
-             smaller: bool = False) -> Dict[str, Any]:
+    def park(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
+    ) -> Dict[str, Any]:
         """Ask the runner to checkpoint, end training and exit (state "parking", then "parked"
         when the process has ended with the park exit status). A suspended tree is resumed
         first so it can checkpoint. Returns the job dict. ``smaller``: a job that can shrink
@@ -169,19 +190,25 @@ class JobControl(Launching):
             if job.state not in vocab.RUNNING | vocab.PAUSED | {S.PAUSING}:
                 raise Refused(f"job {job.id} is {job.state}; it cannot be parked now")
             if not rec.checkpoint_dir:
-                raise Refused(f"job {job.id} has no checkpoint folder: parking would lose its "
-                                 "progress (pause or stop it instead)")
+                raise Refused(
+                    f"job {job.id} has no checkpoint folder: parking would lose its "
+                    "progress (pause or stop it instead)"
+                )
             if not rec.hooked or job.peer is None:
-                raise Refused(f"job {job.id} does not report to Headroom (no Keras fit "
-                                 "hooked): parking would lose its progress (pause or stop it "
-                                 "instead)")
+                raise Refused(
+                    f"job {job.id} does not report to Headroom (no Keras fit "
+                    "hooked): parking would lose its progress (pause or stop it "
+                    "instead)"
+                )
             if rec.pause_mode == SUSPENDED:
                 trees.resume(job)
             k = smaller_accumulation(rec) if smaller else None
             sent = self._send(job, rp.PARK, accumulation=k) if k else self._send(job, rp.PARK)
             if not sent:
-                raise Refused(f"job {job.id} did not take the request (its channel closed, "
-                                 "or it does not answer)")
+                raise Refused(
+                    f"job {job.id} did not take the request (its channel closed, "
+                    "or it does not answer)"
+                )
             job.park_note = (by, reason)
             job.smaller = k
             job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
@@ -191,8 +218,9 @@ class JobControl(Launching):
 
     # -- stop ---------------------------------------------------------------------------------
 
-    def stop(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
-             force: bool = False) -> Dict[str, Any]:
+    def stop(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", force: bool = False
+    ) -> Dict[str, Any]:
         """Stop a job in steps (``trayapp.jobs.ladder``): the runner's own stop (when hooked),
         SIGINT to the group, SIGTERM to the tree, SIGKILL (Windows: CTRL_BREAK_EVENT, then
         terminate); ``force`` goes straight to SIGKILL. A suspended tree is continued first so
@@ -215,20 +243,29 @@ class JobControl(Launching):
     def _stop_parked(self, job: Job, by: str, reason: str) -> Dict[str, Any]:
         """A parked job has no process: stopping it just closes it (the checkpoint stays)."""
         end_reason = f"stopped by {by} while parked" + (f": {reason}" if reason else "")
-        job.move(S.STOPPED, end_reason=end_reason, ended=now(),
-                 resumable=resumable_stop(job.rec, S.STOPPED))
+        job.move(
+            S.STOPPED,
+            end_reason=end_reason,
+            ended=now(),
+            resumable=resumable_stop(job.rec, S.STOPPED),
+        )
         self._save(job)
         self._retire(job)
-        self._emit(E.JOB_STOPPED, f"job {job.id} ({job.rec.name}) {end_reason}",
-                   job_id=job.id, data={"state": S.STOPPED.value, "exit_code": job.rec.exit_code})
+        self._emit(
+            E.JOB_STOPPED,
+            f"job {job.id} ({job.rec.name}) {end_reason}",
+            job_id=job.id,
+            data={"state": S.STOPPED.value, "exit_code": job.rec.exit_code},
+        )
         return job.rec.to_json()
 
-    def _begin_stop(self, job: Job, by: str, reason: str, force: bool,
-                    ask: bool = True) -> None:
+    def _begin_stop(self, job: Job, by: str, reason: str, force: bool, ask: bool = True) -> None:
         if job.state == S.STOPPING:
             if force and job.stop_stage < Stage.KILL:  # kill: SIGKILL now
-                self._take_step(job, ladder.next_step(job.stop_stage, job.stop_next,
-                                                      time.monotonic(), force=True))
+                self._take_step(
+                    job,
+                    ladder.next_step(job.stop_stage, job.stop_next, time.monotonic(), force=True),
+                )
             return
         job.stop_note = (by, reason)
         job.move(S.STOPPING, stopped_by=by, stop_reason=reason or None)
@@ -238,8 +275,12 @@ class JobControl(Launching):
             # A stopped process cannot handle a signal; it must run again to end cleanly.
             trees.resume(job)
             job.change(pause_mode=None)
-        self._take_step(job, ladder.first_step(time.monotonic(), hooked=self._stops_itself(job),
-                                               ask=ask, force=force))
+        self._take_step(
+            job,
+            ladder.first_step(
+                time.monotonic(), hooked=self._stops_itself(job), ask=ask, force=force
+            ),
+        )
 
     def _stops_itself(self, job: Job) -> bool:
         """The runner is the stop's first step: it hooked ``fit`` (its stop saves first)."""
@@ -248,10 +289,13 @@ class JobControl(Launching):
     def _advance_stop(self, job: Job, t: float, *, runner_gone: bool = False) -> None:
         """The next stop step, when one is due at monotonic time ``t``."""
         # Only SIGKILL's repeat asks what is left (a look at every process seen in the tree).
-        remnants = job.stop_stage < Stage.KILL or \
-            (t >= job.stop_next and bool(trees.remnants(job)))
-        self._take_step(job, ladder.next_step(job.stop_stage, job.stop_next, t,
-                                              remnants=remnants, runner_gone=runner_gone))
+        remnants = job.stop_stage < Stage.KILL or (t >= job.stop_next and bool(trees.remnants(job)))
+        self._take_step(
+            job,
+            ladder.next_step(
+                job.stop_stage, job.stop_next, t, remnants=remnants, runner_gone=runner_gone
+            ),
+        )
 
     def _take_step(self, job: Job, step: Optional[Step]) -> None:
         """Take a stop step now: ask the runner (the next step at once when it cannot be
@@ -313,15 +357,21 @@ class Op:
 
 
 OPS: Mapping[str, Op] = {
-    "pause": Op(lambda m, ref, why: m.pause(ref, by=BY_USER, reason=why),
-                lambda m: m._pause_deadline(None) + PAUSE_SETTLE_EXTRA_SECONDS),
-    "resume": Op(lambda m, ref, why: m.resume(ref, by=BY_USER, reason=why),
-                 lambda m: RESUME_SETTLE_SECONDS),
-    "park": Op(lambda m, ref, why: m.park(ref, by=BY_USER, reason=why),
-               lambda m: PARK_SETTLE_SECONDS),
-    "stop": Op(lambda m, ref, why: m.stop(ref, by=BY_USER, reason=why),
-               lambda m: ladder.settle_seconds()),
-    "kill": Op(lambda m, ref, why: m.kill(ref, by=BY_USER, reason=why),
-               lambda m: ladder.KILL_WAIT_SECONDS),
+    "pause": Op(
+        lambda m, ref, why: m.pause(ref, by=BY_USER, reason=why),
+        lambda m: m._pause_deadline(None) + PAUSE_SETTLE_EXTRA_SECONDS,
+    ),
+    "resume": Op(
+        lambda m, ref, why: m.resume(ref, by=BY_USER, reason=why), lambda m: RESUME_SETTLE_SECONDS
+    ),
+    "park": Op(
+        lambda m, ref, why: m.park(ref, by=BY_USER, reason=why), lambda m: PARK_SETTLE_SECONDS
+    ),
+    "stop": Op(
+        lambda m, ref, why: m.stop(ref, by=BY_USER, reason=why), lambda m: ladder.settle_seconds()
+    ),
+    "kill": Op(
+        lambda m, ref, why: m.kill(ref, by=BY_USER, reason=why), lambda m: ladder.KILL_WAIT_SECONDS
+    ),
 }
 ACTIONS = tuple(OPS)

@@ -74,8 +74,12 @@ class _JobCurves:
             del into[::2]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"names": list(self.names), "batches": [dict(p) for p in self.batches],
-                "epochs": [dict(p) for p in self.epochs], "fits": [dict(f) for f in self.fits]}
+        return {
+            "names": list(self.names),
+            "batches": [dict(p) for p in self.batches],
+            "epochs": [dict(p) for p in self.epochs],
+            "fits": [dict(f) for f in self.fits],
+        }
 
 
 class Curves:
@@ -85,8 +89,17 @@ class Curves:
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, _JobCurves] = OrderedDict()
 
-    def add(self, job_id: str, t: float, *, epoch: Optional[int], step: Optional[int],
-            steps: Optional[int], metrics: Mapping[str, Any], fit: Optional[int] = None) -> None:
+    def add(
+        self,
+        job_id: str,
+        t: float,
+        *,
+        epoch: Optional[int],
+        step: Optional[int],
+        steps: Optional[int],
+        metrics: Mapping[str, Any],
+        fit: Optional[int] = None,
+    ) -> None:
         """Keep one progress report (already parsed: finite numbers) of ``fit()`` call ``fit``
         (from 1): at ``step == steps`` it is the epoch's end. Reports without an epoch or
         without metrics are not kept."""
@@ -110,5 +123,8 @@ class Curves:
         after it)."""
         with self._lock:
             curves = self._jobs.get(job_id)
-            return curves.to_json() if curves is not None else \
-                {"names": [], "batches": [], "epochs": [], "fits": []}
+            return (
+                curves.to_json()
+                if curves is not None
+                else {"names": [], "batches": [], "epochs": [], "fits": []}
+            )

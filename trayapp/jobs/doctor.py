@@ -142,8 +142,9 @@ def diagnose(
     return checks
 
 
-def _driver_check(gpu_status: GpuStatus, gpus: Sequence[GpuReading], real: bool,
-                  n_gpus: int) -> Check:
+def _driver_check(
+    gpu_status: GpuStatus, gpus: Sequence[GpuReading], real: bool, n_gpus: int
+) -> Check:
     """The NVIDIA driver, as NVML reports it."""
     if real:
         names = ", ".join(sorted({g.name for g in gpus})) or "no GPU listed"
@@ -156,8 +157,7 @@ def _driver_check(gpu_status: GpuStatus, gpus: Sequence[GpuReading], real: bool,
             + f" ({names})",
         )
     if gpu_status.backend == "simulated":
-        return Check("NVIDIA driver", "unknown",
-                     "simulated GPUs (--demo): no real driver to check")
+        return Check("NVIDIA driver", "unknown", "simulated GPUs (--demo): no real driver to check")
     return Check(
         "NVIDIA driver",
         "unknown",
@@ -182,26 +182,38 @@ def _python_and_tensorflow(interp: Interpreter, platform: str) -> List[Check]:
         ]
     python = Check("Python", "ok", f"Python {interp.python_version} at {interp.path}")
     if interp.error and interp.error.startswith("TensorFlow does not import"):
-        return [python, Check(
-            "TensorFlow",
-            "fail",
-            interp.error
-            + (f" (TensorFlow {interp.tf_version} is installed)" if interp.tf_version else ""),
-            f"reinstall it: {interp.path} -m pip install --force-reinstall tensorflow",
-        )]
+        return [
+            python,
+            Check(
+                "TensorFlow",
+                "fail",
+                interp.error
+                + (f" (TensorFlow {interp.tf_version} is installed)" if interp.tf_version else ""),
+                f"reinstall it: {interp.path} -m pip install --force-reinstall tensorflow",
+            ),
+        ]
     if interp.tf_version is None:
-        return [python, Check(
-            "TensorFlow",
-            "fail",
-            f"TensorFlow is not installed for {interp.path}",
-            f"install it: {_pip_install(interp, platform)}",
-        )]
+        return [
+            python,
+            Check(
+                "TensorFlow",
+                "fail",
+                f"TensorFlow is not installed for {interp.path}",
+                f"install it: {_pip_install(interp, platform)}",
+            ),
+        ]
     keras = f" with Keras {interp.keras_version}" if interp.keras_version else ""
     return [python, Check("TensorFlow", "ok", f"TensorFlow {interp.tf_version}{keras}")]
 
 
-def _build_check(interp: Interpreter, platform: str, n_gpus: int, windows_no_gpu: bool,
-                 cuda: Optional[str], source: str) -> Check:
+def _build_check(
+    interp: Interpreter,
+    platform: str,
+    n_gpus: int,
+    windows_no_gpu: bool,
+    cuda: Optional[str],
+    source: str,
+) -> Check:
     """The TensorFlow build: CPU only, or the CUDA it was built for."""
     if interp.is_cuda_build is False:
         if n_gpus and not windows_no_gpu:
@@ -224,8 +236,9 @@ def _build_check(interp: Interpreter, platform: str, n_gpus: int, windows_no_gpu
     return Check("TensorFlow build", "unknown", "the build's CUDA support is unknown")
 
 
-def _gpus_seen_check(interp: Interpreter, platform: str, n_gpus: int,
-                     windows_no_gpu: bool) -> Check:
+def _gpus_seen_check(
+    interp: Interpreter, platform: str, n_gpus: int, windows_no_gpu: bool
+) -> Check:
     """What TensorFlow sees against NVML's ``n_gpus``."""
     name = "GPUs TensorFlow sees"
     if interp.gpus_seen is None:
@@ -292,8 +305,9 @@ def _driver_against_build(
     )
 
 
-def protection_check(config_file: Optional[Path] = None,
-                     offer: Optional[cgroups.Offer] = None) -> Check:
+def protection_check(
+    config_file: Optional[Path] = None, offer: Optional[cgroups.Offer] = None
+) -> Check:
     """What guards a job here besides the guard (``cgroups``), as a check: ok either way (the
     guard alone still guards), with how to get the kernel brake where it is missing. The
     setting ``guard.kernel_brake`` is read from ``config_file``; ``offer``: the machine's,
@@ -308,10 +322,12 @@ def protection_check(config_file: Optional[Path] = None,
         offer = cgroups.detect(enabled=enabled, probe=False)
     fix = None
     if not offer.brakes and sys.platform.startswith("linux") and "is off" not in offer.why:
-        fix = ("on cgroup v2, log in to a systemd session whose user manager "
-               "(user@UID.service) has the memory controller delegated; on cgroup v1, run the "
-               "engine where it may make child memory cgroups (as root or in a delegated "
-               "cgroup); until then the guard alone guards jobs")
+        fix = (
+            "on cgroup v2, log in to a systemd session whose user manager "
+            "(user@UID.service) has the memory controller delegated; on cgroup v1, run the "
+            "engine where it may make child memory cgroups (as root or in a delegated "
+            "cgroup); until then the guard alone guards jobs"
+        )
     return Check("Memory protection", "ok", offer.words, fix)
 
 

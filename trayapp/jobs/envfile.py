@@ -32,8 +32,9 @@ def hide(spec_json: Mapping[str, Any]) -> Dict[str, Any]:
     out = dict(spec_json)
     env = out.get("env")
     if isinstance(env, list):
-        out["env"] = [[pair[0], None] for pair in env
-                      if isinstance(pair, (list, tuple)) and len(pair) == 2]
+        out["env"] = [
+            [pair[0], None] for pair in env if isinstance(pair, (list, tuple)) and len(pair) == 2
+        ]
     elif isinstance(env, Mapping):
         out["env"] = [[name, None] for name in env]
     return out
@@ -44,18 +45,21 @@ def hidden_names(spec_json: Mapping[str, Any]) -> List[str]:
     env = spec_json.get("env")
     if not isinstance(env, list):
         return []
-    return [str(p[0]) for p in env if isinstance(p, (list, tuple)) and len(p) == 2
-            and p[1] is None]
+    return [str(p[0]) for p in env if isinstance(p, (list, tuple)) and len(p) == 2 and p[1] is None]
 
 
-def save(folder: Path, environ: Optional[Mapping[str, str]],
-         env: Sequence[Tuple[str, str]]) -> None:
+def save(
+    folder: Path, environ: Optional[Mapping[str, str]], env: Sequence[Tuple[str, str]]
+) -> None:
     """Keep the shell's ``environ`` (None: the job starts from the engine's) and the spec's
     ``--env`` pairs in ``folder``'s private file (written only when there is something)."""
     if environ is None and not env:
         return
-    data = {"version": VERSION, "environ": dict(environ) if environ is not None else None,
-            "env": [[k, v] for k, v in env]}
+    data = {
+        "version": VERSION,
+        "environ": dict(environ) if environ is not None else None,
+        "env": [[k, v] for k, v in env],
+    }
     configmod.atomic_write(folder / FILE_NAME, json.dumps(data), mode=0o600)
 
 
@@ -75,11 +79,12 @@ def load(folder: Path) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
     values: Dict[str, str] = {}
     if isinstance(env, list):
         for pair in env:
-            if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str)
-                                                                  for x in pair):
+            if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair):
                 values[pair[0]] = pair[1]
-    return ({str(k): str(v) for k, v in environ.items()} if isinstance(environ, dict) else None,
-            values)
+    return (
+        {str(k): str(v) for k, v in environ.items()} if isinstance(environ, dict) else None,
+        values,
+    )
 
 
 def restore(spec_json: Mapping[str, Any], folder: Optional[Path]) -> Dict[str, Any]:
@@ -93,8 +98,10 @@ def restore(spec_json: Mapping[str, Any], folder: Optional[Path]) -> Dict[str, A
     _, values = load(folder) if folder is not None else (None, {})
     missing = [n for n in names if n not in values]
     if missing:
-        raise Refused(f"the value of --env {', '.join(missing)} was not kept for this job; "
-                         "launch it again with --env NAME=VALUE")
+        raise Refused(
+            f"the value of --env {', '.join(missing)} was not kept for this job; "
+            "launch it again with --env NAME=VALUE"
+        )
     env = out.get("env")
     assert isinstance(env, list)  # hidden_names found pairs in it
     out["env"] = [[p[0], values[p[0]] if p[1] is None else p[1]] for p in env]
@@ -107,8 +114,11 @@ def _visible_pairs(spec: Any) -> List[Tuple[str, str]]:
         env = [[k, v] for k, v in env.items()]
     if not isinstance(env, list):
         return []
-    return [(str(p[0]), p[1]) for p in env
-            if isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], str)]
+    return [
+        (str(p[0]), p[1])
+        for p in env
+        if isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[1], str)
+    ]
 
 
 def hide_stored(store: Any, jobs_dir: Path) -> int:
@@ -128,8 +138,9 @@ def hide_stored(store: Any, jobs_dir: Path) -> int:
                 save(folder, environ, sorted(values.items()))
                 spec_file = folder / "spec.json"
                 if spec_file.is_file() and not spec_file.is_symlink():
-                    configmod.atomic_write(spec_file,
-                                           json.dumps(hide(job["spec"]), indent=2) + "\n")
+                    configmod.atomic_write(
+                        spec_file, json.dumps(hide(job["spec"]), indent=2) + "\n"
+                    )
             except OSError:
                 pass  # the values are dropped then: a relaunch asks for them
         return dict(job, spec=hide(job["spec"]))

@@ -56,8 +56,13 @@ class Judgement:
     free: int  # ... and has
 
     def to_json(self) -> Dict[str, Any]:
-        return {"message": self.text, "fits": self.fits, "accumulation": self.accumulation,
-                "need_bytes": self.need, "free_bytes": self.free}
+        return {
+            "message": self.text,
+            "fits": self.fits,
+            "accumulation": self.accumulation,
+            "need_bytes": self.need,
+            "free_bytes": self.free,
+        }
 
 
 def _job_gpus(rec: JobRecord, gpus: Sequence[GpuReading]) -> List[GpuReading]:
@@ -111,8 +116,13 @@ def address_space(rec: JobRecord) -> Optional[int]:
     not known."""
     limits = rec.spec.get("rlimits") if isinstance(rec.spec, Mapping) else None
     pair = limits.get("AS") if isinstance(limits, Mapping) else None
-    if isinstance(pair, (list, tuple)) and pair and isinstance(pair[0], int) \
-            and not isinstance(pair[0], bool) and pair[0] > 0:
+    if (
+        isinstance(pair, (list, tuple))
+        and pair
+        and isinstance(pair[0], int)
+        and not isinstance(pair[0], bool)
+        and pair[0] > 0
+    ):
         return int(pair[0])
     return None
 
@@ -132,8 +142,9 @@ def most_bytes(rec: JobRecord, snapshot: Optional[Snapshot]) -> Dict[str, Tuple[
     return out
 
 
-def bounded(msg: Forecast, rec: JobRecord,
-            snapshot: Optional[Snapshot]) -> Tuple[Forecast, List[str]]:
+def bounded(
+    msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot]
+) -> Tuple[Forecast, List[str]]:
     """``msg`` without what no device of this machine can hold: a device whose fixed, per-sample
     or peak bytes, or an accumulator whose bytes, are above the device's ``most_bytes``. Returns
     (the forecast kept, what was dropped: one line each, as ``messages.parse`` says it)."""
@@ -144,21 +155,26 @@ def bounded(msg: Forecast, rec: JobRecord,
         bound = most.get(device)
         if bound is None or max(f or 0 for f in figures) <= bound[0]:
             return False
-        dropped.append(f"forecast: {one_line(device, 40)} above the machine's {bound[1]} "
-                       f"({format_bytes(bound[0])})")
+        dropped.append(
+            f"forecast: {one_line(device, 40)} above the machine's {bound[1]} "
+            f"({format_bytes(bound[0])})"
+        )
         return True
 
-    devices = tuple(d for d in msg.devices
-                    if not over(d.device, d.fixed_bytes, d.per_sample_bytes, d.peak_bytes))
-    accumulators = tuple((name, size) for name, size in msg.accumulators
-                         if not over(name, size))
+    devices = tuple(
+        d
+        for d in msg.devices
+        if not over(d.device, d.fixed_bytes, d.per_sample_bytes, d.peak_bytes)
+    )
+    accumulators = tuple((name, size) for name, size in msg.accumulators if not over(name, size))
     if not dropped:
         return msg, []
     return dataclasses.replace(msg, devices=devices, accumulators=accumulators), dropped
 
 
-def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
-          floor: int) -> Optional[Judgement]:
+def judge(
+    msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot], floor: int
+) -> Optional[Judgement]:
     """The sentence and the choice for a forecast; None when nothing of it can be compared.
     A figure above what the machine can hold is not judged (``bounded``)."""
     msg, _ = bounded(msg, rec, snapshot)
@@ -174,13 +190,16 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
     room = {name: r.free for name, r in space.items()}
     # The largest micro-batch that fits with the forecast's margin to spare, else the one that
     # fits at all: "does not fit" only when the forecast is above the room at every one.
-    chosen = rf.choose(known, batch, floor, room, accumulators) or \
-        rf.choose(known, batch, floor, room, accumulators, margin=1.0)
+    chosen = rf.choose(known, batch, floor, room, accumulators) or rf.choose(
+        known, batch, floor, room, accumulators, margin=1.0
+    )
     k_now = max(1, msg.accumulation or 1)
     micro_now = max(1, batch // k_now)
     # What it trains now, measured, against the room itself (the margin is for choosing).
-    fits_now = all(rf.need(d, micro_now, k_now, accumulators.get(d["device"], 0))
-                   <= space[d["device"]].free for d in known)
+    fits_now = all(
+        rf.need(d, micro_now, k_now, accumulators.get(d["device"], 0)) <= space[d["device"]].free
+        for d in known
+    )
 
     def tightness(entry: Mapping[str, Any]) -> float:
         return rf.need(entry, batch, 1) / max(1, space[entry["device"]].free)
@@ -190,14 +209,19 @@ def judge(msg: Forecast, rec: JobRecord, snapshot: Optional[Snapshot],
     need = rf.need(tight, batch, 1)
     about = "" if need >= BYTES_SHOWN_MAX else "about "  # not "about over 1024 EiB"
     text = f"needs {about}{format_bytes(need)} of {r.label} at batch {batch}; {r.said()}"
-    outcome = _outcome(chosen, batch, k_now, rec.shrinkable, floor) if not fits_now else \
-        ": it fits" if k_now == 1 else \
-        f": it trains micro-batches of {micro_now} x {k_now} (the same training)"
+    outcome = (
+        _outcome(chosen, batch, k_now, rec.shrinkable, floor)
+        if not fits_now
+        else ": it fits"
+        if k_now == 1
+        else f": it trains micro-batches of {micro_now} x {k_now} (the same training)"
+    )
     return Judgement(text + outcome, fits_now, chosen[1] if chosen else 0, need, r.free)
 
 
-def _outcome(chosen: Optional[Tuple[int, int]], batch: int, k_now: int, shrinkable: bool,
-             floor: int) -> str:
+def _outcome(
+    chosen: Optional[Tuple[int, int]], batch: int, k_now: int, shrinkable: bool, floor: int
+) -> str:
     """What happens to a fit whose micro-batch does not fit now."""
     if chosen is None:
         return f": it does not fit even at micro-batches of {floor}"

@@ -17,6 +17,7 @@ class GpuChoice(Protocol):
     @property
     def gpus(self) -> Optional[Tuple[int, ...]]: ...
 
+
 FLOAT16_MIN_CAPABILITY = (7, 0)
 
 

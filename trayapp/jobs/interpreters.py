@@ -379,9 +379,7 @@ def job_environment(
 def _without_bundle(c: _Changes, bundle_dir: Optional[str]) -> None:
     """A frozen build: the library path as it was before the app bundle changed it, and no
     variable pointing into the bundle."""
-    bundle: str = (
-        bundle_dir or getattr(sys, "_MEIPASS", None) or os.path.dirname(sys.executable)
-    )
+    bundle: str = bundle_dir or getattr(sys, "_MEIPASS", None) or os.path.dirname(sys.executable)
     env = c.env
     original = env.pop("LD_LIBRARY_PATH_ORIG", None)
     if original is not None:
@@ -402,8 +400,7 @@ def _without_bundle(c: _Changes, bundle_dir: Optional[str]) -> None:
             c.remove(name, "pointed into Headroom's app bundle")
 
 
-def _without_own_install(c: _Changes, python: str, frozen: bool,
-                         bundle_dir: Optional[str]) -> None:
+def _without_own_install(c: _Changes, python: str, frozen: bool, bundle_dir: Optional[str]) -> None:
     """Another interpreter than Headroom's: no PYTHONPATH/PYTHONHOME into Headroom's install,
     and not Headroom's own virtualenv."""
     env = c.env
@@ -455,8 +452,9 @@ def _activated(c: _Changes, python: str) -> None:
             ]
         else:
             dirs = [str(prefix / "bin")]
-        _prepend_path(env, c.settings, dirs,
-                      "the job's conda environment first (its CUDA libraries)")
+        _prepend_path(
+            env, c.settings, dirs, "the job's conda environment first (its CUDA libraries)"
+        )
 
 
 def _prepend_path(

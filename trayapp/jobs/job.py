@@ -41,6 +41,7 @@ def who(by: Optional[str]) -> str:
     """``"user"`` -> ``"you"``, ``"guard"`` -> ``"the guard"``; another word as it is."""
     return _WHO.get(by or "", by or "")
 
+
 Emit = Callable[..., Any]
 # An event to emit once the lock is released: (kind, level, message, job id, data).
 Event = Tuple[str, str, str, Optional[str], Optional[Dict[str, Any]]]
@@ -127,5 +128,3 @@ def budget_bytes(mb: Any) -> Optional[int]:
     if isinstance(mb, (int, float)) and not isinstance(mb, bool):
         return int(mb * MIB)
     return None
-
-

@@ -147,35 +147,47 @@ class KernelJobs(JobControl):
             if job is None:
                 live = sum(1 for j in self._jobs.values() if j.rec.is_kernel)
                 if live >= MAX_KERNELS:
-                    raise Refused(f"kernel_adopt: {live} kernels are watched already, the "
-                                     "most the engine takes")
+                    raise Refused(
+                        f"kernel_adopt: {live} kernels are watched already, the "
+                        "most the engine takes"
+                    )
                 job = self._new_kernel(proc, create_time, args)
                 self._jobs[job.id] = job
                 self._save(job)
                 fresh = True
             else:
                 fresh = False
-            answer = {"job": job.id, "address": self.paths.job_address(job.id),
-                      "key": job.key.hex()}
+            answer = {
+                "job": job.id,
+                "address": self.paths.job_address(job.id),
+                "key": job.key.hex(),
+            }
             rec = job.rec
         if fresh:
-            self._emit(E.JOB_ADOPTED, f"kernel {rec.id} ({rec.name}) is a job now "
-                       f"(pid {rec.pid}): the guard watches it", job_id=rec.id,
-                       data={"pid": rec.pid, "kind": KERNEL})
+            self._emit(
+                E.JOB_ADOPTED,
+                f"kernel {rec.id} ({rec.name}) is a job now (pid {rec.pid}): the guard watches it",
+                job_id=rec.id,
+                data={"pid": rec.pid, "kind": KERNEL},
+            )
         return answer
 
     def _kernel_job(self, pid: int, create_time: float) -> Optional[Job]:
         for job in self._jobs.values():
             rec = job.rec
-            if rec.is_kernel and rec.pid == pid and rec.state in vocab.LIVE and \
-                    rec.create_time is not None and abs(rec.create_time - create_time) < 0.01:
+            if (
+                rec.is_kernel
+                and rec.pid == pid
+                and rec.state in vocab.LIVE
+                and rec.create_time is not None
+                and abs(rec.create_time - create_time) < 0.01
+            ):
                 if job.server is None:
                     self._open_channel(job)
                 return job
         return None
 
-    def _new_kernel(self, proc: psutil.Process, create_time: float,
-                    args: Dict[str, Any]) -> Job:
+    def _new_kernel(self, proc: psutil.Process, create_time: float, args: Dict[str, Any]) -> Job:
         """The kernel's folder, key, spec and channel (under the lock)."""
         spec = kernel_spec(args.get("kernel"))
         try:
@@ -191,9 +203,14 @@ class KernelJobs(JobControl):
         connection = args.get("connection_file")
         rec = dataclasses.replace(
             self._new_record(job_id, applied, spec_data, folder, []),
-            name=kernel_name(args), kind=KERNEL, pid=proc.pid, pids=(proc.pid,),
-            create_time=create_time, log_path=None,  # a kernel's output is in its notebook
-            script=one_line(connection, 1000) if isinstance(connection, str) else "")
+            name=kernel_name(args),
+            kind=KERNEL,
+            pid=proc.pid,
+            pids=(proc.pid,),
+            create_time=create_time,
+            log_path=None,  # a kernel's output is in its notebook
+            script=one_line(connection, 1000) if isinstance(connection, str) else "",
+        )
         job = Job(rec, key)
         job.process = proc
         job.known = {proc.pid: proc}
@@ -207,16 +224,18 @@ class KernelJobs(JobControl):
 
     # -- the kernel's ladder ------------------------------------------------------------------
 
-    def pause(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
-              deadline: Optional[float] = None) -> Dict[str, Any]:
+    def pause(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", deadline: Optional[float] = None
+    ) -> Dict[str, Any]:
         """As for a script; a kernel between fits is suspended at once (nothing to wait for)."""
         with self._lock:
             job = self._find(job_ref)
             idle = isinstance(job, Job) and job.rec.is_kernel and not job.rec.kernel_in_fit
         return super().pause(job_ref, by=by, reason=reason, deadline=0 if idle else deadline)
 
-    def park(self, job_ref: str, *, by: str = BY_USER, reason: str = "",
-             smaller: bool = False) -> Dict[str, Any]:
+    def park(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
+    ) -> Dict[str, Any]:
         """A kernel is not parked: its fit is interrupted (``interrupt``)."""
         with self._lock:
             job = self._find(job_ref)
@@ -238,13 +257,14 @@ class KernelJobs(JobControl):
             if job.state == S.PARKING:
                 return rec.to_json()
             if not rec.kernel_in_fit or job.peer is None:
-                raise Refused(f"kernel {job.id} runs no fit() that Headroom follows: there "
-                                 "is nothing to interrupt (pause or stop it instead)")
+                raise Refused(
+                    f"kernel {job.id} runs no fit() that Headroom follows: there "
+                    "is nothing to interrupt (pause or stop it instead)"
+                )
             if rec.pause_mode == "suspended":
                 trees.resume(job)
             if not self._send(job, "park"):
-                raise Refused(f"kernel {job.id} did not take the request (its channel "
-                                 "closed)")
+                raise Refused(f"kernel {job.id} did not take the request (its channel closed)")
             job.park_note = (by, reason)
             job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
             job.pause_deadline = None
@@ -265,26 +285,43 @@ class KernelJobs(JobControl):
         if job.state != S.PARKING:
             return
         by, why = job.park_note
-        job.move(S.RUNNING, parked_by=None, park_reason=None, pause_mode=None,
-                 paused_by=None, pause_reason=None, paused_at=None)
+        job.move(
+            S.RUNNING,
+            parked_by=None,
+            park_reason=None,
+            pause_mode=None,
+            paused_by=None,
+            pause_reason=None,
+            paused_at=None,
+        )
         self._save(job)
         point = job.rec.checkpoint or {}
-        where = f"; its checkpoint is in {point['path']}" if point.get("path") else \
-            " (no checkpoint folder: nothing was saved)"
+        where = (
+            f"; its checkpoint is in {point['path']}"
+            if point.get("path")
+            else " (no checkpoint folder: nothing was saved)"
+        )
         who = "you" if by == BY_USER else f"the {by}"
-        events.append((E.JOB_INTERRUPTED, "warn",
-                       f"kernel {job.id} ({job.rec.name}): its fit was interrupted by {who}"
-                       f"{': ' + why if why else ''}{where}. The kernel and its variables are "
-                       "kept; TensorFlow keeps the GPU memory it holds until the kernel "
-                       "restarts. Run the same fit() again to go on from the checkpoint.",
-                       job.id, {"by": by, "reason": why, "checkpoint": point.get("path")}))
+        events.append(
+            (
+                E.JOB_INTERRUPTED,
+                "warn",
+                f"kernel {job.id} ({job.rec.name}): its fit was interrupted by {who}"
+                f"{': ' + why if why else ''}{where}. The kernel and its variables are "
+                "kept; TensorFlow keeps the GPU memory it holds until the kernel "
+                "restarts. Run the same fit() again to go on from the checkpoint.",
+                job.id,
+                {"by": by, "reason": why, "checkpoint": point.get("path")},
+            )
+        )
 
     def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
         with self._lock:
             found = self._find(job_ref)
         rec = found.rec if isinstance(found, Job) else found
         if rec.is_kernel and rec.state in vocab.ENDED:
-            raise Refused(f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
-                             "there and run the fit() again: it goes on from its checkpoint)")
+            raise Refused(
+                f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
+                "there and run the fit() again: it goes on from its checkpoint)"
+            )
         return super().resume(job_ref, by=by, reason=reason)
-

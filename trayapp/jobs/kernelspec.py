@@ -93,8 +93,9 @@ def check_name(name: str) -> str:
     """The kernel name as Jupyter keeps it (lower case); raises KernelSpecError for one Jupyter
     would not list."""
     if not _NAME.match(name or ""):
-        raise KernelSpecError(f"--name: {name!r} is not a kernel name (letters, digits, '.', '_' "
-                              "and '-' only)")
+        raise KernelSpecError(
+            f"--name: {name!r} is not a kernel name (letters, digits, '.', '_' and '-' only)"
+        )
     return name.lower()
 
 
@@ -111,8 +112,12 @@ def spec_flags(spec: JobSpec) -> List[str]:
         out += ["--gpu", ",".join(str(i) for i in o.gpus)]
     if o.memory_growth is not None:
         out.append("--memory-growth" if o.memory_growth else "--no-memory-growth")
-    for flag, value in (("--vram-limit", o.vram_limit_mb), ("--vram-reserve", o.vram_reserve_mb),
-                        ("--allocator", o.allocator), ("--precision", o.precision)):
+    for flag, value in (
+        ("--vram-limit", o.vram_limit_mb),
+        ("--vram-reserve", o.vram_reserve_mb),
+        ("--allocator", o.allocator),
+        ("--precision", o.precision),
+    ):
         if value is not None:
             out += [flag, str(value)]
     if o.xla is not None:
@@ -122,11 +127,13 @@ def spec_flags(spec: JobSpec) -> List[str]:
         if o.inter_threads is not None:
             threads += f",{o.inter_threads}"
         out += ["--threads", threads]
-    for flag, value in (("--ram-budget", spec.ram_budget_mb),
-                        ("--vram-budget", spec.vram_budget_mb),
-                        ("--checkpoint-dir", spec.checkpoint_dir),
-                        ("--checkpoint-every", spec.checkpoint_every_steps),
-                        ("--min-batch", spec.min_batch)):
+    for flag, value in (
+        ("--ram-budget", spec.ram_budget_mb),
+        ("--vram-budget", spec.vram_budget_mb),
+        ("--checkpoint-dir", spec.checkpoint_dir),
+        ("--checkpoint-every", spec.checkpoint_every_steps),
+        ("--min-batch", spec.min_batch),
+    ):
         if value is not None:
             out += [flag, str(value)]
     if spec.auto_resume is False:
@@ -157,8 +164,9 @@ def spec_from_args(ns: argparse.Namespace) -> JobSpec:
     ``kernel_python``. Raises SpecError (one line)."""
     values = dict(vars(ns), script="kernel", script_args=[], name=None, cwd=None, python=None)
     spec = spec_from_cli(argparse.Namespace(**values))
-    return replace(spec, script="", args=(), cwd=None,
-                   python=kernel_python(getattr(ns, "python", None)))
+    return replace(
+        spec, script="", args=(), cwd=None, python=kernel_python(getattr(ns, "python", None))
+    )
 
 
 def check_spec(spec: JobSpec, gpus: Sequence[GpuReading] = ()) -> List[str]:
@@ -201,28 +209,40 @@ def kernel_json(
     if spec.preset:
         spec = apply_preset(spec, spec.preset, gpus, ram_total_bytes=ram_total_bytes)
     # build_launch plans a script: the runner's own bootstrap stands in for it (never run).
-    plan = build_launch(replace(spec, script=str(runner / "bootstrap.py"), args=(), cwd=None),
-                        gpus=gpus, base_env={}, runner_dir=runner,
-                        process=process if process is not None else JobProcess())
+    plan = build_launch(
+        replace(spec, script=str(runner / "bootstrap.py"), args=(), cwd=None),
+        gpus=gpus,
+        base_env={},
+        runner_dir=runner,
+        process=process if process is not None else JobProcess(),
+    )
     env: Dict[str, str] = _memory_environment(plan.settings, python)
     env[protocol.ENV_OPTIONS] = plan.env[protocol.ENV_OPTIONS]
     env[protocol.ENV_PROCESS] = plan.env[protocol.ENV_PROCESS]
     engine_spec = {k: v for k, v in spec.to_json().items() if k not in _NOT_FOR_THE_ENGINE}
     shown = display_name or default_display_name(given.preset)
-    env[KERNEL_ENV] = json.dumps({"v": SPEC_VERSION, "name": name, "display_name": shown,
-                                  "spec": engine_spec}, sort_keys=True, separators=(",", ":"))
+    env[KERNEL_ENV] = json.dumps(
+        {"v": SPEC_VERSION, "name": name, "display_name": shown, "spec": engine_spec},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     if environ.get(HOME_ENV):
         env[HOME_ENV] = os.path.abspath(environ[HOME_ENV])
     env.update(dict(spec.env))
     return {
-        "argv": [python, str(runner / "bootstrap.py"), "--kernel", "-f",
-                 "{connection_file}"],
+        "argv": [python, str(runner / "bootstrap.py"), "--kernel", "-f", "{connection_file}"],
         "display_name": shown,
         "language": "python",
         "interrupt_mode": "signal",
         "env": env,
-        "metadata": {"headroom": {"v": SPEC_VERSION, "python": python,
-                                  "runner": str(runner), "options": spec_flags(given)}},
+        "metadata": {
+            "headroom": {
+                "v": SPEC_VERSION,
+                "python": python,
+                "runner": str(runner),
+                "options": spec_flags(given),
+            }
+        },
     }
 
 
@@ -232,8 +252,14 @@ def _memory_environment(settings: Sequence[Tuple[str, str, str]], python: str) -
     it), not the activation of the interpreter's environment (Jupyter starts the interpreter
     as it is, as for any kernel), and not one the plan removes (Jupyter can only add)."""
     activation = {n for n, _, _ in interpreters.job_environment(python, {})[1]}
-    skip = activation | {protocol.ENV_JOB_ID, protocol.ENV_ADDRESS, protocol.ENV_KEYFILE,
-                         protocol.ENV_OPTIONS, protocol.ENV_PROCESS, "PYTHONUNBUFFERED"}
+    skip = activation | {
+        protocol.ENV_JOB_ID,
+        protocol.ENV_ADDRESS,
+        protocol.ENV_KEYFILE,
+        protocol.ENV_OPTIONS,
+        protocol.ENV_PROCESS,
+        "PYTHONUNBUFFERED",
+    }
     return {n: v for n, v, _ in settings if n not in skip and v != REMOVED}
 
 
@@ -243,12 +269,19 @@ def _memory_environment(settings: Sequence[Tuple[str, str, str]], python: str) -
 
 def _truthy(value: Optional[str]) -> bool:
     """jupyter_core's ``envset``: set to anything but no, n, false, off, 0 or 0.0."""
-    return value is not None and value.strip().lower() not in ("no", "n", "false", "off", "0",
-                                                               "0.0")
+    return value is not None and value.strip().lower() not in (
+        "no",
+        "n",
+        "false",
+        "off",
+        "0",
+        "0.0",
+    )
 
 
-def jupyter_data_dir(environ: Optional[Mapping[str, str]] = None,
-                     platform: Optional[str] = None) -> Path:
+def jupyter_data_dir(
+    environ: Optional[Mapping[str, str]] = None, platform: Optional[str] = None
+) -> Path:
     """The user's Jupyter data folder, as ``jupyter_core.paths.jupyter_data_dir`` finds it:
     JUPYTER_DATA_DIR; with JUPYTER_PLATFORM_DIRS the platformdirs folder; else on Linux
     ``$XDG_DATA_HOME/jupyter`` (``~/.local/share/jupyter``), on macOS ``~/Library/Jupyter``, on
@@ -288,20 +321,25 @@ def python_prefix(python: str, timeout_s: float = IPYKERNEL_TIMEOUT_S) -> str:
     KernelSpecError."""
     out = _ask(python, "import sys; print(sys.prefix)", timeout_s)
     if out.returncode != 0 or not out.stdout.strip():
-        raise KernelSpecError(f"--sys-prefix: {python} did not say its sys.prefix "
-                              f"(exit status {out.returncode})")
+        raise KernelSpecError(
+            f"--sys-prefix: {python} did not say its sys.prefix (exit status {out.returncode})"
+        )
     return out.stdout.strip().splitlines()[-1]
 
 
-def search_dirs(environ: Optional[Mapping[str, str]] = None,
-                extra: Sequence[Path] = ()) -> List[Path]:
+def search_dirs(
+    environ: Optional[Mapping[str, str]] = None, extra: Sequence[Path] = ()
+) -> List[Path]:
     """The kernel folders Jupyter searches, in its order (``jupyter_core.paths.jupyter_path(
     "kernels")`` as seen from this Python: JUPYTER_PATH, the user's folder and this
     environment's, the environment's first in a venv or with JUPYTER_PREFER_ENV_PATH, then the
     system's), then ``extra``; each once."""
     env = os.environ if environ is None else environ
-    dirs: List[Path] = [Path(p.rstrip(os.sep), "kernels")
-                        for p in (env.get("JUPYTER_PATH") or "").split(os.pathsep) if p]
+    dirs: List[Path] = [
+        Path(p.rstrip(os.sep), "kernels")
+        for p in (env.get("JUPYTER_PATH") or "").split(os.pathsep)
+        if p
+    ]
     user = [user_kernels_dir(env)]
     userbase = getattr(site, "USER_BASE", None)
     if site.ENABLE_USER_SITE and userbase:
@@ -334,11 +372,17 @@ def _ask(python: str, code: str, timeout_s: float) -> subprocess.CompletedProces
     Raises KernelSpecError when it cannot be run or takes longer than ``timeout_s``."""
     env, _ = interpreters.job_environment(python, os.environ)
     try:
-        return subprocess.run([python, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL, errors="replace")
+        return subprocess.run(
+            [python, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            errors="replace",
+        )
     except subprocess.TimeoutExpired:
-        raise KernelSpecError(f"--python: {python} did not answer within {timeout_s:g} s") \
-            from None
+        raise KernelSpecError(f"--python: {python} did not answer within {timeout_s:g} s") from None
     except OSError as e:
         raise KernelSpecError(f"--python: cannot run {python}: {e.strerror or e}") from None
 
@@ -349,8 +393,10 @@ def ipykernel_problem(python: str, timeout_s: float = IPYKERNEL_TIMEOUT_S) -> Op
     out = _ask(python, "import ipykernel", timeout_s)
     if out.returncode == 0:
         return None
-    return (f"{python} has no ipykernel, which a Jupyter kernel needs; install it with: "
-            f"{python} -m pip install ipykernel")
+    return (
+        f"{python} has no ipykernel, which a Jupyter kernel needs; install it with: "
+        f"{python} -m pip install ipykernel"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,9 +418,16 @@ class KernelEntry:
     problem: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
-        return {"name": self.name, "folder": str(self.folder), "display_name": self.display_name,
-                "python": self.python, "runner": self.runner, "options": list(self.options),
-                "headroom": self.headroom, "problem": self.problem}
+        return {
+            "name": self.name,
+            "folder": str(self.folder),
+            "display_name": self.display_name,
+            "python": self.python,
+            "runner": self.runner,
+            "options": list(self.options),
+            "headroom": self.headroom,
+            "problem": self.problem,
+        }
 
 
 def read_entry(folder: Path) -> KernelEntry:
@@ -405,17 +458,18 @@ def read_entry(folder: Path) -> KernelEntry:
     meta = data.get("metadata")
     ours = meta.get("headroom") if isinstance(meta, dict) else None
     argv = data.get("argv")
-    command: List[str] = argv if isinstance(argv, list) and all(
-        isinstance(a, str) for a in argv) else []
+    command: List[str] = (
+        argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else []
+    )
     no_command = None if command else f"{path}: its argv is not a command"
     if not isinstance(ours, dict):
-        return KernelEntry(name, folder, display, command[0] if command else "",
-                           problem=no_command)
+        return KernelEntry(name, folder, display, command[0] if command else "", problem=no_command)
     python, runner = _text(ours.get("python")), _text(ours.get("runner"))
     options = ours.get("options")
     flags = tuple(str(x) for x in options) if isinstance(options, list) else ()
-    return KernelEntry(name, folder, display, python, runner, flags, True,
-                       no_command or _broken(python, runner))
+    return KernelEntry(
+        name, folder, display, python, runner, flags, True, no_command or _broken(python, runner)
+    )
 
 
 def _text(value: Any) -> str:
@@ -426,8 +480,10 @@ def _broken(python: str, runner: str) -> Optional[str]:
     if not python or not os.path.exists(python):
         return f"its interpreter is gone: {python or '(none)'}"
     if not runner or not os.path.isfile(os.path.join(runner, "bootstrap.py")):
-        return (f"Headroom's runner is gone: {runner or '(none)'} (Headroom moved or was "
-                "removed; install the kernel again)")
+        return (
+            f"Headroom's runner is gone: {runner or '(none)'} (Headroom moved or was "
+            "removed; install the kernel again)"
+        )
     return None
 
 
@@ -457,8 +513,14 @@ class Installed:
     replaced: Optional[KernelEntry] = None
 
 
-def install(spec: Dict[str, Any], name: str, kernels_dir: Path, *, private: bool,
-            replace_other: bool = False) -> Installed:
+def install(
+    spec: Dict[str, Any],
+    name: str,
+    kernels_dir: Path,
+    *,
+    private: bool,
+    replace_other: bool = False,
+) -> Installed:
     """Write ``spec`` as ``<kernels_dir>/<name>/kernel.json`` through a temporary file: a spec
     already there is replaced when Headroom wrote it (or ``replace_other``); ``private``: the
     folder and file are the user's alone (0700, 0600), else readable by all (an environment
@@ -467,9 +529,11 @@ def install(spec: Dict[str, Any], name: str, kernels_dir: Path, *, private: bool
     folder = kernels_dir / name
     old: Optional[KernelEntry] = read_entry(folder) if folder.is_dir() else None
     if old is not None and not old.headroom and old.problem is None and not replace_other:
-        raise KernelSpecError(f"{folder} holds a kernel spec that Headroom did not write "
-                              f"({old.display_name or name}); choose another --name, or give "
-                              "--replace to replace it")
+        raise KernelSpecError(
+            f"{folder} holds a kernel spec that Headroom did not write "
+            f"({old.display_name or name}); choose another --name, or give "
+            "--replace to replace it"
+        )
     _check_trusted(folder)
     try:
         _make_dirs(folder, 0o700 if private else 0o755)
@@ -479,8 +543,9 @@ def install(spec: Dict[str, Any], name: str, kernels_dir: Path, *, private: bool
         text = json.dumps(spec, indent=1, sort_keys=True) + "\n"
         atomic_write(folder / SPEC_FILE, text, mode=0o600 if private else 0o644)
     except OSError as e:
-        raise KernelSpecError(f"cannot write the kernel spec in {folder}: "
-                              f"{e.strerror or e}") from None
+        raise KernelSpecError(
+            f"cannot write the kernel spec in {folder}: {e.strerror or e}"
+        ) from None
     return Installed(folder / SPEC_FILE, old)
 
 
@@ -490,8 +555,9 @@ def _check_trusted(folder: Path) -> None:
     bit. Jupyter runs the spec's command as whoever starts the kernel, so a spec another user
     can swap is their code run by this user."""
     if folder.is_symlink():
-        raise KernelSpecError(f"{folder} is a symbolic link: the kernel spec is not written "
-                              "through it")
+        raise KernelSpecError(
+            f"{folder} is a symbolic link: the kernel spec is not written through it"
+        )
     uid = os.getuid() if hasattr(os, "getuid") else None
     for at in [folder, *folder.parents]:
         try:
@@ -501,12 +567,16 @@ def _check_trusted(folder: Path) -> None:
         if uid is None:
             break
         if st.st_uid not in (uid, 0):
-            raise KernelSpecError(f"{at} belongs to another user, who could change the kernel "
-                                  "spec this user's notebooks run; choose a folder of your own")
+            raise KernelSpecError(
+                f"{at} belongs to another user, who could change the kernel "
+                "spec this user's notebooks run; choose a folder of your own"
+            )
         if st.st_mode & 0o002 and not st.st_mode & 0o1000:
-            raise KernelSpecError(f"{at} can be written by every user, who could change the "
-                                  "kernel spec this user's notebooks run; choose a folder of "
-                                  "your own")
+            raise KernelSpecError(
+                f"{at} can be written by every user, who could change the "
+                "kernel spec this user's notebooks run; choose a folder of "
+                "your own"
+            )
 
 
 def _make_dirs(folder: Path, mode: int) -> None:
@@ -542,14 +612,19 @@ def remove(name: str, dirs: Sequence[Path]) -> List[Path]:
     if not ours:
         others = [e for e in found if not e.headroom]
         if others and others[0].problem:
-            raise KernelSpecError(f"{others[0].problem}: whether Headroom wrote it cannot be "
-                                  f"told, so it is left as it is (delete {others[0].folder} "
-                                  "to remove it)")
+            raise KernelSpecError(
+                f"{others[0].problem}: whether Headroom wrote it cannot be "
+                f"told, so it is left as it is (delete {others[0].folder} "
+                "to remove it)"
+            )
         if others:
-            raise KernelSpecError(f"{others[0].folder} is not a Headroom kernel spec; remove it "
-                                  "with: jupyter kernelspec remove " + name.lower())
-        raise KernelSpecError(f"no Headroom kernel spec called {name!r} "
-                              "(see 'headroom kernel list')")
+            raise KernelSpecError(
+                f"{others[0].folder} is not a Headroom kernel spec; remove it "
+                "with: jupyter kernelspec remove " + name.lower()
+            )
+        raise KernelSpecError(
+            f"no Headroom kernel spec called {name!r} (see 'headroom kernel list')"
+        )
     out = []
     for e in ours:
         try:

@@ -43,8 +43,13 @@ class Step:
 
 def wait_after(stage: Stage) -> float:
     """Seconds from taking ``stage`` to the next step (read at the call: tests shorten them)."""
-    return {Stage.NONE: 0.0, Stage.ASK: STOP_ASK_SECONDS, Stage.INT: STOP_INT_SECONDS,
-            Stage.TERM: STOP_TERM_SECONDS, Stage.KILL: KILL_WAIT_SECONDS}[stage]
+    return {
+        Stage.NONE: 0.0,
+        Stage.ASK: STOP_ASK_SECONDS,
+        Stage.INT: STOP_INT_SECONDS,
+        Stage.TERM: STOP_TERM_SECONDS,
+        Stage.KILL: KILL_WAIT_SECONDS,
+    }[stage]
 
 
 def step(stage: Stage, now: float) -> Step:
@@ -61,8 +66,15 @@ def first_step(now: float, *, hooked: bool, ask: bool = True, force: bool = Fals
     return step(Stage.INT, now)
 
 
-def next_step(stage: Stage, due: float, now: float, *, remnants: bool = True,
-              runner_gone: bool = False, force: bool = False) -> Optional[Step]:
+def next_step(
+    stage: Stage,
+    due: float,
+    now: float,
+    *,
+    remnants: bool = True,
+    runner_gone: bool = False,
+    force: bool = False,
+) -> Optional[Step]:
     """The step to take at ``now`` for a stop at ``stage`` whose next step is due at ``due``;
     None when none is due yet (or nothing is left to stop).
 
@@ -83,8 +95,9 @@ def next_step(stage: Stage, due: float, now: float, *, remnants: bool = True,
     return None
 
 
-def grace(stage: Stage, due: float, now: float, *, granted: bool,
-          by_guard: bool) -> Optional[float]:
+def grace(
+    stage: Stage, due: float, now: float, *, granted: bool, by_guard: bool
+) -> Optional[float]:
     """The new due time when the runner answers "stopping" (it ends its fit() at the next batch,
     after a checkpoint); None: no more time. Given once a stop: a runner that says it again and
     again must not put the signals off for good; never to the guard's stop (its last resort)."""

@@ -57,8 +57,7 @@ class LogKeeper:
         while not self._stop.wait(wait):
             trimmed = self.check()
             # A log that needed a trim is growing fast: look again sooner.
-            wait = FAST_INTERVAL if trimmed else self._interval if self._running else \
-                IDLE_INTERVAL
+            wait = FAST_INTERVAL if trimmed else self._interval if self._running else IDLE_INTERVAL
 
     def check(self) -> bool:
         """One look at every log (the thread's work, callable directly); True when a running

@@ -21,8 +21,9 @@ LOG_TAIL_BYTES = 64 * 1024
 LOG_MAX_BYTES = 128 * 1024
 
 
-def read_page(path: Path, offset: Optional[int], max_bytes: Optional[int],
-              cap: int) -> Dict[str, Any]:
+def read_page(
+    path: Path, offset: Optional[int], max_bytes: Optional[int], cap: int
+) -> Dict[str, Any]:
     """The log from byte ``offset`` (default: the last 64 KiB); ``cap``: the size the log is
     trimmed at (to find where a trimmed log goes on).
 
@@ -78,8 +79,13 @@ def complete_utf8(data: bytes) -> int:
 def open_to_read(path: Path) -> Any:
     """A job's log, opened to read without following a link or waiting on a FIFO (the job's
     script can put either in its folder). Raises OSError, one that says what is wrong."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) \
-        | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+        | getattr(os, "O_BINARY", 0)
+    )
     try:
         fd = os.open(path, flags)
     except OSError as e:
@@ -101,5 +107,6 @@ def open_to_append(path: Path) -> Any:
     try:
         return private.open_private_file(path, "ab")
     except OSError as e:
-        raise Refused(f"cannot start the job: cannot open its log {path}: "
-                         f"{e.strerror or one_line(e)}") from None
+        raise Refused(
+            f"cannot start the job: cannot open its log {path}: {e.strerror or one_line(e)}"
+        ) from None

@@ -70,13 +70,21 @@ class JobManager(KernelJobs):
     returns the engine's latest GPU readings; ``config()`` its current settings.
     """
 
-    def __init__(self, paths: Paths, store: Any, *, emit: Emit,
-                 gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
-                 config: Callable[[], Any] = lambda: configmod.Config(),
-                 runner_dir: Optional[Path] = None, subreaper: bool = True,
-                 wake: Callable[[], None] = lambda: None):
-        super().__init__(paths, store, emit=emit, gpus=gpus, config=config,
-                         runner_dir=runner_dir, wake=wake)
+    def __init__(
+        self,
+        paths: Paths,
+        store: Any,
+        *,
+        emit: Emit,
+        gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
+        config: Callable[[], Any] = lambda: configmod.Config(),
+        runner_dir: Optional[Path] = None,
+        subreaper: bool = True,
+        wake: Callable[[], None] = lambda: None,
+    ):
+        super().__init__(
+            paths, store, emit=emit, gpus=gpus, config=config, runner_dir=runner_dir, wake=wake
+        )
         self.subreaper = trees.become_subreaper() if subreaper else False
         self.curves = Curves()  # each job's loss and metrics, for the jobs window
         self._rate = Rate()  # the messages each job may send a second
@@ -91,8 +99,9 @@ class JobManager(KernelJobs):
         return {
             "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
             "job_get": lambda peer, a: self.get(a["job"], curves=bool(a.get("curves"))),
-            "job_start": lambda peer, a: self.start(a["spec"], environ=a.get("environ"),
-                                                    env_from=a.get("env_from")),
+            "job_start": lambda peer, a: self.start(
+                a["spec"], environ=a.get("environ"), env_from=a.get("env_from")
+            ),
             "job_action": self._op_action,
             "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
             "jobs_pause_all": lambda peer, a: self.pause_all(by=BY_USER),
@@ -168,8 +177,11 @@ class JobManager(KernelJobs):
                 if rec is None or rec.id in self._jobs or not self._adopt(rec):
                     continue
             adopted.append(rec.id)
-            self._emit(E.JOB_ADOPTED, f"job {rec.id} ({rec.name}) is watched again "
-                       f"(pid {rec.pid}, {rec.state})", job_id=rec.id)
+            self._emit(
+                E.JOB_ADOPTED,
+                f"job {rec.id} ({rec.name}) is watched again (pid {rec.pid}, {rec.state})",
+                job_id=rec.id,
+            )
         return adopted
 
     def _adopt(self, rec: JobRecord) -> bool:
@@ -222,8 +234,9 @@ class JobManager(KernelJobs):
     def tick(self, snapshot: Optional[Snapshot] = None) -> None:
         """Reap ended jobs, sample each tree's memory (at most 4 Hz), move stops and pause
         deadlines along, save progress. Cheap when nothing is due."""
-        gpus: Tuple[GpuReading, ...] = tuple(snapshot.gpus) if snapshot is not None else \
-            tuple(self._gpus())
+        gpus: Tuple[GpuReading, ...] = (
+            tuple(snapshot.gpus) if snapshot is not None else tuple(self._gpus())
+        )
         if snapshot is not None:
             self._memory_total = snapshot.memory.total_bytes  # cgroup-aware
             self._snapshot = snapshot
@@ -244,8 +257,9 @@ class JobManager(KernelJobs):
     def _reap_orphans(self) -> None:
         self._orphans.reap({j.popen.pid for j in self._jobs.values() if j.popen is not None})
 
-    def _tick_job(self, job: Job, t: float, gpus: Tuple[GpuReading, ...],
-                  events: List[Event]) -> None:
+    def _tick_job(
+        self, job: Job, t: float, gpus: Tuple[GpuReading, ...], events: List[Event]
+    ) -> None:
         if not job.exit_seen:
             code, gone = self._poll_exit(job)
             if gone:
@@ -301,18 +315,36 @@ class JobManager(KernelJobs):
             gone = True
         return (_bye_code(job.rec) if gone else None), gone
 
-    def _end(self, job: Job, code: Optional[int], *, events: Optional[List[Event]] = None,
-             adopted_gone: bool = False) -> None:
+    def _end(
+        self,
+        job: Job,
+        code: Optional[int],
+        *,
+        events: Optional[List[Event]] = None,
+        adopted_gone: bool = False,
+    ) -> None:
         """Record how the job ended, close its channel and move it out of the live set; one
         that the kernel brake ended (or the OOM killer) is relaunched smaller at once."""
         brake = self._brake_ending(job, code)
         self._cgroup_release(job)
-        end: Union[Ending, BrakeEnd] = brake if brake is not None else \
-            ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
-        job.move(end.state, exit_code=code, ended=now(), end_reason=end.reason,
-                 pids=(), rss_bytes=None, vram_bytes=None, eta_seconds=None,
-                 pause_mode=None, connected=False,
-                 resumable=end.state == S.PARKED or resumable_stop(job.rec, end.state))
+        end: Union[Ending, BrakeEnd] = (
+            brake
+            if brake is not None
+            else ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
+        )
+        job.move(
+            end.state,
+            exit_code=code,
+            ended=now(),
+            end_reason=end.reason,
+            pids=(),
+            rss_bytes=None,
+            vram_bytes=None,
+            eta_seconds=None,
+            pause_mode=None,
+            connected=False,
+            resumable=end.state == S.PARKED or resumable_stop(job.rec, end.state),
+        )
         self._close_channel(job)
         job.popen = None
         trees.remnants(job)
@@ -342,18 +374,28 @@ class JobManager(KernelJobs):
         try:
             self._relaunch(job, by, why or "smaller, to fit", accumulation=accumulation)
         except ValueError as e:
-            self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
-                       level="warn", job_id=job.id)
+            self._emit(
+                E.JOB_NOTE,
+                f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
+                level="warn",
+                job_id=job.id,
+            )
 
-    def _relaunch_braked(self, job: Job, accumulation: int, from_checkpoint: bool,
-                         reason: str) -> None:
+    def _relaunch_braked(
+        self, job: Job, accumulation: int, from_checkpoint: bool, reason: str
+    ) -> None:
         """A job the kernel brake ended is relaunched at once at half its micro-batch."""
         try:
-            self._relaunch(job, BY_ENGINE, reason, accumulation=accumulation,
-                           from_checkpoint=from_checkpoint)
+            self._relaunch(
+                job, BY_ENGINE, reason, accumulation=accumulation, from_checkpoint=from_checkpoint
+            )
         except ValueError as e:
-            self._emit(E.JOB_NOTE, f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
-                       level="warn", job_id=job.id)
+            self._emit(
+                E.JOB_NOTE,
+                f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
+                level="warn",
+                job_id=job.id,
+            )
 
     # -- the engine's last calls --------------------------------------------------------------
 
@@ -403,8 +445,9 @@ class JobManager(KernelJobs):
 
     # -- logs ---------------------------------------------------------------------------------
 
-    def log(self, job_ref: str, offset: Optional[int] = None,
-            max_bytes: Optional[int] = None) -> Dict[str, Any]:
+    def log(
+        self, job_ref: str, offset: Optional[int] = None, max_bytes: Optional[int] = None
+    ) -> Dict[str, Any]:
         """The job's output from byte ``offset`` (default: the last 64 KiB).
 
         Returns ``{"data": text, "offset": next offset, "size": file size, "start": offset
@@ -418,8 +461,9 @@ class JobManager(KernelJobs):
         try:
             return logpages.read_page(path, offset, max_bytes, self._log_cap(rec))
         except OSError as e:
-            raise Refused(f"cannot read the log of job {rec.id}: "
-                             f"{e.strerror or one_line(e)}") from None
+            raise Refused(
+                f"cannot read the log of job {rec.id}: {e.strerror or one_line(e)}"
+            ) from None
 
     def _log_cap(self, rec: JobRecord) -> int:
         return logpages.log_cap(rec, int(self._setting("jobs.log_max_mb", LOG_MAX_MB)) << 20)
@@ -427,8 +471,11 @@ class JobManager(KernelJobs):
     def _running_logs(self) -> List[Tuple[str, int]]:
         """(log path, cap) of every job with a process, for the log keeper's thread."""
         with self._lock:
-            return [(str(j.rec.log_path), self._log_cap(j.rec)) for j in self._jobs.values()
-                    if j.state in vocab.LIVE and j.rec.log_path]
+            return [
+                (str(j.rec.log_path), self._log_cap(j.rec))
+                for j in self._jobs.values()
+                if j.state in vocab.LIVE and j.rec.log_path
+            ]
 
 
 # -- how a job ended -------------------------------------------------------------------------------
@@ -445,20 +492,31 @@ class Ending:
     message: str
 
 
-def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
-           stop_note: Tuple[str, str], adopted_gone: bool = False) -> Ending:
+def ending(
+    rec: JobRecord,
+    code: Optional[int],
+    park_note: Tuple[str, str],
+    stop_note: Tuple[str, str],
+    adopted_gone: bool = False,
+) -> Ending:
     """How the job of ``rec`` ended with exit status ``code`` (None: unknown), from its state,
     the runner's bye and who parked or stopped it."""
     bye = rec.bye or {}
     said = bye.get("reason")
     head = f"job {rec.id} ({rec.name})"
     # Parked only when the engine asked for it: a job that says "parked" unasked exited.
-    if rec.state == S.PARKING and \
-            (code == rp.PARK_EXIT_CODE or (code is None and said == messages.BYE_PARKED)):
+    if rec.state == S.PARKING and (
+        code == rp.PARK_EXIT_CODE or (code is None and said == messages.BYE_PARKED)
+    ):
         by, why = park_note
         reason = f"parked by {by}" + (f": {why}" if why else "")
-        return Ending(S.PARKED, reason, E.JOB_PARKED, "info",
-                      f"{head} parked; resume it with 'headroom resume {rec.id}'")
+        return Ending(
+            S.PARKED,
+            reason,
+            E.JOB_PARKED,
+            "info",
+            f"{head} parked; resume it with 'headroom resume {rec.id}'",
+        )
     if rec.state == S.STOPPING or (said == messages.BYE_STOPPED and code == rp.STOP_EXIT_CODE):
         by, why = stop_note
         reason = f"stopped by {by}" + (f": {why}" if why else "")
@@ -467,17 +525,22 @@ def ending(rec: JobRecord, code: Optional[int], park_note: Tuple[str, str],
             message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
         return Ending(S.STOPPED, reason, E.JOB_STOPPED, "info", message)
     # The job's own word, where it claimed a park it was not asked for: kept, not believed.
-    claim = "; it said it parked, which Headroom had not asked" \
-        if said == messages.BYE_PARKED else ""
+    claim = (
+        "; it said it parked, which Headroom had not asked" if said == messages.BYE_PARKED else ""
+    )
     if code is None:
-        reason = "the process ended while no engine watched it (exit status unknown)" \
-            if adopted_gone else "the process ended (exit status unknown)"
+        reason = (
+            "the process ended while no engine watched it (exit status unknown)"
+            if adopted_gone
+            else "the process ended (exit status unknown)"
+        )
         return Ending(S.LOST, reason + claim, E.JOB_LOST, "warn", f"{head}: {reason}{claim}")
     if code == 0:
         return Ending(S.FINISHED, S.FINISHED.value, E.JOB_FINISHED, "info", f"{head} finished")
     reason = f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
-    return Ending(S.FAILED, reason + claim, E.JOB_FAILED, "error",
-                  f"{head} failed ({reason}{claim})")
+    return Ending(
+        S.FAILED, reason + claim, E.JOB_FAILED, "error", f"{head} failed ({reason}{claim})"
+    )
 
 
 def _bye_code(rec: JobRecord) -> Optional[int]:

@@ -41,8 +41,18 @@ RUNNER_PAUSED = "paused"
 RUNNER_PARKING = "parking"
 RUNNER_STOPPING = "stopping"
 RUNNER_IDLE = record.RUNNER_IDLE  # a kernel between fit() calls
-RUNNER_STATES = frozenset({RUNNER_RUNNING, "pausing", RUNNER_PAUSED, "checkpointing",
-                           RUNNER_PARKING, RUNNER_STOPPING, "stopped", RUNNER_IDLE})
+RUNNER_STATES = frozenset(
+    {
+        RUNNER_RUNNING,
+        "pausing",
+        RUNNER_PAUSED,
+        "checkpointing",
+        RUNNER_PARKING,
+        RUNNER_STOPPING,
+        "stopped",
+        RUNNER_IDLE,
+    }
+)
 NOTE_INFO = "info"
 NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
 NOTE_TOPICS = frozenset({rp.TOPIC_SHRUNK})  # notes the engine records as their own event
@@ -72,12 +82,14 @@ def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
         if not lo <= value <= hi:
             raise Bad("out of range")
         return value
+
     return check
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def optional(value: Any) -> Any:
         return None if value is None else check(value)
+
     return optional
 
 
@@ -85,7 +97,8 @@ def _text(limit: int) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if not isinstance(value, str):
             raise Bad("not a text")
-        return one_line(value[:limit * 4], limit)
+        return one_line(value[: limit * 4], limit)
+
     return check
 
 
@@ -94,6 +107,7 @@ def _choice(allowed: FrozenSet[str]) -> Callable[[Any], str]:
         if not isinstance(value, str) or value not in allowed:
             raise Bad("not one of " + ", ".join(sorted(allowed)))
         return value
+
     return check
 
 
@@ -154,6 +168,7 @@ def _objects(item: Callable[[Any], Any], limit: int = MAX_ITEMS) -> Callable[[An
         if len(value) > limit:
             raise Bad("too many items")
         return tuple(item(v) for v in value)
+
     return check
 
 
@@ -169,17 +184,22 @@ class TfMemory:
     peak_bytes: Optional[int]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"device": self.device, "current_bytes": self.current_bytes,
-                "peak_bytes": self.peak_bytes}
+        return {
+            "device": self.device,
+            "current_bytes": self.current_bytes,
+            "peak_bytes": self.peak_bytes,
+        }
 
 
 def _tf_memory(value: Any) -> TfMemory:
-    if not isinstance(value, dict) or not set(value) <= {"device", "current_bytes",
-                                                          "peak_bytes"}:
+    if not isinstance(value, dict) or not set(value) <= {"device", "current_bytes", "peak_bytes"}:
         raise Bad("not {device, current_bytes, peak_bytes}")
     size = _optional(_int_in(0, MAX_BYTES))
-    return TfMemory(_text(MAX_NAME)(value.get("device") or ""),
-                    size(value.get("current_bytes")), size(value.get("peak_bytes")))
+    return TfMemory(
+        _text(MAX_NAME)(value.get("device") or ""),
+        size(value.get("current_bytes")),
+        size(value.get("peak_bytes")),
+    )
 
 
 def _metrics(value: Any) -> Tuple[Tuple[str, Optional[float]], ...]:
@@ -291,23 +311,31 @@ class ForecastDevice:
     measured_batch: Optional[int]
 
     def to_json(self) -> Dict[str, Any]:
-        return {"device": self.device, "fixed_bytes": self.fixed_bytes,
-                "per_sample_bytes": self.per_sample_bytes, "peak_bytes": self.peak_bytes,
-                "measured_batch": self.measured_batch}
+        return {
+            "device": self.device,
+            "fixed_bytes": self.fixed_bytes,
+            "per_sample_bytes": self.per_sample_bytes,
+            "peak_bytes": self.peak_bytes,
+            "measured_batch": self.measured_batch,
+        }
 
 
-_FORECAST_KEYS = frozenset({"device", "fixed_bytes", "per_sample_bytes", "peak_bytes",
-                            "measured_batch"})
+_FORECAST_KEYS = frozenset(
+    {"device", "fixed_bytes", "per_sample_bytes", "peak_bytes", "measured_batch"}
+)
 
 
 def _forecast_device(value: Any) -> ForecastDevice:
     if not isinstance(value, dict) or not set(value) <= _FORECAST_KEYS:
         raise Bad("not {device, fixed_bytes, per_sample_bytes, peak_bytes, measured_batch}")
     size = _int_in(0, MAX_BYTES)
-    return ForecastDevice(_text(MAX_NAME)(value.get("device") or ""),
-                          size(value.get("fixed_bytes")), size(value.get("per_sample_bytes")),
-                          _optional(size)(value.get("peak_bytes")),
-                          _COUNT(value.get("measured_batch")))
+    return ForecastDevice(
+        _text(MAX_NAME)(value.get("device") or ""),
+        size(value.get("fixed_bytes")),
+        size(value.get("per_sample_bytes")),
+        _optional(size)(value.get("peak_bytes")),
+        _COUNT(value.get("measured_batch")),
+    )
 
 
 def _device_bytes(value: Any) -> Tuple[str, int]:
@@ -344,9 +372,11 @@ def _build_info(value: Any) -> Dict[str, Any]:
     if not isinstance(value, dict) or not set(value) <= _BUILD_INFO_KEYS:
         raise Bad("not {is_cuda_build, cuda_version, cudnn_version}")
     version = _optional(_text(MAX_NAME))
-    return {"is_cuda_build": _optional(_bool)(value.get("is_cuda_build")),
-            "cuda_version": version(_version_text(value.get("cuda_version"))),
-            "cudnn_version": version(_version_text(value.get("cudnn_version")))}
+    return {
+        "is_cuda_build": _optional(_bool)(value.get("is_cuda_build")),
+        "cuda_version": version(_version_text(value.get("cuda_version"))),
+        "cudnn_version": version(_version_text(value.get("cudnn_version"))),
+    }
 
 
 def _version_text(value: Any) -> Any:
@@ -361,34 +391,75 @@ _PATH = _optional(_text(MAX_PATH))
 
 # message type -> (record, {field: check})
 _SCHEMAS: Dict[str, Tuple[type, Mapping[str, Callable[[Any], Any]]]] = {
-    rp.HELLO: (Hello, {
-        "job_id": _NAME, "pid": _optional(_int_in(0, MAX_PID)), "python": _PATH,
-        "python_version": _NAME, "script": _PATH,
-        "runner_version": _optional(_int_in(0, MAX_COUNT)),
-        "options": _plain_at(2), "applied": _objects(_plain_at(3)),
-        "tf_version": _NAME, "keras_version": _NAME, "tf_imported": _optional(_bool),
-        "build_info": _optional(_build_info), "tf_devices": _optional(_objects(_plain_at(1))),
-        "fit_hook": _optional(_choice(FIT_HOOKS)), "hooked": _optional(_bool),
-        "state": _optional(_choice(RUNNER_STATES)), "error": _optional(_text(MAX_TEXT)),
-    }),
-    rp.PROGRESS: (Progress, {
-        "fit": _COUNT, "epoch": _COUNT, "epochs": _COUNT, "step": _COUNT, "steps": _COUNT,
-        "logs": _metrics, "tf_memory": _optional(_objects(_tf_memory)),
-        "batch": _COUNT, "micro_batch": _COUNT, "accumulation": _COUNT,
-        "shrinkable": _optional(_bool),
-    }),
+    rp.HELLO: (
+        Hello,
+        {
+            "job_id": _NAME,
+            "pid": _optional(_int_in(0, MAX_PID)),
+            "python": _PATH,
+            "python_version": _NAME,
+            "script": _PATH,
+            "runner_version": _optional(_int_in(0, MAX_COUNT)),
+            "options": _plain_at(2),
+            "applied": _objects(_plain_at(3)),
+            "tf_version": _NAME,
+            "keras_version": _NAME,
+            "tf_imported": _optional(_bool),
+            "build_info": _optional(_build_info),
+            "tf_devices": _optional(_objects(_plain_at(1))),
+            "fit_hook": _optional(_choice(FIT_HOOKS)),
+            "hooked": _optional(_bool),
+            "state": _optional(_choice(RUNNER_STATES)),
+            "error": _optional(_text(MAX_TEXT)),
+        },
+    ),
+    rp.PROGRESS: (
+        Progress,
+        {
+            "fit": _COUNT,
+            "epoch": _COUNT,
+            "epochs": _COUNT,
+            "step": _COUNT,
+            "steps": _COUNT,
+            "logs": _metrics,
+            "tf_memory": _optional(_objects(_tf_memory)),
+            "batch": _COUNT,
+            "micro_batch": _COUNT,
+            "accumulation": _COUNT,
+            "shrinkable": _optional(_bool),
+        },
+    ),
     rp.STATE: (State, {"state": _choice(RUNNER_STATES), "epoch": _COUNT, "step": _COUNT}),
-    rp.CHECKPOINTED: (Checkpointed, {
-        "path": _text(MAX_PATH), "epoch": _COUNT, "step": _COUNT, "fit": _COUNT,
-        "reason": _NAME,
-    }),
-    rp.NOTE: (Note, {"level": _choice(NOTE_LEVELS), "message": _text(MAX_TEXT),
-                     "topic": _optional(_choice(NOTE_TOPICS))}),
-    rp.FORECAST: (Forecast, {
-        "fit": _COUNT, "how": _optional(_choice(FORECAST_HOWS)), "batch": _COUNT,
-        "micro_batch": _COUNT, "accumulation": _COUNT,
-        "devices": _objects(_forecast_device, 16), "accumulators": _objects(_device_bytes, 16),
-    }),
+    rp.CHECKPOINTED: (
+        Checkpointed,
+        {
+            "path": _text(MAX_PATH),
+            "epoch": _COUNT,
+            "step": _COUNT,
+            "fit": _COUNT,
+            "reason": _NAME,
+        },
+    ),
+    rp.NOTE: (
+        Note,
+        {
+            "level": _choice(NOTE_LEVELS),
+            "message": _text(MAX_TEXT),
+            "topic": _optional(_choice(NOTE_TOPICS)),
+        },
+    ),
+    rp.FORECAST: (
+        Forecast,
+        {
+            "fit": _COUNT,
+            "how": _optional(_choice(FORECAST_HOWS)),
+            "batch": _COUNT,
+            "micro_batch": _COUNT,
+            "accumulation": _COUNT,
+            "devices": _objects(_forecast_device, 16),
+            "accumulators": _objects(_device_bytes, 16),
+        },
+    ),
     rp.BYE: (Bye, {"reason": _choice(BYE_REASONS), "exit_code": _optional(_int_in(-255, 255))}),
 }
 
@@ -442,7 +513,10 @@ _RECORD_FIELDS: Dict[str, Callable[[Any], Any]] = {
     "notes": lambda v: list(_objects(_note_record, 1000)(v)),
     "runner_state": _optional(_choice(RUNNER_STATES)),
     "forecast": lambda v: _forecast_record(v),
-    "epoch": _COUNT, "epochs": _COUNT, "step": _COUNT, "steps": _COUNT,
+    "epoch": _COUNT,
+    "epochs": _COUNT,
+    "step": _COUNT,
+    "steps": _COUNT,
 }
 
 
@@ -450,9 +524,11 @@ def _note_record(value: Any) -> Dict[str, Any]:
     if not isinstance(value, dict):
         raise Bad("not an object")
     level = value.get("level")
-    return {"time": _optional(_number)(value.get("time")),
-            "level": level if level in NOTE_LEVELS else "info",
-            "message": _text(MAX_TEXT)(value.get("message") or "")}
+    return {
+        "time": _optional(_number)(value.get("time")),
+        "level": level if level in NOTE_LEVELS else "info",
+        "message": _text(MAX_TEXT)(value.get("message") or ""),
+    }
 
 
 def _reparse(kind: str, value: Any) -> Optional[Dict[str, Any]]:
@@ -470,11 +546,13 @@ def _forecast_record(value: Any) -> Optional[Dict[str, Any]]:
     if not isinstance(value, dict):
         raise Bad("not an object")
     size = _optional(_int_in(0, MAX_BYTES))
-    return {"message": _text(MAX_TEXT)(value.get("message") or ""),
-            "fits": _bool(value.get("fits", False)),
-            "accumulation": _COUNT(value.get("accumulation")),
-            "need_bytes": size(value.get("need_bytes")),
-            "free_bytes": size(value.get("free_bytes"))}
+    return {
+        "message": _text(MAX_TEXT)(value.get("message") or ""),
+        "fits": _bool(value.get("fits", False)),
+        "accumulation": _COUNT(value.get("accumulation")),
+        "need_bytes": size(value.get("need_bytes")),
+        "free_bytes": size(value.get("free_bytes")),
+    }
 
 
 def _checkpoint_record(value: Any) -> Optional[Dict[str, Any]]:
@@ -482,8 +560,12 @@ def _checkpoint_record(value: Any) -> Optional[Dict[str, Any]]:
         return None
     if not isinstance(value, dict):
         raise Bad("not an object")
-    return {"path": _PATH(value.get("path")), "epoch": _COUNT(value.get("epoch")),
-            "step": _COUNT(value.get("step")), "time": _optional(_number)(value.get("time"))}
+    return {
+        "path": _PATH(value.get("path")),
+        "epoch": _COUNT(value.get("epoch")),
+        "step": _COUNT(value.get("step")),
+        "time": _optional(_number)(value.get("time")),
+    }
 
 
 def clean_record(info: Dict[str, Any]) -> List[str]:
@@ -510,8 +592,9 @@ class DropLog:
     """Counts what was dropped from each job's messages and says when to report it: the first
     time for a job, then at most once every ``quiet`` seconds (with the count since)."""
 
-    def __init__(self, quiet: float = REPORT_QUIET_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, quiet: float = REPORT_QUIET_SECONDS, clock: Callable[[], float] = time.monotonic
+    ):
         self.quiet = quiet
         self.clock = clock
         self._jobs: Dict[str, List[float]] = {}  # job -> [total, unreported, last report]
@@ -548,5 +631,20 @@ def summary(dropped: List[str], limit: int = 3) -> str:
     return one_line(text, 400)
 
 
-__all__ = ["Bad", "Bye", "Checkpointed", "DropLog", "Hello", "JobMessage", "Note", "Progress",
-           "State", "TfMemory", "clean_record", "parse", "parse_message", "plain", "summary"]
+__all__ = [
+    "Bad",
+    "Bye",
+    "Checkpointed",
+    "DropLog",
+    "Hello",
+    "JobMessage",
+    "Note",
+    "Progress",
+    "State",
+    "TfMemory",
+    "clean_record",
+    "parse",
+    "parse_message",
+    "plain",
+    "summary",
+]

@@ -225,8 +225,9 @@ def apply_preset(
     docstring); applying it again changes nothing. Raises SpecError for an unknown preset or one
     that contradicts an explicit choice (cpu-only with --gpu)."""
     if name not in PRESETS:
-        raise SpecError(f"--preset: unknown preset {name!r} (choose {', '.join(PRESETS)})",
-                        sv.PRESET)
+        raise SpecError(
+            f"--preset: unknown preset {name!r} (choose {', '.join(PRESETS)})", sv.PRESET
+        )
     o = spec.options
     changes: Dict[str, Any] = {}
     ram_budget = spec.ram_budget_mb
@@ -342,8 +343,9 @@ def validate(spec: JobSpec, gpus: Sequence[GpuReading] = (), check_paths: bool =
 def _check_choices(spec: JobSpec) -> None:
     o = spec.options
     if spec.preset is not None and spec.preset not in PRESETS:
-        raise SpecError(f"--preset: unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})",
-                        sv.PRESET)
+        raise SpecError(
+            f"--preset: unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})", sv.PRESET
+        )
     if o.allocator is not None and o.allocator not in ALLOCATORS:
         raise SpecError(
             f"--allocator: unknown allocator {o.allocator!r} (choose {' or '.join(ALLOCATORS)})",
@@ -355,13 +357,15 @@ def _check_choices(spec: JobSpec) -> None:
             sv.PRECISION,
         )
     if spec.on_oom not in sv.ON_OOM_CHOICES:
-        raise SpecError(f"--on-oom: {spec.on_oom!r} is not one of "
-                        f"{', '.join(sv.ON_OOM_CHOICES)}", sv.ON_OOM)
+        raise SpecError(
+            f"--on-oom: {spec.on_oom!r} is not one of {', '.join(sv.ON_OOM_CHOICES)}", sv.ON_OOM
+        )
     if spec.accumulation is not None and not 1 <= spec.accumulation <= 1024:
         raise SpecError(f"accumulation: {spec.accumulation} is not 1 to 1024", "accumulation")
     if spec.min_batch is not None and spec.min_batch < 1:
-        raise SpecError(f"--min-batch: {spec.min_batch} is not a batch size; give 1 or more",
-                        sv.MIN_BATCH)
+        raise SpecError(
+            f"--min-batch: {spec.min_batch} is not a batch size; give 1 or more", sv.MIN_BATCH
+        )
 
 
 def _check_numbers(spec: JobSpec) -> None:
@@ -382,8 +386,9 @@ def _check_numbers(spec: JobSpec) -> None:
         )
     for value in (o.intra_threads, o.inter_threads):
         if value is not None and value < 0:
-            raise SpecError(f"--threads: {value} is negative; give 0 (TensorFlow's choice) or more",
-                            sv.THREADS)
+            raise SpecError(
+                f"--threads: {value} is negative; give 0 (TensorFlow's choice) or more", sv.THREADS
+            )
 
 
 def _check_gpu_list(o: MemoryOptions) -> None:
@@ -402,8 +407,9 @@ def _check_combinations(spec: JobSpec) -> List[str]:
     if o.cpu_only and o.gpus:
         raise SpecError("--cpu-only and --gpu cannot be combined", sv.CPU_ONLY)
     if o.vram_limit_mb is not None and o.vram_reserve_mb is not None:
-        raise SpecError("--vram-limit and --vram-reserve cannot be combined: choose one",
-                        sv.VRAM_LIMIT)
+        raise SpecError(
+            "--vram-limit and --vram-reserve cannot be combined: choose one", sv.VRAM_LIMIT
+        )
     if o.memory_growth and (o.vram_limit_mb is not None or o.vram_reserve_mb is not None):
         raise SpecError(
             "memory growth and a VRAM limit cannot be combined on one GPU in TensorFlow: "
@@ -413,11 +419,13 @@ def _check_combinations(spec: JobSpec) -> List[str]:
     if spec.resume and not spec.checkpoint_dir:
         raise SpecError("--resume needs --checkpoint-dir (where the checkpoints are)", sv.RESUME)
     if spec.fresh and spec.resume:
-        raise SpecError("--resume and --fresh cannot be combined: continue, or start over",
-                        sv.RESUME)
+        raise SpecError(
+            "--resume and --fresh cannot be combined: continue, or start over", sv.RESUME
+        )
     if spec.fresh and not spec.checkpoint_dir:
-        raise SpecError("--fresh needs --checkpoint-dir (the checkpoint it starts over from)",
-                        sv.FRESH)
+        raise SpecError(
+            "--fresh needs --checkpoint-dir (the checkpoint it starts over from)", sv.FRESH
+        )
     if spec.checkpoint_every_steps is not None and not spec.checkpoint_dir:
         raise SpecError("--checkpoint-every needs --checkpoint-dir", sv.CHECKPOINT_EVERY)
     if spec.name is not None and (not spec.name.strip() or "\n" in spec.name):
@@ -439,16 +447,19 @@ def _budget_warnings(spec: JobSpec) -> List[str]:
     budget = spec.ram_budget_mb
     if budget is None or budget >= TF_RAM_FLOOR_MB:
         return []
-    return [f"--ram-budget {budget} MiB is below the {TF_RAM_FLOOR_MB} MiB that a Python takes "
-            "once it has imported TensorFlow: the guard pauses the job at its budget as soon "
-            "as it starts"]
+    return [
+        f"--ram-budget {budget} MiB is below the {TF_RAM_FLOOR_MB} MiB that a Python takes "
+        "once it has imported TensorFlow: the guard pauses the job at its budget as soon "
+        "as it starts"
+    ]
 
 
 def _check_against_gpus(o: MemoryOptions, gpus: Sequence[GpuReading]) -> List[str]:
     """The GPU options against NVML's readings (a warning when there are none)."""
     if not gpus:
-        if not o.cpu_only and (o.gpus or o.vram_limit_mb is not None
-                               or o.vram_reserve_mb is not None):
+        if not o.cpu_only and (
+            o.gpus or o.vram_limit_mb is not None or o.vram_reserve_mb is not None
+        ):
             return ["no GPU readings (NVML): the GPU options were not checked against a GPU"]
         return []
     if o.cpu_only:
@@ -470,8 +481,7 @@ def _check_against_gpus(o: MemoryOptions, gpus: Sequence[GpuReading]) -> List[st
             continue
         if o.vram_limit_mb is not None and o.vram_limit_mb > total:
             raise SpecError(
-                f"--vram-limit: {o.vram_limit_mb} MiB is more than GPU {g.index} has "
-                f"({total} MiB)",
+                f"--vram-limit: {o.vram_limit_mb} MiB is more than GPU {g.index} has ({total} MiB)",
                 sv.VRAM_LIMIT,
             )
         if o.vram_reserve_mb is not None and o.vram_reserve_mb >= total:
@@ -517,8 +527,9 @@ def _check_paths(spec: JobSpec) -> None:
     path = script_path(spec)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "__main__.py")):
-            raise SpecError(f"script not found: {spec.script} (a folder without __main__.py)",
-                          sv.SCRIPT)
+            raise SpecError(
+                f"script not found: {spec.script} (a folder without __main__.py)", sv.SCRIPT
+            )
     elif not os.path.isfile(path):
         raise SpecError(f"script not found: {spec.script}", sv.SCRIPT)
     if spec.python is not None:
@@ -555,15 +566,18 @@ def _check_writable(folder: str) -> None:
             break
         where = parent
     if not os.path.isdir(where):
-        raise SpecError(f"--checkpoint-dir: {where} is not a folder, so {folder} cannot be "
-                        "made", sv.CHECKPOINT_DIR)
+        raise SpecError(
+            f"--checkpoint-dir: {where} is not a folder, so {folder} cannot be made",
+            sv.CHECKPOINT_DIR,
+        )
     try:
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as e:
         made = "" if where == folder else f" ({folder} would be made in {where})"
-        raise SpecError(f"--checkpoint-dir: cannot write in {where}{made}: "
-                        f"{e.strerror or e}", sv.CHECKPOINT_DIR) from None
+        raise SpecError(
+            f"--checkpoint-dir: cannot write in {where}{made}: {e.strerror or e}", sv.CHECKPOINT_DIR
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,8 +35,15 @@ from trayapp.jobs.options import (
 from trayapp.probes.snapshot import GpuReading
 from trayapp.runner import joblog, protocol
 
-__all__ = ["JobProcess", "LaunchPlan", "REMOVED", "build_launch", "default_runner_dir",
-           "format_plan", "guard_lines"]
+__all__ = [
+    "JobProcess",
+    "LaunchPlan",
+    "REMOVED",
+    "build_launch",
+    "default_runner_dir",
+    "format_plan",
+    "guard_lines",
+]
 
 MiB = 1024 * 1024
 WINDOWS = sys.platform == "win32"
@@ -62,14 +69,18 @@ class JobProcess:
     def from_config(cls, config: Any) -> JobProcess:
         """From a ``Config`` (or anything with ``config["jobs.nice"]``); defaults where a
         value is missing."""
+
         def get(name: str, default: int) -> int:
             try:
                 return int(config[name])
             except (KeyError, TypeError, ValueError):
                 return default
 
-        return cls(nice=get("jobs.nice", 0), oom_score_adj=get("jobs.oom_score_adj", 500),
-                   log_max_bytes=get("jobs.log_max_mb", 32) * MiB)
+        return cls(
+            nice=get("jobs.nice", 0),
+            oom_score_adj=get("jobs.oom_score_adj", 500),
+            log_max_bytes=get("jobs.log_max_mb", 32) * MiB,
+        )
 
     def to_json(self, log_path: str = "") -> Dict[str, Any]:
         """What the runner reads (``protocol.ENV_PROCESS``)."""
@@ -86,22 +97,30 @@ class JobProcess:
 def process_lines(process: JobProcess, platform: str = sys.platform) -> List[str]:
     """The job's process settings in words (``--dry-run``, the jobs window)."""
     if platform == "win32":
-        cpu = (f"CPU priority: below normal (nice {process.nice}: the BELOW_NORMAL priority "
-               "class)" if process.nice > 0 else
-               "CPU priority: normal (the desktop's; the engine's own is not passed on)")
+        cpu = (
+            f"CPU priority: below normal (nice {process.nice}: the BELOW_NORMAL priority class)"
+            if process.nice > 0
+            else "CPU priority: normal (the desktop's; the engine's own is not passed on)"
+        )
         oom = "OOM killer: no OOM score on Windows"
     else:
-        cpu = (f"CPU priority: nice {process.nice} (0 is the desktop's normal priority; the "
-               "engine's own nice -5 is not passed on)")
-        oom = (f"OOM killer: oom_score_adj {process.oom_score_adj:+d} (the desktop's is 0: a "
-               "kernel that must kill takes the training, which a checkpoint brings back)")
+        cpu = (
+            f"CPU priority: nice {process.nice} (0 is the desktop's normal priority; the "
+            "engine's own nice -5 is not passed on)"
+        )
+        oom = (
+            f"OOM killer: oom_score_adj {process.oom_score_adj:+d} (the desktop's is 0: a "
+            "kernel that must kill takes the training, which a checkpoint brings back)"
+        )
     cap = process.log_max_bytes
     if platform == "win32":
         logline = f"Log: not capped on Windows (jobs.log_max_mb = {cap // MiB})"
     else:
-        logline = (f"Log: capped at {cap / MiB:.1f} MiB (its first "
-                   f"{joblog.head_bytes(cap) / MiB:.1f} MiB and its last "
-                   f"{joblog.tail_bytes(cap) / MiB:.1f} MiB kept)")
+        logline = (
+            f"Log: capped at {cap / MiB:.1f} MiB (its first "
+            f"{joblog.head_bytes(cap) / MiB:.1f} MiB and its last "
+            f"{joblog.tail_bytes(cap) / MiB:.1f} MiB kept)"
+        )
     return [cpu, oom, logline, *rlimit_lines(process)]
 
 
@@ -128,8 +147,10 @@ def rlimit_lines(process: JobProcess) -> List[str]:
             continue
         if engine is None and soft is None and hard is None:
             continue
-        line = (f"Limit {name}: {rlimit_text(soft, name)} soft, {rlimit_text(hard, name)} "
-                "hard, from the shell that ran headroom run")
+        line = (
+            f"Limit {name}: {rlimit_text(soft, name)} soft, {rlimit_text(hard, name)} "
+            "hard, from the shell that ran headroom run"
+        )
         if isinstance(theirs, list) and len(theirs) == 2:
             line += f" (the engine's: {rlimit_text(theirs[0], name)})"
         out.append(line)
@@ -195,12 +216,14 @@ def _runner_options(
         if visible is None or any(total_mb(g) is None for g in visible):
             raise SpecError(
                 "--vram-reserve: cannot tell the total memory of each GPU the job sees; "
-                "use --gpu or --vram-limit MiB", field="options.vram_reserve_mb"
+                "use --gpu or --vram-limit MiB",
+                field="options.vram_reserve_mb",
             )
         if not visible:
             raise SpecError(
                 "--vram-reserve: the GPUs' total memory is unknown (no NVML reading); "
-                "use --vram-limit MiB", field="options.vram_reserve_mb"
+                "use --vram-limit MiB",
+                field="options.vram_reserve_mb",
             )
         limit = [int(total_mb(g) or 0) - o.vram_reserve_mb for g in visible]
     return {
@@ -228,7 +251,8 @@ class _Env:
     def __init__(self, env: Dict[str, str], settings: Sequence[Tuple[str, str, str]]):
         self.env = env
         self.settings: Dict[str, Tuple[str, str]] = {
-            name: (value, why) for name, value, why in settings}
+            name: (value, why) for name, value, why in settings
+        }
 
     def set(self, name: str, value: str, why: str) -> None:
         self.env[name] = value
@@ -287,12 +311,18 @@ def build_launch(
     process = process if process is not None else JobProcess()
     if spec.rlimits:
         process = dataclasses.replace(process, rlimits=spec.rlimits)
-    _runner_settings(e, runner_options, process, job_id=job_id, address=address,
-                     keyfile=keyfile, log_path=log_path)
+    _runner_settings(
+        e,
+        runner_options,
+        process,
+        job_id=job_id,
+        address=address,
+        keyfile=keyfile,
+        log_path=log_path,
+    )
     environment_changes = {name for name, _, _ in settings_list}
     for name, value in spec.env:
-        if name in e.settings and e.settings[name][0] != value \
-                and name not in environment_changes:
+        if name in e.settings and e.settings[name][0] != value and name not in environment_changes:
             # The name only: warnings are kept with the job, and --env values never are.
             warnings.append(f"--env {name} replaces Headroom's {name}={e.settings[name][0]}")
         e.set(name, value, "--env")
@@ -308,8 +338,9 @@ def build_launch(
     )
 
 
-def _base_environment(base_env: Optional[Mapping[str, str]], spec: JobSpec,
-                      warnings: List[str]) -> Dict[str, str]:
+def _base_environment(
+    base_env: Optional[Mapping[str, str]], spec: JobSpec, warnings: List[str]
+) -> Dict[str, str]:
     """The environment the job starts from, without another job's channel; what in it the
     job ignores is added to ``warnings``."""
     base = dict(os.environ if base_env is None else base_env)
@@ -383,13 +414,20 @@ def _memory_settings(e: _Env, spec: JobSpec) -> None:
         e.remove("TF_GPU_ALLOCATOR", "--allocator bfc: TensorFlow's default allocator")
 
 
-def _runner_settings(e: _Env, runner_options: Dict[str, Any], process: JobProcess, *,
-                     job_id: str, address: str, keyfile: str, log_path: str) -> None:
+def _runner_settings(
+    e: _Env,
+    runner_options: Dict[str, Any],
+    process: JobProcess,
+    *,
+    job_id: str,
+    address: str,
+    keyfile: str,
+    log_path: str,
+) -> None:
     """What the runner inside the job reads: its id, channel, options and process settings."""
     e.set(protocol.ENV_JOB_ID, job_id, "the job's id, for the runner's messages")
     if address:
-        e.set(protocol.ENV_ADDRESS, address,
-              "where the runner reports progress and takes commands")
+        e.set(protocol.ENV_ADDRESS, address, "where the runner reports progress and takes commands")
     if keyfile:
         e.set(
             protocol.ENV_KEYFILE,
@@ -477,10 +515,15 @@ def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
 def oom_line(options: Mapping[str, Any]) -> str:
     """What the runner does on an out-of-memory error in fit()."""
     if options.get("on_oom") in ("shrink", "smaller-batch"):
-        keras2 = "; with Keras 2, batches of half the size (this changes the training)" \
-            if options.get("on_oom") == "smaller-batch" else ""
-        return (f"shrink: micro-batches of half the batch, twice the gradient accumulation "
-                f"(the same training, Keras 3){keras2}, down to {options.get('min_batch')}")
+        keras2 = (
+            "; with Keras 2, batches of half the size (this changes the training)"
+            if options.get("on_oom") == "smaller-batch"
+            else ""
+        )
+        return (
+            f"shrink: micro-batches of half the batch, twice the gradient accumulation "
+            f"(the same training, Keras 3){keras2}, down to {options.get('min_batch')}"
+        )
     return "stop: the job fails, as without Headroom"
 
 
@@ -488,14 +531,18 @@ def fit_batch_line(options: Mapping[str, Any]) -> Optional[str]:
     """What ``--fit-batch`` does before training, or None without it."""
     if not options.get("fit_batch"):
         return None
-    return ("fit batch: two steps at a sixteenth of the batch measure the memory a step needs "
-            "(the weights put back after); training starts at the largest micro-batch forecast "
-            "to fit what is free and the budgets (the same training, Keras 3)")
+    return (
+        "fit batch: two steps at a sixteenth of the batch measure the memory a step needs "
+        "(the weights put back after); training starts at the largest micro-batch forecast "
+        "to fit what is free and the budgets (the same training, Keras 3)"
+    )
 
 
-_MODES = {"act": "acts (warns, pauses, parks, stops)",
-          "dry-run": "records what it would do and does nothing (mode dry-run)",
-          "off": "only watches (mode off)"}
+_MODES = {
+    "act": "acts (warns, pauses, parks, stops)",
+    "dry-run": "records what it would do and does nothing (mode dry-run)",
+    "off": "only watches (mode off)",
+}
 
 
 def guard_lines(spec: JobSpec, settings: Mapping[str, Any]) -> List[str]:
@@ -505,36 +552,54 @@ def guard_lines(spec: JobSpec, settings: Mapping[str, Any]) -> List[str]:
     mode = str(settings["guard.mode"])
     lines = [f"mode: {_MODES.get(mode, mode)}"]
     warn = float(settings["guard.budget_warn_percent"])
-    for flag, name, budget in (("--ram-budget", "RAM", spec.ram_budget_mb),
-                               ("--vram-budget", "VRAM", spec.vram_budget_mb)):
+    for flag, name, budget in (
+        ("--ram-budget", "RAM", spec.ram_budget_mb),
+        ("--vram-budget", "VRAM", spec.vram_budget_mb),
+    ):
         if budget is None:
-            lines.append(f"{name} budget: none ({flag}); the job is paused only when the "
-                         "machine runs short")
+            lines.append(
+                f"{name} budget: none ({flag}); the job is paused only when the machine runs short"
+            )
         else:
             size = format_bytes(budget * sv.MIB)
-            lines.append(f"{name} budget: {size} ({flag}): a warning at {warn:g}% "
-                         f"({format_bytes(budget * sv.MIB * warn / 100)}), a pause at {size}")
+            lines.append(
+                f"{name} budget: {size} ({flag}): a warning at {warn:g}% "
+                f"({format_bytes(budget * sv.MIB * warn / 100)}), a pause at {size}"
+            )
     lines.append(
         f"the machine's memory: a warning below {settings['guard.warn_available']} available, "
         f"a pause below {settings['guard.pause_available']}, a park below "
-        f"{settings['guard.park_available']}, a stop below {settings['guard.stop_available']}")
-    lines.append(f"pause: at the next batch end; its processes are suspended if it has not "
-                 f"paused {float(settings['guard.pause_deadline_seconds']):g} s later")
+        f"{settings['guard.park_available']}, a stop below {settings['guard.stop_available']}"
+    )
+    lines.append(
+        f"pause: at the next batch end; its processes are suspended if it has not "
+        f"paused {float(settings['guard.pause_deadline_seconds']):g} s later"
+    )
     if spec.checkpoint_dir:
-        lines.append(f"park: a checkpoint in {spec.checkpoint_dir}, then the job ends (exit "
-                     f"status {protocol.PARK_EXIT_CODE}) and waits to be resumed")
-        lines.append("stop: a checkpoint, then the job ends without the rest of its script "
-                     f"(exit status {protocol.STOP_EXIT_CODE}); 'headroom resume' continues it")
+        lines.append(
+            f"park: a checkpoint in {spec.checkpoint_dir}, then the job ends (exit "
+            f"status {protocol.PARK_EXIT_CODE}) and waits to be resumed"
+        )
+        lines.append(
+            "stop: a checkpoint, then the job ends without the rest of its script "
+            f"(exit status {protocol.STOP_EXIT_CODE}); 'headroom resume' continues it"
+        )
     else:
-        lines.append("park: not for this job (no --checkpoint-dir: parking would lose its "
-                     "progress); it stays paused instead")
-        lines.append("stop: the job ends without the rest of its script (exit status "
-                     f"{protocol.STOP_EXIT_CODE}), then by force if it goes on")
+        lines.append(
+            "park: not for this job (no --checkpoint-dir: parking would lose its "
+            "progress); it stays paused instead"
+        )
+        lines.append(
+            "stop: the job ends without the rest of its script (exit status "
+            f"{protocol.STOP_EXIT_CODE}), then by force if it goes on"
+        )
     auto = spec.auto_resume if spec.auto_resume is not None else bool(settings["guard.auto_resume"])
     if auto:
-        lines.append(f"resume: by itself, once more than {settings['guard.resume_available']} "
-                     f"is available for {float(settings['guard.resume_after_seconds']):g} s "
-                     "(a parked job from its checkpoint)")
+        lines.append(
+            f"resume: by itself, once more than {settings['guard.resume_available']} "
+            f"is available for {float(settings['guard.resume_after_seconds']):g} s "
+            "(a parked job from its checkpoint)"
+        )
     else:
         why = "--manual-resume" if spec.auto_resume is False else "setting guard.auto_resume"
         lines.append(f"resume: only by you ('headroom resume'; {why})")

@@ -33,8 +33,16 @@ MAX_NOTES = 50
 # most this many a minute per job; the rest are kept with the job only.
 NOTE_EVENTS_PER_MINUTE = 20
 # Kept as the runner sends them.
-PROGRESS_FIELDS = ("epoch", "epochs", "step", "steps", "batch", "micro_batch", "accumulation",
-                   "shrinkable")
+PROGRESS_FIELDS = (
+    "epoch",
+    "epochs",
+    "step",
+    "steps",
+    "batch",
+    "micro_batch",
+    "accumulation",
+    "shrinkable",
+)
 MAX_FIT_ANSWERS = 8  # --fit-batch answers a job gets (one a fit; a job that asks on and on
 # and never reads would fill its channel until the engine's writes block)
 MAX_FORECAST_EVENTS = 8  # a job's forecasts said as events (one a fit and micro-batch)
@@ -94,14 +102,19 @@ class RunnerLink(JobTable):
         address = self.paths.job_address(job.id)
         job_id = job.id
         server = ChannelServer(
-            address, job.key, lambda peer, data: self._on_message(job_id, peer, data),
-            name=f"job-{job_id}", max_peers=MAX_PEERS,
-            on_close=lambda peer: self._on_disconnect(job_id, peer))
+            address,
+            job.key,
+            lambda peer, data: self._on_message(job_id, peer, data),
+            name=f"job-{job_id}",
+            max_peers=MAX_PEERS,
+            on_close=lambda peer: self._on_disconnect(job_id, peer),
+        )
         try:
             server.start()
         except OSError as e:
-            raise Refused(f"cannot open the job's channel at {address}: "
-                             f"{e.strerror or e}") from None
+            raise Refused(
+                f"cannot open the job's channel at {address}: {e.strerror or e}"
+            ) from None
         job.server = server
 
     def _close_channel(self, job: Job) -> None:
@@ -145,8 +158,9 @@ class RunnerLink(JobTable):
         self._flush_events(events)
         return None
 
-    def _note_dropped(self, job: Job, dropped: List[str], events: List[Event],
-                      count: Optional[int] = None) -> None:
+    def _note_dropped(
+        self, job: Job, dropped: List[str], events: List[Event], count: Optional[int] = None
+    ) -> None:
         """Count what was dropped from a job's messages (``count``, default one for each line
         of ``dropped``); say so the first time, then at most once a minute (the log and the
         job's events)."""
@@ -158,14 +172,16 @@ class RunnerLink(JobTable):
         first, since = due
         text = messages.summary(dropped)
         if first:
-            message = f"job {job.id}: dropped what its messages held that Headroom does not " \
-                      f"take ({text})"
+            message = (
+                f"job {job.id}: dropped what its messages held that Headroom does not take ({text})"
+            )
         else:
             message = f"job {job.id}: {since} more dropped from its messages (last: {text})"
         events.append((E.JOB_BAD_MESSAGE, "warn", message, job.id, {"dropped": since}))
 
-    def _dispatch(self, job: Job, peer: Peer, msg: messages.JobMessage,
-                  events: List[Event]) -> None:
+    def _dispatch(
+        self, job: Job, peer: Peer, msg: messages.JobMessage, events: List[Event]
+    ) -> None:
         if isinstance(msg, messages.Hello):
             self._on_hello(job, peer, msg, events)
         elif isinstance(msg, messages.Progress):
@@ -174,8 +190,14 @@ class RunnerLink(JobTable):
             self._on_state(job, msg, events)
         elif isinstance(msg, messages.Checkpointed):
             if msg.path is not None:
-                job.change(checkpoint={"path": msg.path, "epoch": msg.epoch, "step": msg.step,
-                                       "time": now()})
+                job.change(
+                    checkpoint={
+                        "path": msg.path,
+                        "epoch": msg.epoch,
+                        "step": msg.step,
+                        "time": now(),
+                    }
+                )
                 self._save(job)
         elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
@@ -185,20 +207,23 @@ class RunnerLink(JobTable):
             job.change(bye=msg.to_json())
             self._save(job)
 
-    def _on_hello(self, job: Job, peer: Peer, msg: messages.Hello,
-                  events: List[Event]) -> None:
+    def _on_hello(self, job: Job, peer: Peer, msg: messages.Hello, events: List[Event]) -> None:
         if job.peer is not None and job.peer is not peer:
             job.peer.close()
         job.peer = peer
         peer.context["job"] = job.id
-        job.change(hello=msg.to_json(), connected=True,
-                   hooked=msg.fit_hook == messages.FIT_HOOK_INSTALLED or bool(msg.hooked))
+        job.change(
+            hello=msg.to_json(),
+            connected=True,
+            hooked=msg.fit_hook == messages.FIT_HOOK_INSTALLED or bool(msg.hooked),
+        )
         if job.state == S.STARTING:
             job.move(S.RUNNING)
         rec, runner_state = job.rec, msg.state
         if runner_state == messages.RUNNER_PAUSED and job.state in (S.RUNNING, S.PAUSING):
-            self._set_paused(job, rec.paused_by or BY_USER, rec.pause_reason or "",
-                             COOPERATIVE, events)
+            self._set_paused(
+                job, rec.paused_by or BY_USER, rec.pause_reason or "", COOPERATIVE, events
+            )
         # A command given while the runner was away is given again now it is back.
         elif job.state == S.PAUSING:
             self._send(job, rp.PAUSE)
@@ -206,23 +231,35 @@ class RunnerLink(JobTable):
             self._send(job, rp.PARK)
         elif job.state == S.STOPPING and job.stop_stage == Stage.ASK:
             self._send(job, rp.STOP)
-        elif job.state == S.PAUSED and rec.pause_mode == COOPERATIVE \
-                and runner_state == messages.RUNNER_RUNNING:
+        elif (
+            job.state == S.PAUSED
+            and rec.pause_mode == COOPERATIVE
+            and runner_state == messages.RUNNER_RUNNING
+        ):
             job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None)
         self._save(job)
 
     def _on_progress(self, job: Job, msg: messages.Progress) -> None:
-        changes: Dict[str, Any] = {name: getattr(msg, name) for name in PROGRESS_FIELDS
-                                   if name in msg.given}
+        changes: Dict[str, Any] = {
+            name: getattr(msg, name) for name in PROGRESS_FIELDS if name in msg.given
+        }
         if "shrinkable" in changes:
             changes["shrinkable"] = msg.shrinkable is True
         if "logs" in msg.given:
             changes["metrics"] = dict(msg.logs)
-            self.curves.add(job.id, time.time(), epoch=msg.epoch, step=msg.step,
-                            steps=msg.steps, metrics=changes["metrics"], fit=msg.fit)
+            self.curves.add(
+                job.id,
+                time.time(),
+                epoch=msg.epoch,
+                step=msg.step,
+                steps=msg.steps,
+                metrics=changes["metrics"],
+                fit=msg.fit,
+            )
         if "tf_memory" in msg.given:
-            changes["tf_memory"] = None if msg.tf_memory is None else \
-                tuple(m.to_json() for m in msg.tf_memory)
+            changes["tf_memory"] = (
+                None if msg.tf_memory is None else tuple(m.to_json() for m in msg.tf_memory)
+            )
         job.change(**changes)
         if job.state == S.STARTING:
             job.move(S.RUNNING)
@@ -244,8 +281,9 @@ class RunnerLink(JobTable):
             # The runner pauses only when asked; after a resume a late "paused" is followed by
             # "running" as soon as the resume arrives, so only a pause under way counts.
             if job.state == S.PAUSING:
-                self._set_paused(job, rec.paused_by or BY_USER, rec.pause_reason or "",
-                                 COOPERATIVE, events)
+                self._set_paused(
+                    job, rec.paused_by or BY_USER, rec.pause_reason or "", COOPERATIVE, events
+                )
         elif state == messages.RUNNER_RUNNING:
             if job.state == S.PAUSED and rec.pause_mode == COOPERATIVE:
                 # The runner resumed on its own (or on our word): it is running again.
@@ -259,8 +297,13 @@ class RunnerLink(JobTable):
             self.kernel_idle(job, events)  # an interrupted fit has ended (jobs.kernels)
         elif state == messages.RUNNER_STOPPING and job.state == S.STOPPING:
             # The runner ends its fit() at the next batch, after a checkpoint: no signal yet.
-            due = grace(job.stop_stage, job.stop_next, time.monotonic(),
-                        granted=job.stop_grace, by_guard=job.stop_note[0] == BY_GUARD)
+            due = grace(
+                job.stop_stage,
+                job.stop_next,
+                time.monotonic(),
+                granted=job.stop_grace,
+                by_guard=job.stop_note[0] == BY_GUARD,
+            )
             if due is not None:
                 job.stop_grace = True
                 job.stop_next = due
@@ -284,10 +327,17 @@ class RunnerLink(JobTable):
         if count <= NOTE_EVENTS_PER_MINUTE:
             events.append((kind, str(level), f"job {job.id}: {text}", job.id, None))
         if count == NOTE_EVENTS_PER_MINUTE:
-            events.append((E.JOB_NOTE, "warn", f"job {job.id} sends more than "
-                           f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "
-                           "minute's are kept with the job only (headroom jobs --json)",
-                           job.id, None))
+            events.append(
+                (
+                    E.JOB_NOTE,
+                    "warn",
+                    f"job {job.id} sends more than "
+                    f"{NOTE_EVENTS_PER_MINUTE} warnings a minute; the rest of this "
+                    "minute's are kept with the job only (headroom jobs --json)",
+                    job.id,
+                    None,
+                )
+            )
 
     def _on_forecast(self, job: Job, msg: messages.Forecast, events: List[Event]) -> None:
         """Say what the fit needs against what is free; answer a --fit-batch probe with the
@@ -295,23 +345,32 @@ class RunnerLink(JobTable):
         probe = msg.how == rf.PROBE
         rec = job.rec
         floor = smallest_micro_batch(rec)
-        verdict = forecasts.judge(msg, rec.with_(shrinkable=rec.shrinkable or probe),
-                                  self._snapshot, floor)
+        verdict = forecasts.judge(
+            msg, rec.with_(shrinkable=rec.shrinkable or probe), self._snapshot, floor
+        )
         if probe and job.fit_answers < MAX_FIT_ANSWERS:
             job.fit_answers += 1
             self._send(job, rp.FIT, accumulation=verdict.accumulation if verdict else 0)
         if verdict is None:
             return
         need = forecasts.ram_need(msg)  # what the guard waits for before resuming it
-        job.change(forecast={**verdict.to_json(),
-                             **({"ram_need_bytes": need} if need is not None else {})})
+        job.change(
+            forecast={**verdict.to_json(), **({"ram_need_bytes": need} if need is not None else {})}
+        )
         job.dirty = True
         if job.forecasts_said >= MAX_FORECAST_EVENTS:
             return
         job.forecasts_said += 1
         level = "info" if verdict.fits else "warn"
-        events.append((E.JOB_FORECAST, level, f"job {job.id} ({rec.name}) {verdict.text}",
-                       job.id, {**verdict.to_json(), "batch": msg.batch, "how": msg.how}))
+        events.append(
+            (
+                E.JOB_FORECAST,
+                level,
+                f"job {job.id} ({rec.name}) {verdict.text}",
+                job.id,
+                {**verdict.to_json(), "batch": msg.batch, "how": msg.how},
+            )
+        )
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         events: List[Event] = []
@@ -321,10 +380,17 @@ class RunnerLink(JobTable):
                 return
             if peer.cut_off and job.rec.answering:
                 self._not_answering(job, peer)
-                events.append((E.JOB_NOTE, "warn", f"job {job.id} ({job.rec.name}) does not "
-                               "read what Headroom sends it: not answering; the guard acts on "
-                               "it by signals (suspend, stop) until it is launched again",
-                               job.id, {"answering": False}))
+                events.append(
+                    (
+                        E.JOB_NOTE,
+                        "warn",
+                        f"job {job.id} ({job.rec.name}) does not "
+                        "read what Headroom sends it: not answering; the guard acts on "
+                        "it by signals (suspend, stop) until it is launched again",
+                        job.id,
+                        {"answering": False},
+                    )
+                )
             elif job.peer is peer:
                 job.peer = None
                 job.change(connected=False)

@@ -36,8 +36,9 @@ ASK_SECONDS = 10.0  # the most one busctl call may take
 PROC = "/proc"
 
 
-def reading_v2(current: str, high: str, stat: str, events: str, pressure: str,
-               throttled_lately: bool) -> Reading:
+def reading_v2(
+    current: str, high: str, stat: str, events: str, pressure: str, throttled_lately: bool
+) -> Reading:
     """A ``Reading`` from the texts of a scope's memory files (``pressure`` "" where PSI is
     off); ``throttled_lately``: its ``high`` count rose within the last window. Raises
     ValueError for garbage."""
@@ -49,16 +50,32 @@ def reading_v2(current: str, high: str, stat: str, events: str, pressure: str,
     full = v2.psi_avg10(psi, "full")
     near = limit is not None and usage >= limit - v2.high_slack(limit)
     held = near and (throttled_lately or (full is not None and full >= v2.PSI_FULL_STALL))
-    return Reading(usage=usage, limit=limit, anon=st.get("anon", 0), file=st.get("file", 0),
-                   inactive_file=st.get("inactive_file", 0), under_oom=held,
-                   oom_kill=ev.get("oom_kill", 0), failcnt=ev.get("high", 0),
-                   high_events=ev.get("high", 0), max_events=ev.get("max", 0),
-                   psi_some=v2.psi_avg10(psi, "some"), psi_full=full)
+    return Reading(
+        usage=usage,
+        limit=limit,
+        anon=st.get("anon", 0),
+        file=st.get("file", 0),
+        inactive_file=st.get("inactive_file", 0),
+        under_oom=held,
+        oom_kill=ev.get("oom_kill", 0),
+        failcnt=ev.get("high", 0),
+        high_events=ev.get("high", 0),
+        max_events=ev.get("max", 0),
+        psi_some=v2.psi_avg10(psi, "some"),
+        psi_full=full,
+    )
 
 
 def _ask(argv: List[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=ASK_SECONDS, check=False)
+    return subprocess.run(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=ASK_SECONDS,
+        check=False,
+    )
 
 
 class ScopeCgroup:
@@ -67,8 +84,7 @@ class ScopeCgroup:
 
     kind = V2
 
-    def __init__(self, folder: str, unit: str,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, folder: str, unit: str, clock: Callable[[], float] = time.monotonic):
         self.memory = folder
         self.freezer: Optional[str] = folder
         self.unit = unit
@@ -83,9 +99,16 @@ class ScopeCgroup:
         return f"ScopeCgroup({self.memory!r})"
 
     @classmethod
-    def start(cls, offer: Offer, job_id: str, pid: int, proc: Optional[str] = None,
-              ask: Optional[Callable[[List[str], dict], subprocess.CompletedProcess]] = None,
-              environ: Optional[dict] = None, wait: float = PLACE_SECONDS) -> ScopeCgroup:
+    def start(
+        cls,
+        offer: Offer,
+        job_id: str,
+        pid: int,
+        proc: Optional[str] = None,
+        ask: Optional[Callable[[List[str], dict], subprocess.CompletedProcess]] = None,
+        environ: Optional[dict] = None,
+        wait: float = PLACE_SECONDS,
+    ) -> ScopeCgroup:
         """Ask the user's systemd manager for a scope holding process ``pid`` and wait until
         it is in it. Raises CgroupError (no manager, a refusal, the process gone, too slow).
         ``proc``, ``ask`` (how busctl is run): the module's ``PROC`` and ``_ask``."""
@@ -98,11 +121,14 @@ class ScopeCgroup:
         try:
             done = ask(v2.start_argv(unit, pid, f"Headroom job {job_id}"), env)
         except (OSError, subprocess.SubprocessError) as e:
-            raise CgroupError(f"cannot ask the systemd user manager for a scope: "
-                              f"{one_line(e)}") from None
+            raise CgroupError(
+                f"cannot ask the systemd user manager for a scope: {one_line(e)}"
+            ) from None
         if done.returncode != 0:
-            said = one_line((done.stderr or done.stdout or "").strip()) or \
-                f"busctl exited with {done.returncode}"
+            said = (
+                one_line((done.stderr or done.stdout or "").strip())
+                or f"busctl exited with {done.returncode}"
+            )
             raise CgroupError(f"the systemd user manager made no scope for it: {said}")
         deadline = time.monotonic() + wait
         while True:
@@ -116,13 +142,15 @@ class ScopeCgroup:
                 if os.path.basename(folder) == unit:
                     return cls(folder, unit)
             if time.monotonic() >= deadline:
-                raise CgroupError(f"the systemd user manager did not move it into {unit} "
-                                  f"within {wait:g} s")
+                raise CgroupError(
+                    f"the systemd user manager did not move it into {unit} within {wait:g} s"
+                )
             time.sleep(0.01)
 
     @classmethod
-    def of_process(cls, offer: Offer, pid: int, job_id: str,
-                   proc: str = "/proc") -> Optional[ScopeCgroup]:
+    def of_process(
+        cls, offer: Offer, pid: int, job_id: str, proc: str = "/proc"
+    ) -> Optional[ScopeCgroup]:
         """The scope an earlier engine made for job ``job_id`` when process ``pid`` is still
         in it (an adopted job); None otherwise."""
         if offer.memory_mount is None:
@@ -164,8 +192,9 @@ class ScopeCgroup:
         except OSError as e:
             if e.errno == errno.ENODEV:
                 raise CgroupError(f"its scope {self.memory} is gone") from None
-            raise CgroupError(f"cannot write {value} to {name} of {self.memory}: {_why(e)}") \
-                from None
+            raise CgroupError(
+                f"cannot write {value} to {name} of {self.memory}: {_why(e)}"
+            ) from None
 
     # -- what the engine does -----------------------------------------------------------------
 
@@ -202,8 +231,9 @@ class ScopeCgroup:
 
     def read(self) -> Reading:
         """Its use, limit, events and pressure now. Raises CgroupError."""
-        texts = [self._read(n) for n in ("memory.current", "memory.high", "memory.stat",
-                                         "memory.events")]
+        texts = [
+            self._read(n) for n in ("memory.current", "memory.high", "memory.stat", "memory.events")
+        ]
         pressure = self._read("memory.pressure", missing_ok=True)
         count = _keyed(texts[3]).get("high")
         now = self._clock()
@@ -215,8 +245,9 @@ class ScopeCgroup:
         try:
             r = reading_v2(texts[0], texts[1], texts[2], texts[3], pressure, lately)
         except ValueError:
-            raise CgroupError(f"the memory files of {self.memory} cannot be read as "
-                              "numbers") from None
+            raise CgroupError(
+                f"the memory files of {self.memory} cannot be read as numbers"
+            ) from None
         self._seen = max(self._seen, r.usage)
         self._kills = r.oom_kill
         return r
@@ -250,8 +281,7 @@ class ScopeCgroup:
         try:
             return int(text.strip())
         except ValueError:
-            raise CgroupError(f"the peak of {self.memory} cannot be read as a number") \
-                from None
+            raise CgroupError(f"the peak of {self.memory} cannot be read as a number") from None
 
     def pids(self) -> List[int]:
         """The processes in it now. Raises CgroupError."""

@@ -101,8 +101,9 @@ def parse_mb(flag: str, value: Any, field: Optional[str] = None) -> Optional[int
     try:
         mb = parse_size(text) // MIB
     except ConfigError:
-        raise SpecError(f"{flag}: {text!r} is not a size (like 4096 for MiB, or 4 GiB)",
-                        field) from None
+        raise SpecError(
+            f"{flag}: {text!r} is not a size (like 4096 for MiB, or 4 GiB)", field
+        ) from None
     if mb <= 0:
         raise SpecError(f"{flag}: {text!r} is less than 1 MiB", field)
     return mb
@@ -131,8 +132,7 @@ def parse_gpus(value: Any) -> Optional[Tuple[int, ...]]:
     try:
         return tuple(int(p) for p in parts)
     except ValueError:
-        raise SpecError(f"--gpu: expected GPU numbers like 0 or 0,1, not {value!r}",
-                        GPUS) from None
+        raise SpecError(f"--gpu: expected GPU numbers like 0 or 0,1, not {value!r}", GPUS) from None
 
 
 def parse_threads(value: Any) -> Tuple[Optional[int], Optional[int]]:
@@ -147,8 +147,9 @@ def parse_threads(value: Any) -> Tuple[Optional[int], Optional[int]]:
             return int(parts[0]), int(parts[1])
     except ValueError:
         pass
-    raise SpecError(f"--threads: expected INTRA or INTRA,INTER (whole numbers), not {value!r}",
-                    THREADS)
+    raise SpecError(
+        f"--threads: expected INTRA or INTRA,INTER (whole numbers), not {value!r}", THREADS
+    )
 
 
 def parse_env_entry(entry: str) -> Tuple[str, str]:
@@ -257,17 +258,26 @@ def add_option_arguments(parser: argparse.ArgumentParser, resume: bool = True) -
     )
     s = parser.add_argument_group("when the training does not fit")
     s.add_argument(
-        "--on-oom", choices=ON_OOM_CHOICES,
+        "--on-oom",
+        choices=ON_OOM_CHOICES,
         help="an out-of-memory error in fit(): train micro-batches with gradient accumulation, "
         "the same training (shrink, the default; Keras 3); the same, or with Keras 2 a smaller "
-        "batch, which changes the training (smaller-batch); or fail (stop)")
-    s.add_argument("--min-batch", metavar="N",
-                   help=f"the smallest micro-batch shrinking goes down to (default "
-                   f"{MIN_BATCH_DEFAULT}); below it the job parks")
-    s.add_argument("--fit-batch", action=argparse.BooleanOptionalAction, default=None,
-                   help="before the first full step, measure a few small steps and train the "
-                   "largest micro-batch forecast to fit (the same training, Keras 3); on by "
-                   "default, --no-fit-batch starts at the full batch")
+        "batch, which changes the training (smaller-batch); or fail (stop)",
+    )
+    s.add_argument(
+        "--min-batch",
+        metavar="N",
+        help=f"the smallest micro-batch shrinking goes down to (default "
+        f"{MIN_BATCH_DEFAULT}); below it the job parks",
+    )
+    s.add_argument(
+        "--fit-batch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="before the first full step, measure a few small steps and train the "
+        "largest micro-batch forecast to fit (the same training, Keras 3); on by "
+        "default, --no-fit-batch starts at the full batch",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,8 +355,15 @@ def own_rlimits() -> Tuple[Tuple[str, Optional[int], Optional[int]], ...]:
     for name in RLIMITS:
         which = getattr(resource, f"RLIMIT_{name}", None)
         if which is not None:
-            out.append((name, *(None if v == resource.RLIM_INFINITY else v
-                                 for v in resource.getrlimit(which))))
+            out.append(
+                (
+                    name,
+                    *(
+                        None if v == resource.RLIM_INFINITY else v
+                        for v in resource.getrlimit(which)
+                    ),
+                )
+            )
     return tuple(sorted(out))  # type: ignore[arg-type]
 
 
@@ -359,8 +376,10 @@ def want_rlimits(name: str, v: Any) -> Tuple[Tuple[str, Optional[int], Optional[
     out = []
     for key, pair in v.items():
         if key not in RLIMITS:
-            raise SpecError(f"job spec: {name}: unknown limit {str(key)[:20]!r} (one of "
-                            f"{', '.join(RLIMITS)})", name)
+            raise SpecError(
+                f"job spec: {name}: unknown limit {str(key)[:20]!r} (one of {', '.join(RLIMITS)})",
+                name,
+            )
         if not isinstance(pair, list) or len(pair) != 2:
             raise bad(f"{name}.{key}", "a [soft, hard] pair", pair)
         soft, hard = (want_opt_int(f"{name}.{key}", x) for x in pair)
@@ -376,7 +395,8 @@ def want_rlimits(name: str, v: Any) -> Tuple[Tuple[str, Optional[int], Optional[
 def want_gpus(name: str, v: Any) -> Optional[Tuple[int, ...]]:
     if v is None:
         return None
-    if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                          for i in v):
+    if not isinstance(v, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in v
+    ):
         raise bad(name, "a list of GPU numbers or null", v)
     return tuple(v)

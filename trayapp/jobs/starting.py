@@ -54,8 +54,10 @@ def refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 known = set(self._jobs) | set(self._ended)
             for name in folders(self.paths.jobs_dir) - before - known:
                 remove_folder(self.paths.jobs_dir / name)
-            raise Refused(f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
-                             f"under {self.paths.jobs_dir}") from None
+            raise Refused(
+                f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
+                f"under {self.paths.jobs_dir}"
+            ) from None
 
     return wrapper
 
@@ -65,9 +67,12 @@ class Launching(RunnerLink, Brakes):
     own where the machine offers them: ``braking``)."""
 
     @refused_on_disk_errors
-    def start(self, spec_json: Dict[str, Any],
-              environ: Optional[Dict[str, Any]] = None,
-              env_from: Optional[str] = None) -> Dict[str, Any]:
+    def start(
+        self,
+        spec_json: Dict[str, Any],
+        environ: Optional[Dict[str, Any]] = None,
+        env_from: Optional[str] = None,
+    ) -> Dict[str, Any]:
         """Validate the spec and launch it. Returns the new job's dict (state "starting").
 
         ``environ``: the environment of the client that asked (``headroom run`` in a shell), so
@@ -79,8 +84,9 @@ class Launching(RunnerLink, Brakes):
         if self._closed:
             raise Refused("the engine is shutting down")
         check_free_space(self.paths.jobs_dir)
-        if environ is not None and not all(isinstance(k, str) and isinstance(v, str)
-                                           for k, v in environ.items()):
+        if environ is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in environ.items()
+        ):
             raise Refused("job_start: environ must map names to strings")
         if envfile.hidden_names(spec_json if isinstance(spec_json, dict) else {}):
             spec_json = envfile.restore(spec_json, self._env_folder(env_from))
@@ -96,13 +102,21 @@ class Launching(RunnerLink, Brakes):
             self._save(job)
             rec = job.rec
         where = f" in {rec.cwd}" if rec.cwd else ""
-        self._emit(E.JOB_STARTED, f"job {rec.id} ({rec.name}) started{where} (pid {rec.pid})",
-                   job_id=rec.id,
-                   data={"pid": rec.pid, "argv": list(rec.argv), "warnings": spec_warnings})
+        self._emit(
+            E.JOB_STARTED,
+            f"job {rec.id} ({rec.name}) started{where} (pid {rec.pid})",
+            job_id=rec.id,
+            data={"pid": rec.pid, "argv": list(rec.argv), "warnings": spec_warnings},
+        )
         return rec.to_json()
 
-    def _new_job(self, spec: JobSpec, applied: JobSpec, environ: Optional[Dict[str, Any]],
-                 spec_warnings: List[str]) -> Job:
+    def _new_job(
+        self,
+        spec: JobSpec,
+        applied: JobSpec,
+        environ: Optional[Dict[str, Any]],
+        spec_warnings: List[str],
+    ) -> Job:
         """The job's folder and files, its channel and its process (under the lock)."""
         # The spec as kept and shown names its --env variables without their values; those
         # (and the shell's environment) are kept for a relaunch in one private file.
@@ -163,19 +177,31 @@ class Launching(RunnerLink, Brakes):
             return job_id
         raise Refused("cannot find a free job id")  # pragma: no cover - 2**32 ids
 
-    def _new_record(self, job_id: str, spec: JobSpec, spec_data: Dict[str, Any], folder: Path,
-                    warnings: List[str]) -> JobRecord:
+    def _new_record(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        spec_data: Dict[str, Any],
+        folder: Path,
+        warnings: List[str],
+    ) -> JobRecord:
         auto = spec.auto_resume
         if auto is None:
             auto = bool(self._setting("guard.auto_resume", True))
         return JobRecord(
-            id=job_id, name=spec.name or Path(str(spec.script or "job")).stem,
-            state=S.STARTING.value, started=now(), spec=spec_data, script=str(spec.script),
+            id=job_id,
+            name=spec.name or Path(str(spec.script or "job")).stem,
+            state=S.STARTING.value,
+            started=now(),
+            spec=spec_data,
+            script=str(spec.script),
             checkpoint_dir=str(spec.checkpoint_dir) if spec.checkpoint_dir else None,
             log_path=str(folder / "log"),
             ram_budget_bytes=budget_bytes(spec.ram_budget_mb),
             vram_budget_bytes=budget_bytes(spec.vram_budget_mb),
-            auto_resume=bool(auto), warnings=tuple(warnings))
+            auto_resume=bool(auto),
+            warnings=tuple(warnings),
+        )
 
     def _launch(self, job: Job, spec: JobSpec, *, append: bool) -> None:
         """Build the plan and start the process in its own session, output to the log."""
@@ -183,10 +209,17 @@ class Launching(RunnerLink, Brakes):
         log_path = Path(str(job.rec.log_path or folder / "log"))
         process = JobProcess.from_config(self._config())
         try:
-            plan = build_launch(spec, job_id=job.id, address=self.paths.job_address(job.id),
-                                keyfile=str(folder / "key"), gpus=tuple(self._gpus()),
-                                base_env=job_environ(folder), runner_dir=self.runner_dir,
-                                process=process, log_path=str(log_path))
+            plan = build_launch(
+                spec,
+                job_id=job.id,
+                address=self.paths.job_address(job.id),
+                keyfile=str(folder / "key"),
+                gpus=tuple(self._gpus()),
+                base_env=job_environ(folder),
+                runner_dir=self.runner_dir,
+                process=process,
+                log_path=str(log_path),
+            )
         except Exception as e:  # SpecError and friends: a plan that cannot be made
             raise Refused(one_line(e)) from None
         popen = spawn(plan, log_path, process, append=append)
@@ -202,15 +235,33 @@ class Launching(RunnerLink, Brakes):
         except psutil.Error:
             job.process, create_time = None, None
         rec = job.rec
-        job.move(S.STARTING, pid=popen.pid, pids=(popen.pid,), create_time=create_time,
-                 argv=tuple(plan.argv), cwd=str(plan.cwd) if plan.cwd else None,
-                 exit_code=None, ended=None, end_reason=None, bye=None, hooked=False,
-                 answering=True, runs=rec.runs + 1, eta_seconds=None, resumable=False,
-                 paused_by=None, pause_reason=None, pause_mode=None, paused_at=None,
-                 process={"nice": process.nice, "oom_score_adj": process.oom_score_adj,
-                          "log_max_bytes": process.log_max_bytes},
-                 warnings=rec.warnings + tuple(w for w in plan.warnings
-                                               if w not in rec.warnings))
+        job.move(
+            S.STARTING,
+            pid=popen.pid,
+            pids=(popen.pid,),
+            create_time=create_time,
+            argv=tuple(plan.argv),
+            cwd=str(plan.cwd) if plan.cwd else None,
+            exit_code=None,
+            ended=None,
+            end_reason=None,
+            bye=None,
+            hooked=False,
+            answering=True,
+            runs=rec.runs + 1,
+            eta_seconds=None,
+            resumable=False,
+            paused_by=None,
+            pause_reason=None,
+            pause_mode=None,
+            paused_at=None,
+            process={
+                "nice": process.nice,
+                "oom_score_adj": process.oom_score_adj,
+                "log_max_bytes": process.log_max_bytes,
+            },
+            warnings=rec.warnings + tuple(w for w in plan.warnings if w not in rec.warnings),
+        )
         job.known = {popen.pid: job.process} if job.process is not None else {}
         job.exit_seen = False
         job.meter = None  # a new tree
@@ -220,15 +271,20 @@ class Launching(RunnerLink, Brakes):
         job.rate_ref = None
         job.next_sample = 0.0
 
-    def _relaunch(self, job: Job, by: str, reason: str,
-                  accumulation: Optional[int] = None, from_checkpoint: bool = True) -> None:
+    def _relaunch(
+        self,
+        job: Job,
+        by: str,
+        reason: str,
+        accumulation: Optional[int] = None,
+        from_checkpoint: bool = True,
+    ) -> None:
         """Launch a parked (or stopped) job again from its checkpoint, under the same id;
         ``accumulation``: at micro-batches of its batch / N (the same training); without
         ``from_checkpoint`` (a job without a checkpoint folder) from the beginning."""
         try:
             data = envfile.restore(dict(job.rec.spec), self.paths.jobs_dir / job.id)
-            spec = dataclasses.replace(JobSpec.from_json(data), resume=from_checkpoint,
-                                       fresh=False)
+            spec = dataclasses.replace(JobSpec.from_json(data), resume=from_checkpoint, fresh=False)
             if accumulation:
                 spec = dataclasses.replace(spec, accumulation=accumulation)
             validate(spec, tuple(self._gpus()), check_paths=True)
@@ -237,8 +293,7 @@ class Launching(RunnerLink, Brakes):
             raise Refused(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
         if not job.key:
             job.key = secrets.token_bytes(KEY_BYTES)
-            configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key,
-                                         mode=0o600)
+            configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key, mode=0o600)
         self._open_channel(job)
         try:
             self._launch(job, spec, append=True)
@@ -253,13 +308,19 @@ class Launching(RunnerLink, Brakes):
         smaller = ""
         if accumulation and job.rec.batch:
             micro = job.rec.batch // accumulation
-            smaller = (f" at micro-batches of {micro} x {accumulation} (batch {job.rec.batch}, "
-                       "the same training)")
+            smaller = (
+                f" at micro-batches of {micro} x {accumulation} (batch {job.rec.batch}, "
+                "the same training)"
+            )
             said.update(micro_batch=micro, accumulation=accumulation)
         where = "from its checkpoint" if from_checkpoint else "from the beginning"
-        self._emit(E.JOB_RESUMED, f"job {job.id} ({job.rec.name}) relaunched {where}"
-                   f"{smaller} by {by}{why} (pid {job.rec.pid})", job_id=job.id,
-                   data=said)
+        self._emit(
+            E.JOB_RESUMED,
+            f"job {job.id} ({job.rec.name}) relaunched {where}"
+            f"{smaller} by {by}{why} (pid {job.rec.pid})",
+            job_id=job.id,
+            data=said,
+        )
 
 
 # -- the process ---------------------------------------------------------------------------------
@@ -283,16 +344,22 @@ def watch_exit(pid: int, then: Callable[[], None]) -> None:
     threading.Thread(target=wait, name=f"job-exit-{pid}", daemon=True).start()
 
 
-def spawn(plan: LaunchPlan, log_path: Path, process: JobProcess, *,
-          append: bool) -> subprocess.Popen:
+def spawn(
+    plan: LaunchPlan, log_path: Path, process: JobProcess, *, append: bool
+) -> subprocess.Popen:
     """Start ``plan`` in its own session (Windows: process group), stdin from nothing,
     stdout and stderr appended to the log. Raises ValueError saying why it did not start."""
     kwargs: Dict[str, Any] = {}
     if WINDOWS:  # pragma: no cover - Windows only
-        kwargs["creationflags"] = (subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
-                                   | subprocess.CREATE_NO_WINDOW  # type: ignore
-                                   | (subprocess.BELOW_NORMAL_PRIORITY_CLASS  # type: ignore
-                                      if process.nice > 0 else 0))
+        kwargs["creationflags"] = (
+            subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore
+            | subprocess.CREATE_NO_WINDOW  # type: ignore
+            | (
+                subprocess.BELOW_NORMAL_PRIORITY_CLASS  # type: ignore
+                if process.nice > 0
+                else 0
+            )
+        )
     else:
         kwargs["start_new_session"] = True
         if private.user_umask() is not None:
@@ -300,18 +367,26 @@ def spawn(plan: LaunchPlan, log_path: Path, process: JobProcess, *,
     with logpages.open_to_append(log_path) as out:
         if append:
             try:
-                out.write(f"\n--- resumed from checkpoint "
-                          f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+                out.write(
+                    f"\n--- resumed from checkpoint "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode()
+                )
                 out.flush()
             except OSError:
                 pass  # a full disk costs the log this line, not the job its relaunch
         try:
-            return subprocess.Popen(list(plan.argv), env=dict(plan.env), cwd=plan.cwd,
-                                    stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, close_fds=True, **kwargs)
+            return subprocess.Popen(
+                list(plan.argv),
+                env=dict(plan.env),
+                cwd=plan.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                **kwargs,
+            )
         except OSError as e:
-            raise Refused(f"cannot start {plan.argv[0]}: "
-                             f"{e.strerror or one_line(e)}") from None
+            raise Refused(f"cannot start {plan.argv[0]}: {e.strerror or one_line(e)}") from None
 
 
 def job_environ(folder: Path) -> Dict[str, str]:
@@ -330,8 +405,10 @@ def check_free_space(folder: Path) -> None:
     except OSError:
         return  # the folder's own trouble is reported by the writes
     if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
-        raise Refused(f"cannot start the job: no space left on device under {folder} "
-                         f"({configmod.format_bytes(st.f_bavail * st.f_frsize)} free)")
+        raise Refused(
+            f"cannot start the job: no space left on device under {folder} "
+            f"({configmod.format_bytes(st.f_bavail * st.f_frsize)} free)"
+        )
 
 
 def folders(folder: Path) -> Set[str]:

@@ -41,10 +41,17 @@ class JobTable:
     data)`` records and pushes an event; ``gpus()`` returns the engine's latest GPU readings;
     ``config()`` its current settings."""
 
-    def __init__(self, paths: Paths, store: Any, *, emit: Emit,
-                 gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
-                 config: Callable[[], Any] = lambda: configmod.Config(),
-                 runner_dir: Optional[Path] = None, wake: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        paths: Paths,
+        store: Any,
+        *,
+        emit: Emit,
+        gpus: Callable[[], Iterable[GpuReading]] = lambda: (),
+        config: Callable[[], Any] = lambda: configmod.Config(),
+        runner_dir: Optional[Path] = None,
+        wake: Callable[[], None] = lambda: None,
+    ):
         self.paths = paths
         self.store = store
         self._emit = emit
@@ -106,14 +113,20 @@ class JobTable:
         try:
             reset = messages.clean_record(data)
             if reset and adopting:
-                log.warning("job %s: its saved %s did not pass the checks; reset", one(job_id),
-                            ", ".join(reset))
+                log.warning(
+                    "job %s: its saved %s did not pass the checks; reset",
+                    one(job_id),
+                    ", ".join(reset),
+                )
             if data.get("state") not in vocab.ALL:
                 raise Refused(f"its state {one(data.get('state'))} is not a job state")
             return JobRecord.from_json(data)
         except Exception as e:  # any row at all: one that cannot be read must not stop the rest
-            log.warning("job %s: its saved record cannot be read (%s); left out", one(job_id),
-                        one_line(e, 200))
+            log.warning(
+                "job %s: its saved record cannot be read (%s); left out",
+                one(job_id),
+                one_line(e, 200),
+            )
             return None
 
     def _stored_list(self, include_finished: bool, limit: int) -> List[JobRecord]:
@@ -168,16 +181,21 @@ class JobTable:
             return
         job.change(answering=False, connected=False)
         self._save(job)
-        log.warning("job %s (%s) does not read what the engine sends; cut off: the guard "
-                    "acts on it by signals", job.id, one_line(job.rec.name, 80))
+        log.warning(
+            "job %s (%s) does not read what the engine sends; cut off: the guard "
+            "acts on it by signals",
+            job.id,
+            one_line(job.rec.name, 80),
+        )
 
     def _pause_deadline(self, deadline: Optional[float]) -> float:
         if deadline is not None:
             return max(0.0, float(deadline))
         return float(self._setting("guard.pause_deadline_seconds", 2.0))
 
-    def _set_paused(self, job: Job, by: str, reason: str, mode: str, events: List[Event],
-                    note: str = "") -> None:
+    def _set_paused(
+        self, job: Job, by: str, reason: str, mode: str, events: List[Event], note: str = ""
+    ) -> None:
         already = job.state == S.PAUSED
         job.move(S.PAUSED, pause_mode=mode, paused_by=by, pause_reason=reason or None)
         if job.rec.paused_at is None:
@@ -187,22 +205,29 @@ class JobTable:
         if not already or mode == SUSPENDED:
             how = "suspended" if mode == SUSPENDED else "paused at a batch end"
             why = f": {reason}" if reason else ""
-            events.append((E.JOB_PAUSED, "info" if by == BY_USER else "warn",
-                           f"job {job.id} ({job.rec.name}) {how} by {who(by)}{why}{note}",
-                           job.id, {"by": by, "reason": reason, "pause_mode": mode}))
+            events.append(
+                (
+                    E.JOB_PAUSED,
+                    "info" if by == BY_USER else "warn",
+                    f"job {job.id} ({job.rec.name}) {how} by {who(by)}{why}{note}",
+                    job.id,
+                    {"by": by, "reason": reason, "pause_mode": mode},
+                )
+            )
 
 
 def _match(ref: str, names: Dict[str, str]) -> Optional[str]:
     """The one id that ``ref`` is a prefix of (``PREFIX_MIN`` characters at least), else the one
     job named ``ref``; None when none is. LookupError when more than one match."""
-    for matcher in (lambda i, n: i.startswith(ref) and len(ref) >= PREFIX_MIN,
-                    lambda i, n: n == ref):
+    for matcher in (
+        lambda i, n: i.startswith(ref) and len(ref) >= PREFIX_MIN,
+        lambda i, n: n == ref,
+    ):
         hits = [i for i, n in names.items() if matcher(i, n)]
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:
-            raise Unknown(f"{ref} matches {len(hits)} jobs "
-                              f"({', '.join(hits[:5])}); use the id")
+            raise Unknown(f"{ref} matches {len(hits)} jobs ({', '.join(hits[:5])}); use the id")
     return None
 
 

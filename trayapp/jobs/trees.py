@@ -215,9 +215,12 @@ def sample(job: Job, gpus: Sequence[GpuReading]) -> None:
     if job.meter is None:
         job.meter = TreeMeter()
     counted = job.meter.sample(mem.tree_pids)
-    job.change(rss_bytes=counted if counted is not None else mem.tree_rss_bytes,
-               memory_method=job.meter.method, vram_bytes=mem.vram_bytes,
-               pids=tuple(mem.tree_pids))
+    job.change(
+        rss_bytes=counted if counted is not None else mem.tree_rss_bytes,
+        memory_method=job.meter.method,
+        vram_bytes=mem.vram_bytes,
+        pids=tuple(mem.tree_pids),
+    )
     for p in mem.tree_pids:
         if p not in job.known:
             try:
@@ -323,8 +326,10 @@ def same_process(pid: Any, create_time: Any) -> Optional[psutil.Process]:
         return None
     try:
         proc = psutil.Process(pid)
-        if isinstance(create_time, (int, float)) \
-                and abs(proc.create_time() - create_time) > SAME_PROCESS_TOLERANCE_S:
+        if (
+            isinstance(create_time, (int, float))
+            and abs(proc.create_time() - create_time) > SAME_PROCESS_TOLERANCE_S
+        ):
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None

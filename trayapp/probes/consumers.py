@@ -47,10 +47,10 @@ def _proc_stat(proc_root: str) -> Iterator[Tuple[int, str, object, int]]:
         except OSError:  # gone since the listing, or hidden from us
             continue
         open_at, close_at = raw.find(b"("), raw.rfind(b")")
-        rest = raw[close_at + 2:].split()
+        rest = raw[close_at + 2 :].split()
         if open_at < 0 or len(rest) <= _RSS_FIELD:
             continue
-        name = raw[open_at + 1:close_at].decode("utf-8", "replace")
+        name = raw[open_at + 1 : close_at].decode("utf-8", "replace")
         yield int(entry), name, rest[_START_FIELD], int(rest[_RSS_FIELD]) * _PAGE
 
 
@@ -58,12 +58,12 @@ def _psutil_rows() -> Iterator[Tuple[int, str, object, int]]:
     for proc in psutil.process_iter(["name", "memory_info", "create_time"]):
         mem = proc.info.get("memory_info")
         if mem is not None:
-            yield proc.pid, proc.info.get("name") or "", proc.info.get("create_time"), \
-                int(mem.rss)
+            yield proc.pid, proc.info.get("name") or "", proc.info.get("create_time"), int(mem.rss)
 
 
-def ram_by_name(skip: Collection[int] = (), limit: int = 4, min_bytes: int = 0,
-                proc_root: Optional[str] = None) -> List[Consumer]:
+def ram_by_name(
+    skip: Collection[int] = (), limit: int = 4, min_bytes: int = 0, proc_root: Optional[str] = None
+) -> List[Consumer]:
     """The ``limit`` names with the most RSS (largest first), leaving out the pids in
     ``skip`` (the guard's jobs, drawn on their own) and names under ``min_bytes``. Processes
     that vanish while being read are left out; never raises."""
@@ -84,5 +84,5 @@ def ram_by_name(skip: Collection[int] = (), limit: int = 4, min_bytes: int = 0,
     except (psutil.Error, OSError):
         pass  # the list changed under us: what was read so far
     namer.keep_only(seen)
-    top = sorted(sums.items(), key=lambda kv: -kv[1][0])[:max(0, limit)]
+    top = sorted(sums.items(), key=lambda kv: -kv[1][0])[: max(0, limit)]
     return [Consumer(name, rss, n) for name, (rss, n) in top if rss >= min_bytes]

@@ -123,8 +123,11 @@ class NvmlBackend:
                 # Listed but not answering (fallen off the bus, no permission): keep its place
                 # with what was known, and look again on the next read.
                 known = old.get(i)
-                devices.append(_Device(i, None, self._known_names.get(i, f"GPU {i}"),
-                                       known.uuid if known else None))
+                devices.append(
+                    _Device(
+                        i, None, self._known_names.get(i, f"GPU {i}"), known.uuid if known else None
+                    )
+                )
                 continue
             name = _text(nv.call("nvmlDeviceGetName", handle)) or self._known_names.get(i)
             self._known_names[i] = name or f"GPU {i}"
@@ -269,12 +272,15 @@ class _SimModel:
 
 
 _SIM_MODELS = (
-    _SimModel("Simulated RTX 4070 (demo)", 12282 * MiB, 262 * MiB, 0.74, 330.0, 0.0, 21.0, 200.0,
-              "8.9"),
-    _SimModel("Simulated RTX A4000 (demo)", 16376 * MiB, 302 * MiB, 0.58, 420.0, 140.0, 9.0,
-              140.0, "8.6"),
-    _SimModel("Simulated RTX 3060 (demo)", 12288 * MiB, 256 * MiB, 0.66, 380.0, 60.0, 12.0,
-              170.0, "8.6"),
+    _SimModel(
+        "Simulated RTX 4070 (demo)", 12282 * MiB, 262 * MiB, 0.74, 330.0, 0.0, 21.0, 200.0, "8.9"
+    ),
+    _SimModel(
+        "Simulated RTX A4000 (demo)", 16376 * MiB, 302 * MiB, 0.58, 420.0, 140.0, 9.0, 140.0, "8.6"
+    ),
+    _SimModel(
+        "Simulated RTX 3060 (demo)", 12288 * MiB, 256 * MiB, 0.66, 380.0, 60.0, 12.0, 170.0, "8.6"
+    ),
 )
 _SIM_GAP_S = 30.0  # between a job's end and its restart
 _SIM_DESKTOP = (("Xorg", 1, 412 * MiB), ("gnome-shell", 2, 188 * MiB))

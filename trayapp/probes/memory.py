@@ -52,7 +52,7 @@ def _field(data: bytes, key: bytes) -> Optional[int]:
             return None
         start = at + 1 + len(key)
     end = data.find(b"\n", start)
-    parts = data[start:end if end >= 0 else len(data)].split()
+    parts = data[start : end if end >= 0 else len(data)].split()
     if not parts:
         return None
     try:

@@ -82,9 +82,9 @@ def person_name(name: str, argv: Sequence[str]) -> str:
     while i < len(argv):
         arg = argv[i]
         if arg == "-m" and i + 1 < len(argv):
-            return _module(argv[i + 1], argv[i + 2:])
+            return _module(argv[i + 1], argv[i + 2 :])
         if arg.startswith("-m") and len(arg) > 2:
-            return _module(arg[2:], argv[i + 1:])
+            return _module(arg[2:], argv[i + 1 :])
         if arg == "-c" or arg.startswith("-c"):
             return "python -c"
         if arg == "--":
@@ -99,12 +99,12 @@ def person_name(name: str, argv: Sequence[str]) -> str:
     if script == "__main__.py":  # a package run by its folder's path: the package's name
         script = _basename(argv[i][: -len(script)]) or script
     if script.lower() in _HEADROOM:
-        return _headroom(argv[i + 1:])
+        return _headroom(argv[i + 1 :])
     if script == "ipykernel_launcher.py":
         return KERNEL
     if script == "bootstrap.py" and _basename(argv[i][: -len(script)]) == "runner":
         # A job Headroom runs: ``<python> <runner>/bootstrap.py <script> ...`` (or --kernel).
-        rest = argv[i + 1:]
+        rest = argv[i + 1 :]
         if "--kernel" in rest[:1]:
             return KERNEL
         if rest and rest[0] == "-m" and len(rest) > 1:

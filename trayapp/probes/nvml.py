@@ -29,8 +29,12 @@ NVML_ERROR_GPU_IS_LOST = 15
 NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
 
 # Errors that mean the device behind a handle is gone: the handles must be looked up again.
-_LOST = {NVML_ERROR_GPU_IS_LOST, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
-         NVML_ERROR_UNINITIALIZED}
+_LOST = {
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_UNINITIALIZED,
+}
 # Errors that only say "this GPU or driver does not offer that": worth a note, not a warning.
 _QUIET = {NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND}
 

@@ -171,8 +171,12 @@ class ProcessSampler:
         # pid -> (created, [(time, rss), ...] oldest first, within the look-back)
         self._seen: Dict[int, Tuple[float, List[Tuple[float, int]]]] = {}
 
-    def sample(self, limit: int, also: Optional[Callable[[str], bool]] = None,
-               window: float = DEFAULT_RATE_WINDOW_SECONDS) -> List[ProcessRow]:
+    def sample(
+        self,
+        limit: int,
+        also: Optional[Callable[[str], bool]] = None,
+        window: float = DEFAULT_RATE_WINDOW_SECONDS,
+    ) -> List[ProcessRow]:
         """The largest ``limit`` processes first (largest first), then those growing fastest
         and those ``also`` picks by name. Processes that vanish or refuse access while being
         listed are left out."""
@@ -185,8 +189,15 @@ class ProcessSampler:
                 continue
             created = float(info.get("create_time") or 0.0)
             rss = int(mem.rss)
-            rows.append(ProcessRow(proc.pid, info.get("name") or "", rss, created,
-                                   self._growth(proc.pid, created, now, rss, window)))
+            rows.append(
+                ProcessRow(
+                    proc.pid,
+                    info.get("name") or "",
+                    rss,
+                    created,
+                    self._growth(proc.pid, created, now, rss, window),
+                )
+            )
         self._remember(rows, now, window)
         n = max(0, limit)
         keep = {r.pid: r for r in heapq.nlargest(n, rows, key=lambda r: r.rss_bytes)}
@@ -199,8 +210,9 @@ class ProcessSampler:
                     keep[r.pid] = r
         return list(keep.values())
 
-    def _growth(self, pid: int, created: float, now: float, rss: int,
-                window: float) -> Optional[float]:
+    def _growth(
+        self, pid: int, created: float, now: float, rss: int, window: float
+    ) -> Optional[float]:
         """Bytes a second since the oldest sample of the process in the window (see above)."""
         seen = self._seen.get(pid)
         if seen is None or not same_start(seen[0], created):
@@ -338,7 +350,7 @@ def _origin(pid: int, proc_root: str) -> Optional[Tuple[int, float, bytes]]:
             stat = f.read()
         with open(f"{proc_root}/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         return int(fields[1]), int(fields[19]) / _TICKS, cmdline
     except (OSError, ValueError, IndexError):
         return None
@@ -387,8 +399,13 @@ class TreeMeter:
     (older kernels, Windows, macOS) the meter is the summed RSS (``method`` "rss").
     """
 
-    def __init__(self, proc_root: str = "/proc", *, exact: Optional[bool] = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        *,
+        exact: Optional[bool] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.proc_root = proc_root
         self._clock = clock
         self.exact_available = pss_available(proc_root) if exact is None else exact
@@ -423,8 +440,7 @@ class TreeMeter:
             if not self._pass_cost:
                 self._pass_started = now
         elif not self._queue and now >= self._next_pass:
-            self._queue = [p for p in pids if not rec[p].exact] + \
-                [p for p in pids if rec[p].exact]
+            self._queue = [p for p in pids if not rec[p].exact] + [p for p in pids if rec[p].exact]
             self._pass_started, self._pass_cost = now, 0.0
         if self._queue:
             self._measure(frozenset(pids))
@@ -456,8 +472,12 @@ class TreeMeter:
                     shared = rss - min(rss, parent.share)
                 else:
                     shared = seen.get(r.parent, parent.rss)  # all the parent has
-            elif parent is not None and parent.exact and parent.when > r.parent_when \
-                    and r.parent_when:
+            elif (
+                parent is not None
+                and parent.exact
+                and parent.when > r.parent_when
+                and r.parent_when
+            ):
                 # The parent was measured again since: more sharers of their pages lowered its
                 # share, and every sharer's alike (never raised here: that waits for a pass).
                 shared += max(0, r.parent_share - parent.share)
@@ -486,16 +506,23 @@ class TreeMeter:
             old = rec.get(pid)
             link = old.parent if old is not None else 0
             parent = rec.get(link) if link else None
-            then = (parent.share, parent.when) if parent is not None and parent.exact \
-                else (0, 0.0)
+            then = (parent.share, parent.when) if parent is not None and parent.exact else (0, 0.0)
             got = rollup_bytes(pid, self.proc_root)
             if got is None:
                 rss = rss_bytes(pid, self.proc_root)
                 rec[pid] = _Record(rss or 0, 0, True, when)  # unreadable: counted at its RSS
             else:
                 rss, pss, uss = got
-                rec[pid] = _Record(rss, max(0, rss - pss), True, when, link,
-                                   old.start if old is not None else 0.0, uss, *then)
+                rec[pid] = _Record(
+                    rss,
+                    max(0, rss - pss),
+                    True,
+                    when,
+                    link,
+                    old.start if old is not None else 0.0,
+                    uss,
+                    *then,
+                )
                 self.method = "pss"
             if self._clock() - start >= EXACT_SLICE_SECONDS:
                 break
@@ -503,7 +530,8 @@ class TreeMeter:
         if not self._queue:
             rec = {p: r for p, r in rec.items() if p in members}
             self.pass_seconds = self._pass_cost
-            self._next_pass = self._pass_started + max(EXACT_MIN_SECONDS,
-                                                       self._pass_cost / EXACT_SHARE)
+            self._next_pass = self._pass_started + max(
+                EXACT_MIN_SECONDS, self._pass_cost / EXACT_SHARE
+            )
             self._pass_cost = 0.0
         self._rec = rec

@@ -98,8 +98,13 @@ class GpuReading:
             except ValueError:
                 continue
         values["processes"] = tuple(procs)
-        base: Dict[str, Any] = {"name": "", "uuid": None, "memory_total_bytes": None,
-                                "memory_used_bytes": None, "memory_free_bytes": None}
+        base: Dict[str, Any] = {
+            "name": "",
+            "uuid": None,
+            "memory_total_bytes": None,
+            "memory_used_bytes": None,
+            "memory_free_bytes": None,
+        }
         return cls(**{**base, **values})
 
 
@@ -166,15 +171,32 @@ def gpu_readings(items: Any) -> Tuple[GpuReading, ...]:
 
 _NUMBER = (int, float)
 _PROCESS_TYPES: Mapping[str, Tuple[type, ...]] = {
-    "pid": (int,), "name": (str,), "used_memory_bytes": (int,), "kind": (str,)}
+    "pid": (int,),
+    "name": (str,),
+    "used_memory_bytes": (int,),
+    "kind": (str,),
+}
 _GPU_TYPES: Mapping[str, Tuple[type, ...]] = {
-    "index": (int,), "name": (str,), "uuid": (str,), "memory_total_bytes": (int,),
-    "memory_used_bytes": (int,), "memory_free_bytes": (int,), "memory_reserved_bytes": (int,),
-    "utilization_percent": _NUMBER, "temperature_c": _NUMBER, "power_watts": _NUMBER,
-    "display_active": (bool,), "compute_capability": (str,), "simulated": (bool,)}
+    "index": (int,),
+    "name": (str,),
+    "uuid": (str,),
+    "memory_total_bytes": (int,),
+    "memory_used_bytes": (int,),
+    "memory_free_bytes": (int,),
+    "memory_reserved_bytes": (int,),
+    "utilization_percent": _NUMBER,
+    "temperature_c": _NUMBER,
+    "power_watts": _NUMBER,
+    "display_active": (bool,),
+    "compute_capability": (str,),
+    "simulated": (bool,),
+}
 _STATUS_TYPES: Mapping[str, Tuple[type, ...]] = {
-    "backend": (str,), "message": (str,), "driver_version": (str,),
-    "cuda_driver_version": (str,)}
+    "backend": (str,),
+    "message": (str,),
+    "driver_version": (str,),
+    "cuda_driver_version": (str,),
+}
 
 
 def _read(cls: Any, data: Any, types: Mapping[str, Tuple[type, ...]]) -> Dict[str, Any]:
@@ -199,8 +221,11 @@ def _read(cls: Any, data: Any, types: Mapping[str, Tuple[type, ...]]) -> Dict[st
 
 
 def _check_types() -> None:  # pragma: no cover - caught by any import
-    for cls, types in ((GpuProcess, _PROCESS_TYPES), (GpuReading, _GPU_TYPES),
-                       (GpuStatus, _STATUS_TYPES)):
+    for cls, types in (
+        (GpuProcess, _PROCESS_TYPES),
+        (GpuReading, _GPU_TYPES),
+        (GpuStatus, _STATUS_TYPES),
+    ):
         if set(types) != {f.name for f in fields(cls)} - {"processes"}:
             raise ImportError(f"every field of {cls.__name__} needs a type to read it by")
 

@@ -13,8 +13,17 @@ import os
 import sys
 
 _PACKAGE = "_headroom_runner"
-_MODULES = ("protocol", "channel", "hooks", "tfoptions", "training", "priority", "joblog",
-            "fithook", "job")
+_MODULES = (
+    "protocol",
+    "channel",
+    "hooks",
+    "tfoptions",
+    "training",
+    "priority",
+    "joblog",
+    "fithook",
+    "job",
+)
 
 
 def _load(kernel=False):

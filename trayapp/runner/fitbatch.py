@@ -58,9 +58,12 @@ class _Saved:
         if not getattr(optimizer, "built", False):
             optimizer.build(model.trainable_variables)
         self.model = model
-        self.values = [(v, v.numpy()) for v in
-                       list(model.trainable_variables) + list(model.non_trainable_variables)
-                       + list(optimizer.variables)]
+        self.values = [
+            (v, v.numpy())
+            for v in list(model.trainable_variables)
+            + list(model.non_trainable_variables)
+            + list(optimizer.variables)
+        ]
 
     def restore(self):
         for variable, value in self.values:
@@ -106,8 +109,9 @@ def probe(run, shrinker, meter):
     except Exception as error:
         if not shrink.is_oom(error):
             raise
-        run.session.note("warn", f"--fit-batch: out of memory at a probe micro-batch "
-                                 f"({shrink.oom_text(error)})")
+        run.session.note(
+            "warn", f"--fit-batch: out of memory at a probe micro-batch ({shrink.oom_text(error)})"
+        )
         return []
     finally:
         saved.restore()
@@ -126,8 +130,7 @@ def probe(run, shrinker, meter):
 def _cut(shrinker, parts, size):
     """(x, y, sample_weight) cut to their first ``size`` samples."""
     tree = shrinker.keras.tree
-    return tuple(None if p is None else tree.map_structure(lambda a: a[:size], p)
-                 for p in parts)
+    return tuple(None if p is None else tree.map_structure(lambda a: a[:size], p) for p in parts)
 
 
 def _local_room():
@@ -152,8 +155,11 @@ def fit_batch(run, shrinker):
         session.note("warn", f"--fit-batch: {shrinker.refusal()}: trained at the full batch")
         return False
     if not getattr(run.model, "built", False):
-        session.note("warn", "--fit-batch: the model is not built before fit() (give it an Input "
-                             "layer): trained at the full batch")
+        session.note(
+            "warn",
+            "--fit-batch: the model is not built before fit() (give it an Input "
+            "layer): trained at the full batch",
+        )
         return False
     batch = shrinker.effective_batch()
     if _too_large_to_set_aside(run):
@@ -163,28 +169,41 @@ def fit_batch(run, shrinker):
     try:
         devices = probe(run, shrinker, forecast.Meter(tf, gpu_names))
     except Exception as error:
-        session.note("warn", f"--fit-batch: the probe failed ({_first_line(error)}): trained "
-                             "at the full batch")
+        session.note(
+            "warn",
+            f"--fit-batch: the probe failed ({_first_line(error)}): trained at the full batch",
+        )
         return False
     if not devices:
-        session.note("warn", "--fit-batch: no memory could be measured: trained at the full "
-                             "batch")
+        session.note("warn", "--fit-batch: no memory could be measured: trained at the full batch")
         return False
     accumulators = forecast.accumulator_bytes(run.model, gpu_names)
-    k = session.ask_fit(protocol.make(
-        protocol.FORECAST, fit=run.index, how=forecast.PROBE, batch=batch,
-        micro_batch=shrink.micro_batch(batch, shrinker.k), accumulation=shrinker.k,
-        devices=devices, accumulators=[{"device": d, "bytes": b}
-                                       for d, b in accumulators.items()]), ANSWER_SECONDS)
+    k = session.ask_fit(
+        protocol.make(
+            protocol.FORECAST,
+            fit=run.index,
+            how=forecast.PROBE,
+            batch=batch,
+            micro_batch=shrink.micro_batch(batch, shrinker.k),
+            accumulation=shrinker.k,
+            devices=devices,
+            accumulators=[{"device": d, "bytes": b} for d, b in accumulators.items()],
+        ),
+        ANSWER_SECONDS,
+    )
     how = ""
     allowed = {acc for _, acc in forecast.candidates(batch, shrinker.floor)}
     if k is not None and k and k not in allowed:
-        session.note("warn", f"--fit-batch: the engine's answer ({k} micro-batches an update) "
-                             f"does not split batch {batch}: trained at the full batch")
+        session.note(
+            "warn",
+            f"--fit-batch: the engine's answer ({k} micro-batches an update) "
+            f"does not split batch {batch}: trained at the full batch",
+        )
         return False
     if k is None:
-        chosen = forecast.choose(devices, batch, shrinker.floor, _local_room(), accumulators,
-                                 shrinker.k)
+        chosen = forecast.choose(
+            devices, batch, shrinker.floor, _local_room(), accumulators, shrinker.k
+        )
         k = chosen[1] if chosen else None
         how = " (by the host's available memory: no engine answered)"
     return _train_at(run, shrinker, batch, k, how)
@@ -196,25 +215,32 @@ def _too_large_to_set_aside(run):
     memory (it would be the one to run the machine short)."""
     model = run.model
     optimizer = model.optimizer
-    size = forecast.variables_bytes(list(model.variables) + list(
-        getattr(optimizer, "variables", None) or ()))
+    size = forecast.variables_bytes(
+        list(model.variables) + list(getattr(optimizer, "variables", None) or ())
+    )
     if not getattr(optimizer, "built", False):
         size += 2 * forecast.variables_bytes(model.trainable_variables)  # slots to come
     room = _local_room().get(forecast.RAM)
     if room is None or size <= room // 4:
         return False
-    run.session.note("warn", f"--fit-batch: the model's state ({size >> 20} MiB) is too large "
-                             f"to set aside for the probe ({room >> 20} MiB available): "
-                             "trained at the full batch")
+    run.session.note(
+        "warn",
+        f"--fit-batch: the model's state ({size >> 20} MiB) is too large "
+        f"to set aside for the probe ({room >> 20} MiB available): "
+        "trained at the full batch",
+    )
     return True
 
 
 def _train_at(run, shrinker, batch, k, how):
     session = run.session
     if not k:
-        session.note("warn", f"--fit-batch: batch {batch} is forecast not to fit even at "
-                             f"micro-batches of {shrinker.floor}{how}: trained as asked, "
-                             "shrinking on an out-of-memory error")
+        session.note(
+            "warn",
+            f"--fit-batch: batch {batch} is forecast not to fit even at "
+            f"micro-batches of {shrinker.floor}{how}: trained as asked, "
+            "shrinking on an out-of-memory error",
+        )
         return False
     if k <= shrinker.k:
         session.note("info", f"--fit-batch: batch {batch} is forecast to fit{how}")
@@ -222,7 +248,10 @@ def _train_at(run, shrinker, batch, k, how):
     micro = shrinker.apply(k)
     run.accumulation = k
     run.batch = (batch, micro)
-    session.note("warn", f"--fit-batch: training micro-batches of {micro} x {k} (batch {batch}, "
-                         f"the same training): the full batch is forecast not to fit{how}",
-                 topic=protocol.TOPIC_SHRUNK)
+    session.note(
+        "warn",
+        f"--fit-batch: training micro-batches of {micro} x {k} (batch {batch}, "
+        f"the same training): the full batch is forecast not to fit{how}",
+        topic=protocol.TOPIC_SHRUNK,
+    )
     return True

@@ -15,8 +15,12 @@ from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
 def _callback_classes(callbacks_module, keras3):
     """(the progress callback, the first callback, the restoring callback or None)."""
     headroom_cls, first_cls = _progress_classes(callbacks_module.Callback)
-    return (headroom_cls, first_cls, _restore_class(callbacks_module, keras3),
-            progbar.bar_class(callbacks_module) if keras3 else None)
+    return (
+        headroom_cls,
+        first_cls,
+        _restore_class(callbacks_module, keras3),
+        progbar.bar_class(callbacks_module) if keras3 else None,
+    )
 
 
 def _progress_classes(base):
@@ -179,8 +183,15 @@ def install(keras, session):
 def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
     """The run of one hooked fit() and what shrinks it, set up as training is about to start:
     its checkpoint folder, a micro-batch it resumes at, --fit-batch's choice."""
-    run = FitRun(session, model, session.next_fit_index(), epochs, keras3, tf_backend,
-                 bound.arguments.get("initial_epoch", 0))
+    run = FitRun(
+        session,
+        model,
+        session.next_fit_index(),
+        epochs,
+        keras3,
+        tf_backend,
+        bound.arguments.get("initial_epoch", 0),
+    )
     folder = getattr(session, "fit_folder", None)
     if folder is not None:  # a kernel: a fit's checkpoint is found by what the fit is
         run.dir = folder(model, bound.arguments)
@@ -194,8 +205,11 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
         if _resuming(run):
             # Accumulators added now would not be in the checkpoint's optimizer state, and
             # Keras would restore none of it.
-            session.note("info", "--fit-batch: resumed from a checkpoint: trained at the "
-                                 "micro-batch it was saved with")
+            session.note(
+                "info",
+                "--fit-batch: resumed from a checkpoint: trained at the "
+                "micro-batch it was saved with",
+            )
         else:
             fitbatch.fit_batch(run, shrinker)
     _say_batch(run, shrinker)
@@ -290,14 +304,19 @@ def _resume_shrunk(run, shrinker):
         return
     refusal = shrinker.refusal()
     if refusal is not None:
-        run.session.note("warn", f"asked to train micro-batches ({k} to an update), but "
-                                 f"{refusal}: trained at the full batch")
+        run.session.note(
+            "warn",
+            f"asked to train micro-batches ({k} to an update), but "
+            f"{refusal}: trained at the full batch",
+        )
         _full_batch(shrinker)
         return
     batch = shrinker.effective_batch()
     if batch % k:
-        run.session.note("warn", f"batch {batch} does not split into {k} micro-batches: "
-                                 "trained at the full batch")
+        run.session.note(
+            "warn",
+            f"batch {batch} does not split into {k} micro-batches: trained at the full batch",
+        )
         _full_batch(shrinker)
         return
     if k != saved and _resuming(run):
@@ -306,8 +325,9 @@ def _resume_shrunk(run, shrinker):
     run.accumulation = k
     run.batch = (batch, micro)
     how = "resumed" if options["resume"] else "started"
-    run.session.note("info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the "
-                             "same training)")
+    run.session.note(
+        "info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the same training)"
+    )
 
 
 def _full_batch(shrinker):
@@ -336,20 +356,27 @@ def _convert_checkpoint(run, shrinker, saved, k):
         shrink.to_update_boundary(model.optimizer)
         shrinker.switch(k)
     except Exception as e:
-        raise RuntimeError(f"cannot restore the checkpoint in {run.dir}: {_first_line(e)}") \
-            from e
+        raise RuntimeError(f"cannot restore the checkpoint in {run.dir}: {_first_line(e)}") from e
     run.accumulation = k
     updates = _int(extra.get("batches_done"), 0) // max(1, saved)
     run.epochs_done = _saved_history(metadata)
     whole = updates * max(1, saved) == _int(extra.get("batches_done"), 0)  # no update half done
     kept = extra.get("metrics") if whole else None
-    run.save(_int(metadata.get("epoch"), 0), updates * k, "relaunch",
-             finished=bool(extra.get("finished")), metrics=kept if isinstance(kept, dict) else {})
+    run.save(
+        _int(metadata.get("epoch"), 0),
+        updates * k,
+        "relaunch",
+        finished=bool(extra.get("finished")),
+        metrics=kept if isinstance(kept, dict) else {},
+    )
 
 
 def _resuming(run):
-    return bool(run.dir and run.session.options["resume"]
-                and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)))
+    return bool(
+        run.dir
+        and run.session.options["resume"]
+        and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE))
+    )
 
 
 def _say_batch(run, shrinker):
@@ -387,11 +414,14 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
                 _below_floor(run, shrinker, what, plain, trusted)
                 raise
             if fresh is not None:
-                cannot = "Keras 2 trains a smaller batch in place only" if plain \
-                    else relaunch.possible()
+                cannot = (
+                    "Keras 2 trains a smaller batch in place only" if plain else relaunch.possible()
+                )
                 if cannot is not None:
-                    session.note("error", f"out of memory in fit() ({what}); not shrunk: "
-                                          f"{fresh}, and {cannot}")
+                    session.note(
+                        "error",
+                        f"out of memory in fit() ({what}); not shrunk: {fresh}, and {cannot}",
+                    )
                     raise
             failed = error.with_traceback(None)  # raised again if the relaunch cannot be
         # Out of the except block, the failed step's frames (and their tensors) are gone.
@@ -410,10 +440,13 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
         run.batch = (shrinker.effective_batch(), micro)
         set_callbacks(False)  # the weights in memory are newer than any checkpoint
         bound.arguments["initial_epoch"] = epoch
-        session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
-                             f"training micro-batches of {micro} x {k} "
-                             f"(batch {shrinker.effective_batch()}, the same training)",
-                     topic=protocol.TOPIC_SHRUNK)
+        session.note(
+            "warn",
+            f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+            f"training micro-batches of {micro} x {k} "
+            f"(batch {shrinker.effective_batch()}, the same training)",
+            topic=protocol.TOPIC_SHRUNK,
+        )
 
 
 def _smaller_batch(run, shrinker, bound, set_callbacks, batch, epoch, done, what):
@@ -424,10 +457,14 @@ def _smaller_batch(run, shrinker, bound, set_callbacks, batch, epoch, done, what
     run.batch = None
     set_callbacks(False)  # the weights in memory are newer than any checkpoint
     bound.arguments["initial_epoch"] = epoch
-    run.session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
-                             f"training batches of {batch} instead of {old}; Keras 2 has no "
-                             "gradient accumulation, so this changes the training "
-                             "(--on-oom smaller-batch)", topic=protocol.TOPIC_SHRUNK)
+    run.session.note(
+        "warn",
+        f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+        f"training batches of {batch} instead of {old}; Keras 2 has no "
+        "gradient accumulation, so this changes the training "
+        "(--on-oom smaller-batch)",
+        topic=protocol.TOPIC_SHRUNK,
+    )
 
 
 def _fresh_process(site, trusted):
@@ -435,13 +472,19 @@ def _fresh_process(site, trusted):
     (``shrink.OomSite``), or None (a GPU's memory, or an error raised by Python code)."""
     if not trusted:
         if site.in_update:
-            return "the failed step may have changed the optimizer's state (the error was " \
-                   "in its update)"
-        return "the failed step may have updated some layers (their gradients were applied " \
-               "as they came)"
+            return (
+                "the failed step may have changed the optimizer's state (the error was "
+                "in its update)"
+            )
+        return (
+            "the failed step may have updated some layers (their gradients were applied "
+            "as they came)"
+        )
     if site.device == shrink.HOST:
-        return "an allocation failed on the host, where TensorFlow may not survive another " \
-               "in this process"
+        return (
+            "an allocation failed on the host, where TensorFlow may not survive another "
+            "in this process"
+        )
     return None
 
 
@@ -465,20 +508,30 @@ def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
             folder = None
     if folder is not None and run.dir is None:
         run.dir = os.path.join(folder, f"fit-{run.index}")
-    saved = trusted and not untrained and run.dir is not None and \
-        run.save(epoch, done * shrinker.k, "oom", metrics=run.kept_metrics() or {})
+    saved = (
+        trusted
+        and not untrained
+        and run.dir is not None
+        and run.save(epoch, done * shrinker.k, "oom", metrics=run.kept_metrics() or {})
+    )
     if saved:
         where = f"where it stood (epoch {epoch + 1}, batch {done + 1})"
     elif run.dir and os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):
         where = "its last checkpoint"
     else:
         where = "its start"
-    options.update(resume=True, checkpoint_dir=folder,
-                   relaunch={"fit": run.index, "accumulation": k, "temporary": temporary})
-    session.note("warn", f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
-                         f"{why}: relaunched in a fresh process from {where}, training "
-                         f"micro-batches of {micro} x {k} (batch {batch}, the same training)",
-                 topic=protocol.TOPIC_SHRUNK)
+    options.update(
+        resume=True,
+        checkpoint_dir=folder,
+        relaunch={"fit": run.index, "accumulation": k, "temporary": temporary},
+    )
+    session.note(
+        "warn",
+        f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
+        f"{why}: relaunched in a fresh process from {where}, training "
+        f"micro-batches of {micro} x {k} (batch {batch}, the same training)",
+        topic=protocol.TOPIC_SHRUNK,
+    )
     failure = relaunch.relaunch(session, options)
     session.note("error", f"the relaunch failed: {failure}")
 
@@ -486,20 +539,27 @@ def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
 def _below_floor(run, shrinker, what, plain=False, trusted=True):
     """No smaller micro-batch: with a checkpoint folder, save where training is and park (when
     the weights cannot be trusted, the last checkpoint stays as it is)."""
-    floor = f"micro-batch {shrink.micro_batch(shrinker.effective_batch(), shrinker.k)}, " \
-            f"--min-batch {shrinker.floor}"
+    floor = (
+        f"micro-batch {shrink.micro_batch(shrinker.effective_batch(), shrinker.k)}, "
+        f"--min-batch {shrinker.floor}"
+    )
     session = run.session
     if plain:
-        floor = f"batch {shrinker.plain_batch or shrinker.effective_batch()}, --min-batch " \
-                f"{shrinker.floor}"
+        floor = (
+            f"batch {shrinker.plain_batch or shrinker.effective_batch()}, --min-batch "
+            f"{shrinker.floor}"
+        )
     if not run.dir or plain:
         session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
         return
     if not trusted:
         if os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):
-            session.note("error", f"out of memory in fit() at the smallest batch ({floor}), "
-                                  "in a step that may have changed the weights: parked with "
-                                  "its last checkpoint: resume it when memory is free")
+            session.note(
+                "error",
+                f"out of memory in fit() at the smallest batch ({floor}), "
+                "in a step that may have changed the weights: parked with "
+                "its last checkpoint: resume it when memory is free",
+            )
             session.control.parked = True
             session.exit_parked()
         session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
@@ -507,7 +567,10 @@ def _below_floor(run, shrinker, what, plain=False, trusted=True):
     epoch, done = run.updates_done()
     run.accumulation = shrinker.k
     if run.save(epoch, done * shrinker.k, "oom"):
-        session.note("error", f"out of memory in fit() at the smallest batch ({floor}); "
-                              "parked with a checkpoint: resume it when memory is free")
+        session.note(
+            "error",
+            f"out of memory in fit() at the smallest batch ({floor}); "
+            "parked with a checkpoint: resume it when memory is free",
+        )
         session.control.parked = True
         session.exit_parked()

@@ -143,8 +143,13 @@ def line(points):
 
 def device(name, fixed, per_sample, peak, measured_batch):
     """One device's forecast as the runner sends it."""
-    return {"device": name, "fixed_bytes": int(fixed), "per_sample_bytes": int(per_sample),
-            "peak_bytes": int(peak), "measured_batch": int(measured_batch)}
+    return {
+        "device": name,
+        "fixed_bytes": int(fixed),
+        "per_sample_bytes": int(per_sample),
+        "peak_bytes": int(peak),
+        "measured_batch": int(measured_batch),
+    }
 
 
 def need(entry, micro, k, accumulators=0):
@@ -215,8 +220,11 @@ class StepMeter:
         self.base = meter.read() if meter is not None else {}
         self.start = None  # steps trained when the peaks were reset
         # ``steps``: the micro-steps of an epoch, when known
-        self.measured = MEASURED_STEPS if not steps else \
-            max(FEWEST_MEASURED, min(MEASURED_STEPS, int(steps) - 1))
+        self.measured = (
+            MEASURED_STEPS
+            if not steps
+            else max(FEWEST_MEASURED, min(MEASURED_STEPS, int(steps) - 1))
+        )
 
     def step(self, trained):
         """None until the measured steps are done; then the list of devices (once)."""

@@ -161,8 +161,12 @@ class Session:
                 self.control.fit_answered(k)
             return
         smaller = message.get("accumulation")
-        if kind == protocol.PARK and isinstance(smaller, int) and not isinstance(smaller, bool) \
-                and 1 < smaller <= 1024:
+        if (
+            kind == protocol.PARK
+            and isinstance(smaller, int)
+            and not isinstance(smaller, bool)
+            and 1 < smaller <= 1024
+        ):
             self.control.park_accumulation = smaller  # relaunched at once, smaller
         reply = self.control.request(kind)
         if kind == protocol.STOP and self.active_run is None:
@@ -427,8 +431,11 @@ def main(argv, bootstrap_file=None):
         sys.exit(2)
     script, args = argv[0], argv[1:]
     # What a relaunch in a fresh process starts from (the key file's variable still set).
-    relaunch.remember([sys.executable, bootstrap_file or sys.argv[0], script] + list(args),
-                      os.environ, os.getcwd())
+    relaunch.remember(
+        [sys.executable, bootstrap_file or sys.argv[0], script] + list(args),
+        os.environ,
+        os.getcwd(),
+    )
     # First, before any thread starts (threads and children take these from their creator):
     # the job's place below the desktop, and output that a full disk cannot turn into a crash.
     process = process_settings(os.environ.get(protocol.ENV_PROCESS))

@@ -223,9 +223,7 @@ class _Output:
         if not self.warned:
             self.warned = True
             where = f" (its log {self.log_path})" if self.log_path else ""
-            message = (
-                f"the job's output is being dropped: {self.problem}{where}; the job goes on"
-            )
+            message = f"the job's output is being dropped: {self.problem}{where}; the job goes on"
             if self._on_drop is None:
                 self.warning = message
             else:

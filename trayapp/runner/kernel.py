@@ -42,8 +42,15 @@ INTERRUPTED = (
 )
 CONTINUED = "Headroom: this fit() goes on from its checkpoint at epoch {epoch} ({folder})"
 _AUTO_MODEL_NAME = re.compile(r"^(sequential|functional|model)(_\d+)?$")
-_FIT_ARGS = ("epochs", "batch_size", "steps_per_epoch", "validation_split", "validation_steps",
-             "initial_epoch", "shuffle")
+_FIT_ARGS = (
+    "epochs",
+    "batch_size",
+    "steps_per_epoch",
+    "validation_split",
+    "validation_steps",
+    "initial_epoch",
+    "shuffle",
+)
 
 
 # -- the kernel's name and spec -------------------------------------------------------------------
@@ -61,7 +68,7 @@ def kernel_name(environ, connection_file, now=None):
     shown = spec.get("display_name") or spec.get("name")
     shown = shown.strip() if isinstance(shown, str) else ""
     at = time.strftime("%H:%M", time.localtime(now))
-    return f"{shown[:MAX_NAME - 6] or 'kernel'} {at}"
+    return f"{shown[: MAX_NAME - 6] or 'kernel'} {at}"
 
 
 def read_kernel(text):
@@ -102,9 +109,14 @@ def _data_shape(value, depth=0):
         return None
     shape = getattr(value, "shape", None)
     if shape is not None:
-        return [type(value).__name__, [d if isinstance(d, int) else None for d in
-                                       (tuple(shape) if shape is not None else ())],
-                str(getattr(value, "dtype", ""))]
+        return [
+            type(value).__name__,
+            [
+                d if isinstance(d, int) else None
+                for d in (tuple(shape) if shape is not None else ())
+            ],
+            str(getattr(value, "dtype", "")),
+        ]
     if isinstance(value, dict):
         return {str(k): _data_shape(v, depth + 1) for k, v in sorted(value.items())}
     if isinstance(value, (list, tuple)):
@@ -119,8 +131,10 @@ def fit_fingerprint(model, arguments):
     own name when the user gave one, its optimizer, and the fit's arguments and data shapes.
     The same cell run again, or after a restart, gives the same hash."""
     name = str(getattr(model, "name", "") or "")
-    layers = [[type(layer).__name__, _config(layer)]
-              for layer in list(getattr(model, "layers", None) or [])]
+    layers = [
+        [type(layer).__name__, _config(layer)]
+        for layer in list(getattr(model, "layers", None) or [])
+    ]
     optimizer = getattr(model, "optimizer", None)
     what = {
         "model": [type(model).__name__, "" if _AUTO_MODEL_NAME.match(name) else name, layers],
@@ -204,8 +218,9 @@ class KernelSession(job.Session):
         self.control = Control(self.send_state)  # the next fit() starts clean
         self.interrupts += 1
         self.send_state(IDLE)
-        saved = f" (checkpoint in {run_dir})" if run_dir else \
-            " (no checkpoint folder: nothing saved)"
+        saved = (
+            f" (checkpoint in {run_dir})" if run_dir else " (no checkpoint folder: nothing saved)"
+        )
         where = "its checkpoint" if run_dir else "the weights the model holds now"
         raise KeyboardInterrupt(INTERRUPTED.format(saved=saved, where=where))
 
@@ -237,8 +252,14 @@ def parse_adopted(result):
         return None
     job_id, key = _hex(result.get("job"), 32), _hex(result.get("key"), 512)
     address = result.get("address")
-    if not job_id or not key or len(key) % 2 or not isinstance(address, str) or \
-            not 0 < len(address) <= 400 or not address.isprintable():
+    if (
+        not job_id
+        or not key
+        or len(key) % 2
+        or not isinstance(address, str)
+        or not 0 < len(address) <= 400
+        or not address.isprintable()
+    ):
         return None
     return job_id, address, bytes.fromhex(key)
 
@@ -305,8 +326,9 @@ def ask_engine(args, environ=None, timeout=REQUEST_TIMEOUT_SECONDS):
             hold[0].close()
     if not isinstance(answer, dict) or answer.get("ok") is not True:
         if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-            sys.stderr.write(f"headroom: the engine did not take this kernel: "
-                             f"{answer['error'][:300]}\n")
+            sys.stderr.write(
+                f"headroom: the engine did not take this kernel: {answer['error'][:300]}\n"
+            )
         return None
     return answer.get("result")
 
@@ -360,8 +382,10 @@ class Adopter:
             return self.try_once()
         except Exception as e:
             self.refused += 1
-            sys.stderr.write(f"headroom: registering with the engine failed ({type(e).__name__}: "
-                             f"{str(e)[:200]}); trying again\n")
+            sys.stderr.write(
+                f"headroom: registering with the engine failed ({type(e).__name__}: "
+                f"{str(e)[:200]}); trying again\n"
+            )
             return False
 
     def try_once(self):
@@ -435,9 +459,12 @@ def _start(argv, environ):
 
 def adopt_args(session, environ, connection):
     """The ``kernel_adopt`` request's arguments for this process."""
-    return {"pid": os.getpid(), "name": session.name,
-            "kernel": read_kernel(environ.get(ENV_KERNEL)),
-            "connection_file": os.path.abspath(connection)[:1000] if connection else None}
+    return {
+        "pid": os.getpid(),
+        "name": session.name,
+        "kernel": read_kernel(environ.get(ENV_KERNEL)),
+        "connection_file": os.path.abspath(connection)[:1000] if connection else None,
+    }
 
 
 def main(argv, bootstrap_file=None):
@@ -447,10 +474,14 @@ def main(argv, bootstrap_file=None):
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=session.forked)
     adopter = Adopter(session, adopt_args(session, environ, connection))
-    hooks.ImportWatcher({"tensorflow": session.on_tensorflow, "keras": session.on_keras,
-                         "tf_keras": session.on_keras,
-                         "ipykernel.kernelapp": lambda m: when_kernel_up(m, adopter.kernel_up),
-                         }).install()
+    hooks.ImportWatcher(
+        {
+            "tensorflow": session.on_tensorflow,
+            "keras": session.on_keras,
+            "tf_keras": session.on_keras,
+            "ipykernel.kernelapp": lambda m: when_kernel_up(m, adopter.kernel_up),
+        }
+    ).install()
     adopter.start()
     sys.argv = ["ipykernel_launcher"] + list(argv)
     if not getattr(sys.flags, "safe_path", False):
@@ -460,8 +491,10 @@ def main(argv, bootstrap_file=None):
     except ImportError as e:
         if getattr(e, "name", None) not in ("ipykernel_launcher", "ipykernel"):
             raise
-        sys.stderr.write(f"headroom: ipykernel is not installed for {sys.executable}; install "
-                         f"it there with: {sys.executable} -m pip install ipykernel\n")
+        sys.stderr.write(
+            f"headroom: ipykernel is not installed for {sys.executable}; install "
+            f"it there with: {sys.executable} -m pip install ipykernel\n"
+        )
         session.finish(1)
         sys.exit(1)
     except SystemExit as e:
@@ -473,4 +506,3 @@ def main(argv, bootstrap_file=None):
     finally:
         adopter.stop()
     session.finish(0)
-

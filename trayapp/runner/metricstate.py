@@ -36,8 +36,12 @@ def build(model, shrinker):
     (the TensorFlow backend otherwise makes them as the first step is traced), so that a state
     can be put in them (or copied) as the epoch begins."""
     metrics = getattr(model, "_compile_metrics", None)
-    if metrics is None or getattr(metrics, "built", True) or shrinker is None or \
-            not hasattr(model, "_symbolic_build"):
+    if (
+        metrics is None
+        or getattr(metrics, "built", True)
+        or shrinker is None
+        or not hasattr(model, "_symbolic_build")
+    ):
         return
     try:
         batch = shrinker.one_batch()
@@ -85,9 +89,15 @@ class Keeper:
             pairs = []
             for metric in model.metrics:
                 variables = list(metric.variables)
-                pairs.append((metric.name, [(v, tf.Variable(tf.zeros_like(v.value),
-                                                            trainable=False))
-                                            for v in variables]))
+                pairs.append(
+                    (
+                        metric.name,
+                        [
+                            (v, tf.Variable(tf.zeros_like(v.value), trainable=False))
+                            for v in variables
+                        ],
+                    )
+                )
         except Exception:  # a metric without variables of its own, or not built yet
             return False
         compiled = getattr(model, "_compile_metrics", None)
@@ -125,8 +135,11 @@ class Keeper:
     def current(self):
         """Installed, its step still the model's, and copying the metrics the model has now
         (a fit() after another reuses it: no trace again; after a compile it is made anew)."""
-        if self._train_step is None or self.pairs is None or \
-                vars(self.model).get("train_step") is not self._train_step[2]:
+        if (
+            self._train_step is None
+            or self.pairs is None
+            or vars(self.model).get("train_step") is not self._train_step[2]
+        ):
             return False
         try:
             now = [id(v) for metric in self.model.metrics for v in metric.variables]
@@ -139,8 +152,11 @@ class Keeper:
         if self.pairs is None:
             return {}
         try:
-            return {name: [copy.numpy().tolist() for _v, copy in pairs]
-                    for name, pairs in self.pairs if pairs}
+            return {
+                name: [copy.numpy().tolist() for _v, copy in pairs]
+                for name, pairs in self.pairs
+                if pairs
+            }
         except Exception:
             return {}
 

@@ -38,9 +38,7 @@ def apply(nice=None, oom_score_adj=None):
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(int(oom_score_adj)))
         except OSError as e:
-            problems.append(
-                f"the job's oom_score_adj is not {oom_score_adj} ({e.strerror or e})"
-            )
+            problems.append(f"the job's oom_score_adj is not {oom_score_adj} ({e.strerror or e})")
     return problems
 
 
@@ -67,12 +65,15 @@ def apply_limits(limits):
                 resource.setrlimit(which, (want_soft, want_hard))
             except (ValueError, OSError):
                 # A hard limit above this one's: keep the hard, the soft as near as it goes.
-                soft = want_soft if hard == inf or (want_soft != inf and want_soft <= hard) \
-                    else hard
+                soft = (
+                    want_soft if hard == inf or (want_soft != inf and want_soft <= hard) else hard
+                )
                 resource.setrlimit(which, (soft, hard))
-                problems.append(f"the job's hard limit {name} stays at the engine's "
-                                f"({'unlimited' if hard == inf else hard}), not "
-                                f"{'unlimited' if want_hard == inf else want_hard}")
+                problems.append(
+                    f"the job's hard limit {name} stays at the engine's "
+                    f"({'unlimited' if hard == inf else hard}), not "
+                    f"{'unlimited' if want_hard == inf else want_hard}"
+                )
         except (ValueError, OSError) as e:
             problems.append(f"the job's limit {name} could not be set ({e})")
     return problems

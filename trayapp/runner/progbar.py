@@ -38,8 +38,7 @@ def bar_class(callbacks_module):
 
         def on_epoch_end(self, epoch, logs=None):
             where = self._run.stopped_at
-            if where is None or where[0] != epoch or where[1] >= where[2] \
-                    or self.progbar is None:
+            if where is None or where[0] != epoch or where[1] >= where[2] or self.progbar is None:
                 super().on_epoch_end(epoch, logs)
                 return
             # Ended inside the epoch: the bar stays at the batches done (what a resume
@@ -54,8 +53,9 @@ def wanted(bound, user):
     verbose = bound.arguments.get("verbose", "auto")
     if verbose == 0 or verbose is False:
         return False
-    return not any(type(c).__name__ == "ProgbarLogger" or hasattr(c, "_finalize_progbar")
-                   for c in user or ())
+    return not any(
+        type(c).__name__ == "ProgbarLogger" or hasattr(c, "_finalize_progbar") for c in user or ()
+    )
 
 
 def stop_line(how, where, epochs):

@@ -69,8 +69,7 @@ def update_schedule(keras, schedule, k):
             return self.inner(ops.floor_divide(step, self.steps))
 
         def get_config(self):
-            return {"inner": keras.saving.serialize_keras_object(self.inner),
-                    "steps": self.steps}
+            return {"inner": keras.saving.serialize_keras_object(self.inner), "steps": self.steps}
 
     return UpdateSchedule(schedule, k)
 
@@ -93,7 +92,8 @@ def set_accumulation(keras, optimizer, k):
     if not can_accumulate(optimizer):
         raise NoAccumulation(
             "this Keras has no gradient accumulation (Keras 2): a smaller batch would change "
-            "the training")
+            "the training"
+        )
     old = accumulation(optimizer)
     optimizer._headroom_accumulation = k  # set by the runner, not by the script
     if k == old:
@@ -258,8 +258,10 @@ def oom_text(error):
 
 HOST = "host"
 GPU = "gpu"
-_NODE = (re.compile(r"\{\{node ([^}\s]+)\}\}"),
-         re.compile(r"Detected at node '?([^'\s]+)'? defined"))
+_NODE = (
+    re.compile(r"\{\{node ([^}\s]+)\}\}"),
+    re.compile(r"Detected at node '?([^'\s]+)'? defined"),
+)
 _GPU = re.compile(r"device:GPU:\d+|by allocator GPU_|by allocator gpu")
 _HOST = re.compile(r"device:CPU:\d+|by allocator (cpu|mklcpu|cuda_host_bfc|gpu_host_bfc)")
 _EXACT_SCOPE = "headroom_exact"
@@ -279,8 +281,10 @@ class OomSite:
         self.backward = backward
 
     def __repr__(self):
-        return (f"OomSite({self.device!r}, {self.node!r}, in_update={self.in_update}, "
-                f"backward={self.backward})")
+        return (
+            f"OomSite({self.device!r}, {self.node!r}, in_update={self.in_update}, "
+            f"backward={self.backward})"
+        )
 
 
 def oom_site(error, optimizer=None):
@@ -359,8 +363,11 @@ def _scaled(tf, gradient, factor):
     if gradient is None:
         return None
     if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
-                                gradient.indices, gradient.dense_shape)
+        return tf.IndexedSlices(
+            gradient.values * tf.cast(factor, gradient.values.dtype),
+            gradient.indices,
+            gradient.dense_shape,
+        )
     return gradient * tf.cast(factor, gradient.dtype)
 
 
@@ -490,8 +497,10 @@ class ExactSteps:
             def closing():
                 # Keras updates with (g + accumulated) / k: this g makes it the mean over the
                 # micro-batches the update has, each weighted by its share.
-                return [g * tf.cast(share * rescale, g.dtype)
-                        + acc * tf.cast(rescale - 1.0, g.dtype) for g, acc in zip(dense, sums)]
+                return [
+                    g * tf.cast(share * rescale, g.dtype) + acc * tf.cast(rescale - 1.0, g.dtype)
+                    for g, acc in zip(dense, sums)
+                ]
 
             weighted = tf.cond(short, closing, whole)
 
@@ -544,8 +553,10 @@ class ExactSteps:
         k = accumulation(optimizer)
         with tf.name_scope(_EXACT_SCOPE):
             variables = list(optimizer._trainable_variables)
-            sums = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
-                    for v in variables]
+            sums = [
+                optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
+                for v in variables
+            ]
             # (g + accumulated) / k with this g: the mean over the waiting micro-batches.
             grads = [acc * tf.cast(float(k) / waiting - 1.0, acc.dtype) for acc in sums]
             self._to_last_micro_step(optimizer, k)
@@ -603,8 +614,7 @@ class Shrinker:
         # The optimizer accumulates as an earlier fit of the runner's shrank it: this fit's
         # batch is the effective batch, trained in micro-batches alike (a script's own
         # accumulation makes its batch the micro-batch).
-        self.inherited = self.k > 1 and getattr(optimizer, "_headroom_accumulation", None) == \
-            self.k
+        self.inherited = self.k > 1 and getattr(optimizer, "_headroom_accumulation", None) == self.k
         self.batch = None  # the effective batch, known once needed
         self.steps_per_epoch = bound.arguments.get("steps_per_epoch")
         self.tf_backend = False  # set by prepare()
@@ -690,8 +700,10 @@ class Shrinker:
         if not self.enabled:
             return "--on-oom stop"
         if not self.keras3 or not can_accumulate(getattr(self.model, "optimizer", None)):
-            return ("Keras 2 has no gradient accumulation: a smaller batch would change the "
-                    "training (--on-oom smaller-batch allows it)")
+            return (
+                "Keras 2 has no gradient accumulation: a smaller batch would change the "
+                "training (--on-oom smaller-batch allows it)"
+            )
         if self.kind is None:
             return self.why
         if int(getattr(self.model, "steps_per_execution", 1) or 1) > 1:
@@ -755,9 +767,13 @@ class Shrinker:
         """A smaller batch without accumulation may be trained: asked for (``--on-oom
         smaller-batch``) where the optimizer cannot accumulate (Keras 2), on input that can be
         re-batched, one step a call."""
-        return (self.enabled and self.changing and self.kind is not None
-                and not (self.keras3 and can_accumulate(getattr(self.model, "optimizer", None)))
-                and int(getattr(self.model, "steps_per_execution", 1) or 1) <= 1)
+        return (
+            self.enabled
+            and self.changing
+            and self.kind is not None
+            and not (self.keras3 and can_accumulate(getattr(self.model, "optimizer", None)))
+            and int(getattr(self.model, "steps_per_execution", 1) or 1) <= 1
+        )
 
     def halve_plain(self):
         """The next batch without accumulation (half the one trained), or None below the
@@ -777,7 +793,8 @@ class Shrinker:
         ratio = max(1, old // batch)
         if self.steps_per_epoch:
             self.bound.arguments["steps_per_epoch"] = int(self.steps_per_epoch) * (
-                int(self.effective_batch()) // batch)
+                int(self.effective_batch()) // batch
+            )
         self.plain_batch = batch
         self.model.train_function = None  # traced again for the new batch
         return ratio

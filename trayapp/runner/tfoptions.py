@@ -108,8 +108,9 @@ def read_options(text):
     if options["on_oom"] not in ON_OOM:
         raise OptionError("job option on_oom: {!r} is not valid".format(options["on_oom"]))
     if not 1 <= options["accumulation"] <= 1024:
-        raise OptionError("job option accumulation: {!r} is not valid".format(
-            options["accumulation"]))
+        raise OptionError(
+            "job option accumulation: {!r} is not valid".format(options["accumulation"])
+        )
     if options["min_batch"] < 1:
         raise OptionError("job option min_batch: {!r} is not valid".format(options["min_batch"]))
     if options["precision"] is not None and options["precision"] not in PRECISIONS:
@@ -129,8 +130,11 @@ def _relaunch(value):
     temporary = value.get("temporary", False)
     if not isinstance(temporary, bool):
         raise OptionError(f"job option relaunch: temporary {temporary!r} is not valid")
-    return {"fit": whole("fit", 1, 1 << 30), "accumulation": whole("accumulation", 2, 1024),
-            "temporary": temporary}
+    return {
+        "fit": whole("fit", 1, 1 << 30),
+        "accumulation": whole("accumulation", 2, 1024),
+        "temporary": temporary,
+    }
 
 
 def tensorflow_flags(options):

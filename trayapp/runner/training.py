@@ -266,8 +266,11 @@ class FitRun:
         """Keep where this fit ends (in the user's batches) for its bar and its log."""
         acc = self.accumulation
         steps = -(-self.steps // acc) if self.steps is not None else None
-        self.stopped_at = (epoch, done // acc if steps is None else min(steps, -(-done // acc)),
-                           steps)
+        self.stopped_at = (
+            epoch,
+            done // acc if steps is None else min(steps, -(-done // acc)),
+            steps,
+        )
 
     def checkpoint_on_request(self, paused):
         if not self.keras3:
@@ -297,8 +300,7 @@ class FitRun:
             extra = metadata.get("headroom") if metadata else None
             if isinstance(extra, dict) and metadata.get("epoch") == start:
                 self.restored_finished = bool(extra.get("finished"))
-                self.epochs_done = [[e, logs] for e, logs in _saved_history(metadata)
-                                    if e < start]
+                self.epochs_done = [[e, logs] for e, logs in _saved_history(metadata) if e < start]
                 done = _int(extra.get("batches_done"), 0)
                 if done > 0 and not self.restored_finished:
                     if self.tf_backend and done % self.k == 0:
@@ -336,15 +338,20 @@ class FitRun:
         self.position = (epoch, 0)
         if not self._attempt_begun:
             self._attempt_begun = True
-            _prepend_history(getattr(self.model, "history", None),
-                             [[e, logs] for e, logs in self.epochs_done if e < epoch])
+            _prepend_history(
+                getattr(self.model, "history", None),
+                [[e, logs] for e, logs in self.epochs_done if e < epoch],
+            )
         if self.metric_state is not None:
             saved_epoch, state = self.metric_state
             self.metric_state = None
             if saved_epoch == epoch and not metricstate.put(self.model, state):
-                self.session.note("info", f"epoch {epoch + 1}'s metrics cover the batches "
-                                          "trained after the checkpoint only (a metric's state "
-                                          "could not be restored)")
+                self.session.note(
+                    "info",
+                    f"epoch {epoch + 1}'s metrics cover the batches "
+                    "trained after the checkpoint only (a metric's state "
+                    "could not be restored)",
+                )
         skipped = self.skip if self.skip and epoch == self.skip_epoch else 0
         self.epoch_updates = self._updates() - skipped // self.accumulation
         self.begun = skipped if skipped else None
@@ -402,8 +409,13 @@ class FitRun:
             self.epochs_done.append([epoch, _epoch_logs(logs)])
             if self.steps is None and done:
                 self.steps = done
-            if self.dir and self.keras3 and not self.every and not self.stopping \
-                    and not self.session.control.parked:
+            if (
+                self.dir
+                and self.keras3
+                and not self.every
+                and not self.stopping
+                and not self.session.control.parked
+            ):
                 self.save(epoch + 1, 0, "epoch", finished=epoch + 1 >= (self.epochs or 0))
         self._last_progress = time.monotonic()
         self._progress(epoch, self.steps if complete else done, logs, now=True)
@@ -494,8 +506,7 @@ class FitRun:
             micro = self.shrinker.micro()
         if not micro:
             return
-        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro,
-                                             self.steps)
+        self.step_meter = forecast.StepMeter(forecast.Meter(tf, self.gpu_names), micro, self.steps)
         self._trained_at_start = self.trained
 
     def _forecast_step(self):
@@ -507,11 +518,21 @@ class FitRun:
         if not devices:
             return
         batch = self.batch[0] if self.batch else meter.micro
-        self.session.send(protocol.make(
-            protocol.FORECAST, fit=self.index, how=forecast.STEPS, batch=batch,
-            micro_batch=meter.micro, accumulation=self.accumulation, devices=devices,
-            accumulators=[{"device": d, "bytes": b} for d, b in
-                          forecast.accumulator_bytes(self.model, self.gpu_names).items()]))
+        self.session.send(
+            protocol.make(
+                protocol.FORECAST,
+                fit=self.index,
+                how=forecast.STEPS,
+                batch=batch,
+                micro_batch=meter.micro,
+                accumulation=self.accumulation,
+                devices=devices,
+                accumulators=[
+                    {"device": d, "bytes": b}
+                    for d, b in forecast.accumulator_bytes(self.model, self.gpu_names).items()
+                ],
+            )
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -590,10 +611,18 @@ def _saved_history(metadata):
     saved = extra.get("history") if isinstance(extra, dict) else None
     out = []
     for item in saved if isinstance(saved, list) else ():
-        if isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict) and \
-                isinstance(item[0], int) and not isinstance(item[0], bool):
-            logs = {str(k): float(v) for k, v in item[1].items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[1], dict)
+            and isinstance(item[0], int)
+            and not isinstance(item[0], bool)
+        ):
+            logs = {
+                str(k): float(v)
+                for k, v in item[1].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
             out.append([item[0], logs])
     return out
 

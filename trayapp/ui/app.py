@@ -76,9 +76,16 @@ def no_tray_reason() -> str:
 class HeadroomApp(QObject):
     """The tray, the dashboard and the windows, fed by one ``EngineWorker``."""
 
-    def __init__(self, paths: Paths, *, demo: bool = False, config_file: Optional[str] = None,
-                 tray_available: Optional[bool] = None, start_engine: bool = True,
-                 parent: Optional[QObject] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        *,
+        demo: bool = False,
+        config_file: Optional[str] = None,
+        tray_available: Optional[bool] = None,
+        start_engine: bool = True,
+        parent: Optional[QObject] = None,
+    ):
         super().__init__(parent)
         self.paths = paths
         self.demo = demo
@@ -105,8 +112,9 @@ class HeadroomApp(QObject):
             self.tray.chosen.connect(self.choose)
             self.tray.toggled.connect(self.toggle_dashboard)
             self.tray.notice_clicked.connect(self.show_event)
-        self.worker = EngineWorker(paths, start_engine=start_engine, demo=demo,
-                                   config_file=config_file)
+        self.worker = EngineWorker(
+            paths, start_engine=start_engine, demo=demo, config_file=config_file
+        )
         self.worker.snapshot.connect(self._on_snapshot)
         self.worker.event_received.connect(self._on_event)
         self.worker.config.connect(self._on_config)
@@ -190,8 +198,11 @@ class HeadroomApp(QObject):
         except ModuleNotFoundError as e:
             if e.name != module_name:
                 raise
-            self.tell(f"{what} is not available yet in this version of Headroom.",
-                      title="Not available yet", level="info")
+            self.tell(
+                f"{what} is not available yet in this version of Headroom.",
+                title="Not available yet",
+                level="info",
+            )
             return None
         window = getattr(module, class_name)(self.client_factory, None)
         self.windows[name] = window
@@ -238,9 +249,13 @@ class HeadroomApp(QObject):
         if self.tray is not None:
             self.tray.message(title, text, level)
         else:
-            box = QMessageBox(QMessageBox.Icon.Information if level == "info"
-                              else QMessageBox.Icon.Warning, title, one_line(text),
-                              QMessageBox.StandardButton.Ok, self._dashboard)
+            box = QMessageBox(
+                QMessageBox.Icon.Information if level == "info" else QMessageBox.Icon.Warning,
+                title,
+                one_line(text),
+                QMessageBox.StandardButton.Ok,
+                self._dashboard,
+            )
             box.setTextFormat(Qt.TextFormat.PlainText)  # an engine's error may quote a job
             box.setModal(False)
             box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -302,26 +317,30 @@ class HeadroomApp(QObject):
     def _fetch_history(self, seconds: float, gpus: List[int]) -> None:
         d = self._dashboard
         now = float((self.status or {}).get("time") or 0) or None
+
         def failed(message: str) -> None:
             log.info("could not load the history: %s", message)
             d.history_failed()
 
-        self.calls.submit(lambda c: load_range(c, seconds, gpus, now or time.time()),
-                          on_done=d.load_history, on_error=failed)
+        self.calls.submit(
+            lambda c: load_range(c, seconds, gpus, now or time.time()),
+            on_done=d.load_history,
+            on_error=failed,
+        )
 
     # -- the menu's actions ----------------------------------------------------------------
 
     def choose(self, key: str) -> None:
         """Do what a menu entry names (``model.menu_entries`` keys)."""
         if key.startswith("open:"):
-            self.open_window(key[len("open:"):])
+            self.open_window(key[len("open:") :])
         elif key.startswith("job:"):
-            job, _, action = key[len("job:"):].rpartition(":")
+            job, _, action = key[len("job:") :].rpartition(":")
             self.calls.submit(lambda c: c.job_action(job, action))
         elif key == "pause_all":
             self.calls.submit(lambda c: c.pause_all())
         elif key.startswith("guard:"):
-            mode = key[len("guard:"):]
+            mode = key[len("guard:") :]
             self.calls.submit(lambda c: c.guard_mode(mode), on_done=self._on_config)
         elif key == "quit":
             self.request_quit()
@@ -330,12 +349,17 @@ class HeadroomApp(QObject):
 
     def _ask_quit(self, jobs: List[JobRecord]) -> str:
         names = ", ".join(j.name or j.id for j in jobs[:5])
-        box = QMessageBox(QMessageBox.Icon.Question, "Quit Headroom",
-                          f"{len(jobs)} training job(s) still running: {names}.",
-                          QMessageBox.StandardButton.NoButton, self._dashboard)
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Quit Headroom",
+            f"{len(jobs)} training job(s) still running: {names}.",
+            QMessageBox.StandardButton.NoButton,
+            self._dashboard,
+        )
         box.setInformativeText(
             "Keep guarding them in the background: the engine stays and keeps watching them, "
-            "and Headroom shows them again when you start it. Or stop them now.")
+            "and Headroom shows them again when you start it. Or stop them now."
+        )
         keep = box.addButton("Keep guarding in the background", QMessageBox.ButtonRole.AcceptRole)
         stop = box.addButton("Stop the jobs", QMessageBox.ButtonRole.DestructiveRole)
         box.addButton(QMessageBox.StandardButton.Cancel)
@@ -382,6 +406,7 @@ class HeadroomApp(QObject):
     def _leave_after(self, call: Callable[[EngineClient], Any]) -> None:
         self._quitting = True
         self.worker.halt()  # the engine may go away now: do not start a new one
+
         def failed(message: str) -> None:
             log.warning("quitting: %s", message)
             self._finish()
@@ -409,13 +434,16 @@ def setup_logging(paths: Paths) -> None:
     # Escaped: a job's name or note in a message cannot break the line or reach a terminal.
     fmt = LogFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        fh = private.rotating_log_handler(paths.data_dir / "tray.log", max_bytes=1_000_000,
-                                          backups=2)  # no link followed, 0600
+        fh = private.rotating_log_handler(
+            paths.data_dir / "tray.log", max_bytes=1_000_000, backups=2
+        )  # no link followed, 0600
         fh.setFormatter(fmt)
         logger.addHandler(fh)
     except (OSError, UnsafePath) as e:
-        print(f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({one_line(e)})",
-              file=sys.stderr)
+        print(
+            f"headroom: cannot write the log file {paths.data_dir / 'tray.log'} ({one_line(e)})",
+            file=sys.stderr,
+        )
     sh = logging.StreamHandler(sys.stderr)
     sh.setLevel(logging.WARNING)
     sh.setFormatter(fmt)
@@ -433,8 +461,10 @@ def run_tray(args: Any, paths: Paths) -> int:
     try:
         paths.ensure()
     except (OSError, ConfigError, UnsafePath) as e:
-        print(f"headroom: cannot use the state folder {one_line(str(paths.home))}: "
-              f"{one_line(e)}", file=sys.stderr)
+        print(
+            f"headroom: cannot use the state folder {one_line(str(paths.home))}: {one_line(e)}",
+            file=sys.stderr,
+        )
         return 1
     setup_logging(paths)
     app = cast(QApplication, QApplication.instance() or QApplication(sys.argv[:1]))
@@ -452,16 +482,21 @@ def run_tray(args: Any, paths: Paths) -> int:
         if single.forward(window):
             print(f"Headroom is already running; opened the {window}", flush=True)
             return 0
-        print("headroom: another Headroom is running for this state folder but does not answer",
-              file=sys.stderr)
+        print(
+            "headroom: another Headroom is running for this state folder but does not answer",
+            file=sys.stderr,
+        )
         return 1
-    tray = HeadroomApp(paths, demo=bool(getattr(args, "demo", False)),
-                       config_file=getattr(args, "config", None))
+    tray = HeadroomApp(
+        paths, demo=bool(getattr(args, "demo", False)), config_file=getattr(args, "config", None)
+    )
     # Python runs signal handlers only when it gets control: a slow timer gives it that.
     ticker = QTimer()
     ticker.timeout.connect(lambda: None)
-    previous = {s: signal.signal(s, lambda *_: QTimer.singleShot(0, tray._finish))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        s: signal.signal(s, lambda *_: QTimer.singleShot(0, tray._finish))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         app.setQuitOnLastWindowClosed(not tray.tray_available)
         single.activated.connect(tray.open_window)

@@ -60,18 +60,20 @@ def exec_line(argv: Sequence[str]) -> str:
 
 def desktop_entry(argv: Sequence[str]) -> str:
     """The text of the autostart ``.desktop`` file that runs ``argv``."""
-    return "\n".join([
-        "[Desktop Entry]",
-        "Type=Application",
-        "Name=Headroom",
-        "Comment=Guards RAM and GPU memory while you train models",
-        f"Exec={exec_line(argv)}",
-        "Icon=headroom",
-        "Terminal=false",
-        "Categories=Utility;Monitor;",
-        "X-GNOME-Autostart-enabled=true",
-        "",
-    ])
+    return "\n".join(
+        [
+            "[Desktop Entry]",
+            "Type=Application",
+            "Name=Headroom",
+            "Comment=Guards RAM and GPU memory while you train models",
+            f"Exec={exec_line(argv)}",
+            "Icon=headroom",
+            "Terminal=false",
+            "Categories=Utility;Monitor;",
+            "X-GNOME-Autostart-enabled=true",
+            "",
+        ]
+    )
 
 
 def autostart_dir() -> Path:
@@ -153,8 +155,7 @@ def _win_enable(argv: Sequence[str], value_name: str) -> str:  # pragma: no cove
     import winreg  # Windows only
 
     try:
-        with winreg.CreateKeyEx(winreg.HKEY_CURRENT_USER, RUN_KEY, 0,
-                                winreg.KEY_SET_VALUE) as key:
+        with winreg.CreateKeyEx(winreg.HKEY_CURRENT_USER, RUN_KEY, 0, winreg.KEY_SET_VALUE) as key:
             winreg.SetValueEx(key, value_name, 0, winreg.REG_SZ, run_value(argv))
     except OSError as e:
         raise AutostartError(f"cannot write the Run key ({e.strerror or e})") from None

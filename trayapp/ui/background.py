@@ -43,8 +43,12 @@ class Background(QObject):
         self._waiting[ticket] = on_done
         if not self._timer.isActive():
             self._timer.start()
-        threading.Thread(target=_background_work, args=(fn, ticket, self._results, self._closed),
-                         name="headroom-launch", daemon=True).start()
+        threading.Thread(
+            target=_background_work,
+            args=(fn, ticket, self._results, self._closed),
+            name="headroom-launch",
+            daemon=True,
+        ).start()
 
     def pending(self) -> int:
         return len(self._waiting)
@@ -68,9 +72,12 @@ class Background(QObject):
             self._timer.stop()
 
 
-def _background_work(fn: Callable[[], Any], ticket: int,
-                     results: queue.SimpleQueue[Tuple[int, Any]],
-                     closed: threading.Event) -> None:
+def _background_work(
+    fn: Callable[[], Any],
+    ticket: int,
+    results: queue.SimpleQueue[Tuple[int, Any]],
+    closed: threading.Event,
+) -> None:
     try:
         result = fn()
     except Exception as e:  # a probe that breaks must not break the dialog

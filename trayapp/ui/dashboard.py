@@ -56,8 +56,14 @@ class Dashboard(DashboardPlots):
 
     historyRequested = Signal(float, object)
 
-    def __init__(self, settings: QSettings, *, no_tray_reason: Optional[str] = None,
-                 demo: bool = False, parent: Optional[QWidget] = None):
+    def __init__(
+        self,
+        settings: QSettings,
+        *,
+        no_tray_reason: Optional[str] = None,
+        demo: bool = False,
+        parent: Optional[QWidget] = None,
+    ):
         super().__init__(parent)
         self.settings = settings
         self.demo = demo
@@ -72,7 +78,8 @@ class Dashboard(DashboardPlots):
         self._gpus: List[int] = []
         self._requested: Optional[Tuple[int, Tuple[int, ...]]] = None
         self._live: Deque[Tuple[float, Dict[str, Optional[float]]]] = deque(
-            maxlen=int(LIVE_RATE_HZ * 180))
+            maxlen=int(LIVE_RATE_HZ * 180)
+        )
         self._totals: Dict[str, float] = {}
         self.updates = 0  # status dicts applied
         # The plots follow live data at most this often (status time, seconds): the tray sets
@@ -165,8 +172,9 @@ class Dashboard(DashboardPlots):
 
     def _new_table(self, history_rows: int) -> Table:
         step = LIVE_STEP.get(self.range_seconds, 1.0)
-        live_rows = int(self.range_seconds / step) if step else int(self.range_seconds *
-                                                                    LIVE_RATE_HZ)
+        live_rows = (
+            int(self.range_seconds / step) if step else int(self.range_seconds * LIVE_RATE_HZ)
+        )
         return Table(history_rows + live_rows + 16, low=LOW_SERIES)
 
     def apply_snapshot(self, status: Dict[str, Any]) -> None:
@@ -215,8 +223,9 @@ class Dashboard(DashboardPlots):
         if text != self.gpu_note.text():
             self.gpu_note.setText(text)
 
-    def _set_totals(self, total: Optional[float], source: Optional[str],
-                    status: Dict[str, Any]) -> None:
+    def _set_totals(
+        self, total: Optional[float], source: Optional[str], status: Dict[str, Any]
+    ) -> None:
         totals: Dict[str, float] = {}
         if total:
             totals["ram"] = float(total)
@@ -230,9 +239,14 @@ class Dashboard(DashboardPlots):
         if ram:
             self._set_y(self.ram_plot, ram / GIB)
             self.limit_line.setValue(ram / GIB)
-            self.ram_labels.set("limit", f"limit {format_bytes(ram)}" +
-                                (" (cgroup)" if source == "cgroup" else ""), "#333333",
-                                horizontal=True, value=ram / GIB, priority=0)
+            self.ram_labels.set(
+                "limit",
+                f"limit {format_bytes(ram)}" + (" (cgroup)" if source == "cgroup" else ""),
+                "#333333",
+                horizontal=True,
+                value=ram / GIB,
+                priority=0,
+            )
             self.limit_line.show()
             self._place_thresholds()
         for i, plot in self.vram_plots.items():
@@ -273,9 +287,14 @@ class Dashboard(DashboardPlots):
             line.setValue(value)
             # The guard resumes once available memory is back above its line.
             sign = ">" if name == "resume" else "<"
-            self.ram_labels.set(("threshold", name), f"{name}: available {sign} {th}",
-                                THRESHOLD_COLOURS[name], horizontal=True, value=value,
-                                priority=n)
+            self.ram_labels.set(
+                ("threshold", name),
+                f"{name}: available {sign} {th}",
+                THRESHOLD_COLOURS[name],
+                horizontal=True,
+                value=value,
+                priority=n,
+            )
             line.show()
         self.ram_labels.relayout()
 
@@ -330,8 +349,9 @@ class Dashboard(DashboardPlots):
             self.table.append(t, values, step)
 
     def request_history(self) -> None:
-        gpus = tuple(sorted(int(g.get("index") or 0) for g in (self.status or {}).get("gpus")
-                            or []))
+        gpus = tuple(
+            sorted(int(g.get("index") or 0) for g in (self.status or {}).get("gpus") or [])
+        )
         self._requested = (self.range_seconds, gpus)
         self.historyRequested.emit(float(self.range_seconds), list(gpus))
 
@@ -355,7 +375,7 @@ class Dashboard(DashboardPlots):
         for t, values in self._live:
             if t > last:
                 self.table.append(t, values, step)
-        gpus = sorted({int(n[3:n.index(".")]) for n in cols if n.startswith("gpu")})
+        gpus = sorted({int(n[3 : n.index(".")]) for n in cols if n.startswith("gpu")})
         self._ensure_gpus(gpus)
         self._clear_annotations()
         for event in answer.get("events") or []:

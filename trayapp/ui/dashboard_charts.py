@@ -88,29 +88,37 @@ class DashboardPlots(QWidget):
         self._layout_plots()
         self.ram_labels = LabelLayer(self.ram_plot)
         self._stacks["ram"] = ram_stack(self.ram_plot)
-        self._curve(self.swap_plot, "swap used", "#9467bd", "%",
-                    lambda tb: ratio(tb.column("swap.used"), tb.column("swap.total"), 100.0))
+        self._curve(
+            self.swap_plot,
+            "swap used",
+            "#9467bd",
+            "%",
+            lambda tb: ratio(tb.column("swap.used"), tb.column("swap.total"), 100.0),
+        )
         self._curve(self.swap_plot, "PSI some", "#f2a900", "%", lambda tb: tb.column("psi.some"))
         self._curve(self.swap_plot, "PSI full", "#d7263d", "%", lambda tb: tb.column("psi.full"))
         self._set_y(self.swap_plot, 100.0, 1.02)
         self._set_y(self.gpu_plot, 100.0, 1.05)
-        self.limit_line = pg.InfiniteLine(angle=0, movable=False, pen=pg.mkPen(
-            "#333333", width=1, style=Qt.PenStyle.DashLine))
+        self.limit_line = pg.InfiniteLine(
+            angle=0, movable=False, pen=pg.mkPen("#333333", width=1, style=Qt.PenStyle.DashLine)
+        )
         self.limit_line.setZValue(LINES_Z)
         self.limit_line.hide()
         self.ram_plot.addItem(self.limit_line, ignoreBounds=True)
         self.threshold_lines: Dict[str, Any] = {}
         for name, colour in THRESHOLD_COLOURS.items():
-            line = pg.InfiniteLine(angle=0, movable=False,
-                                   pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DotLine))
+            line = pg.InfiniteLine(
+                angle=0, movable=False, pen=pg.mkPen(colour, width=2, style=Qt.PenStyle.DotLine)
+            )
             line.setZValue(LINES_Z)
             line.hide()
             self.ram_plot.addItem(line, ignoreBounds=True)
             self.threshold_lines[name] = line
         self._cursor_lines: Dict[int, Any] = {}
         self.readout_view = Readout(self.readout)
-        self._mouse = pg.SignalProxy(self.plots.scene().sigMouseMoved, rateLimit=30,
-                                     slot=self._mouse_moved)
+        self._mouse = pg.SignalProxy(
+            self.plots.scene().sigMouseMoved, rateLimit=30, slot=self._mouse_moved
+        )
         self.plots.viewport().installEventFilter(self)
 
     def _plot(self, title: str, unit: str) -> Any:
@@ -161,13 +169,17 @@ class DashboardPlots(QWidget):
         # plot that could outlive it.
         title, keys = self._titles[id(plot)]
         note = self._notes.get(id(plot), "")
-        plot.setTitle(fitted_title(title, keys, note, plot.width() or self.width()),
-                      size=TITLE_SIZE, color="#222222")
+        plot.setTitle(
+            fitted_title(title, keys, note, plot.width() or self.width()),
+            size=TITLE_SIZE,
+            color="#222222",
+        )
         # The title never sets the plot's width (a long legend once pushed "now" off screen):
         # it is cut to fit instead, and its tooltip has every name in full.
         plot.titleLabel.setMinimumWidth(0)
-        plot.titleLabel.setToolTip("<span>" + "<br>".join(html.escape(label)
-                                                          for label, _ in keys) + "</span>")
+        plot.titleLabel.setToolTip(
+            "<span>" + "<br>".join(html.escape(label) for label, _ in keys) + "</span>"
+        )
 
     def set_note(self, plot: Any, note: str) -> None:
         """A line of words after the plot's legend ("" for none)."""
@@ -182,9 +194,11 @@ class DashboardPlots(QWidget):
             self._show_title(plot)
 
     def _layout_plots(self) -> None:
-        order = [self.ram_plot, self.swap_plot] + \
-            [self.vram_plots[i] for i in sorted(self.vram_plots)] + \
-            ([self.gpu_plot] if self.vram_plots else [])
+        order = (
+            [self.ram_plot, self.swap_plot]
+            + [self.vram_plots[i] for i in sorted(self.vram_plots)]
+            + ([self.gpu_plot] if self.vram_plots else [])
+        )
         if order == self._plot_order:
             return
         ci = self.plots.ci
@@ -200,8 +214,15 @@ class DashboardPlots(QWidget):
         self.gpu_plot.setVisible(bool(self.vram_plots))
         self._plot_order = order
 
-    def _curve(self, plot: Any, label: str, colour: str, unit: str,
-               compute: Callable[[Table], np.ndarray], fill: Optional[str] = None) -> Curve:
+    def _curve(
+        self,
+        plot: Any,
+        label: str,
+        colour: str,
+        unit: str,
+        compute: Callable[[Table], np.ndarray],
+        fill: Optional[str] = None,
+    ) -> Curve:
         item = pg.PlotDataItem(pen=pg.mkPen(colour, width=1), antialias=False, connect="finite")
         if fill is not None:
             item.setFillLevel(0)
@@ -219,15 +240,27 @@ class DashboardPlots(QWidget):
             plot = self._plot(f"GPU {i} memory by process", "GiB")
             self.vram_plots[i] = plot
             self._stacks[i] = gpu_stack(plot, i)
-            self._curve(self.gpu_plot, f"GPU{i} util", LAYER_COLOURS[(2 * i) % 7], "%",
-                        column(f"gpu{i}.util"))
-            self._curve(self.gpu_plot, f"GPU{i} temp", LAYER_COLOURS[(2 * i + 1) % 7], "°C",
-                        column(f"gpu{i}.temp"))
-            total = pg.InfiniteLine(angle=0, movable=False,
-                                    pen=pg.mkPen("#333333", width=1, style=Qt.PenStyle.DashLine),
-                                    label="total", labelOpts={"position": 0.3,
-                                                              "color": "#333333",
-                                                              "anchors": [(0, 0), (0, 0)]})
+            self._curve(
+                self.gpu_plot,
+                f"GPU{i} util",
+                LAYER_COLOURS[(2 * i) % 7],
+                "%",
+                column(f"gpu{i}.util"),
+            )
+            self._curve(
+                self.gpu_plot,
+                f"GPU{i} temp",
+                LAYER_COLOURS[(2 * i + 1) % 7],
+                "°C",
+                column(f"gpu{i}.temp"),
+            )
+            total = pg.InfiniteLine(
+                angle=0,
+                movable=False,
+                pen=pg.mkPen("#333333", width=1, style=Qt.PenStyle.DashLine),
+                label="total",
+                labelOpts={"position": 0.3, "color": "#333333", "anchors": [(0, 0), (0, 0)]},
+            )
             total.setZValue(LINES_Z)
             total.hide()
             plot.addItem(total, ignoreBounds=True)
@@ -247,8 +280,10 @@ class DashboardPlots(QWidget):
                 continue
             notes = []
             if series.per_process_unknown(g):
-                notes.append("this driver does not report memory per process (Windows WDDM): "
-                             "only the GPU's total use is shown")
+                notes.append(
+                    "this driver does not report memory per process (Windows WDDM): "
+                    "only the GPU's total use is shown"
+                )
             if g.get("simulated"):
                 notes.append("simulated (demo)")
             self.set_note(plot, "; ".join(notes))
@@ -263,6 +298,7 @@ class DashboardPlots(QWidget):
 
     def _now(self) -> float:
         return float((self.status or {}).get("time") or time.time())
+
     # -- events: markers and shaded spans --------------------------------------------------
 
     def add_event(self, event: Dict[str, Any]) -> None:
@@ -301,8 +337,14 @@ class DashboardPlots(QWidget):
 
     def _label_marker(self, key: Any, event: Dict[str, Any]) -> None:
         colour = MARKER_COLOURS.get(str(event.get("kind")), "#555555")
-        self.ram_labels.set(("event", key), marker_label(event, self.job_names), colour,
-                            horizontal=False, value=float(event["time"]), priority=10)
+        self.ram_labels.set(
+            ("event", key),
+            marker_label(event, self.job_names),
+            colour,
+            horizontal=False,
+            value=float(event["time"]),
+            priority=10,
+        )
 
     def marker_text(self, key: Any) -> str:
         """The label of an event's marker ("" when it has none)."""
@@ -313,8 +355,12 @@ class DashboardPlots(QWidget):
         colour = MARKER_COLOURS.get(str(event.get("kind")), "#555555")
         items = []
         for plot in self._plot_order:
-            line = pg.InfiniteLine(pos=float(event["time"]), angle=90, movable=False,
-                                   pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine))
+            line = pg.InfiniteLine(
+                pos=float(event["time"]),
+                angle=90,
+                movable=False,
+                pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
+            )
             line.setZValue(LINES_Z)  # over the stacked areas
             plot.addItem(line, ignoreBounds=True)
             items.append((plot, line))
@@ -331,8 +377,12 @@ class DashboardPlots(QWidget):
         colour = SPAN_COLOURS.get(level, SPAN_COLOURS[L.WARN])
         items = []
         for plot in self._plot_order:
-            region = pg.LinearRegionItem(values=(t, max(t, self._now())), movable=False,
-                                         brush=pg.mkBrush(*colour), pen=pg.mkPen(None))
+            region = pg.LinearRegionItem(
+                values=(t, max(t, self._now())),
+                movable=False,
+                brush=pg.mkBrush(*colour),
+                pen=pg.mkPen(None),
+            )
             region.setZValue(SPANS_Z)  # a tint over the stacked areas, under the lines
             plot.addItem(region, ignoreBounds=True)
             items.append((plot, region))
@@ -341,8 +391,14 @@ class DashboardPlots(QWidget):
             for _plot, region in items:
                 region.setRegion((t, max(t, end)))
 
-        span = {"start": t, "end": max(t, self._now()), "level": level, "message": message,
-                "items": items, "items_end": set_end}
+        span = {
+            "start": t,
+            "end": max(t, self._now()),
+            "level": level,
+            "message": message,
+            "items": items,
+            "items_end": set_end,
+        }
         self._spans.append(span)
         self._open_span = span
         while len(self._spans) > MAX_SPANS:
@@ -436,10 +492,16 @@ class DashboardPlots(QWidget):
         if bars is None:
             return
         parts = [("RAM", self._stacks["ram"], self._totals.get("ram", 0.0))]
-        parts += [(f"GPU {i}", self._stacks[i], self._totals.get(f"gpu{i}", 0.0))
-                  for i in sorted(self.vram_plots)]
-        bars.show_parts([(name, [Segment(*p) for p in stack.now(self.table)], total)
-                         for name, stack, total in parts])
+        parts += [
+            (f"GPU {i}", self._stacks[i], self._totals.get(f"gpu{i}", 0.0))
+            for i in sorted(self.vram_plots)
+        ]
+        bars.show_parts(
+            [
+                (name, [Segment(*p) for p in stack.now(self.table)], total)
+                for name, stack, total in parts
+            ]
+        )
 
     def _mouse_moved(self, args: Tuple[Any, ...]) -> None:
         pos = args[0]
@@ -467,8 +529,7 @@ class DashboardPlots(QWidget):
             # Pointing where nothing was recorded (before the engine ran): say so, not the
             # values of another time.
             said = f" &nbsp;{html.escape(note)}" if note else ""
-            self.readout_view.show(f"<b>at {formats.clock(x)}</b>{said}<br>no samples at this "
-                                   "time")
+            self.readout_view.show(f"<b>at {formats.clock(x)}</b>{said}<br>no samples at this time")
             self._cursor_at(None)
             return self.readout_view.plain()
         when = formats.clock(t)
@@ -483,8 +544,7 @@ class DashboardPlots(QWidget):
         for curve in self._curves:
             v = curve.compute(tb)[i]
             if np.isfinite(v):
-                load.append(f"{curve.label} {v:.1f}{'' if curve.unit == '%' else ' '}"
-                            f"{curve.unit}")
+                load.append(f"{curve.label} {v:.1f}{'' if curve.unit == '%' else ' '}{curve.unit}")
         if load:
             lines.append(" · ".join(load))
         self.readout_view.show("<br>".join(lines))
@@ -497,9 +557,11 @@ class DashboardPlots(QWidget):
             if line is None:
                 if t is None:
                     continue
-                line = pg.InfiniteLine(angle=90, movable=False,
-                                       pen=pg.mkPen("#666666", width=1,
-                                                    style=Qt.PenStyle.DotLine))
+                line = pg.InfiniteLine(
+                    angle=90,
+                    movable=False,
+                    pen=pg.mkPen("#666666", width=1, style=Qt.PenStyle.DotLine),
+                )
                 line.setZValue(LINES_Z)
                 plot.addItem(line, ignoreBounds=True)
                 self._cursor_lines[id(plot)] = line
@@ -516,7 +578,7 @@ def _elided(text: str, chars: int = LABEL_CHARS) -> str:
     if sep and len(job) < chars // 2:
         keep = chars - len(sep + job) - 1
         return name[:keep] + "\u2026" + sep + job
-    return text[:chars - 1] + "\u2026"
+    return text[: chars - 1] + "\u2026"
 
 
 def fitted_title(title: str, keys: Sequence[Tuple[str, str]], note: str, width: float) -> str:
@@ -528,7 +590,8 @@ def fitted_title(title: str, keys: Sequence[Tuple[str, str]], note: str, width: 
     def line(shown: int) -> str:
         parts = [f"<b>{html.escape(title)}</b>"] + [
             f"<span style='color:{colour}'>&#9632;</span>&nbsp;{html.escape(_elided(label))}"
-            for label, colour in keys[:shown]]
+            for label, colour in keys[:shown]
+        ]
         if shown < len(keys):
             parts.append(f"+{len(keys) - shown} more")
         if note:

@@ -28,8 +28,12 @@ def overlaps(a: Rect, b: Rect) -> bool:
 
 
 def inside(r: Rect, bounds: Rect) -> bool:
-    return r[0] >= bounds[0] and r[1] >= bounds[1] and r[0] + r[2] <= bounds[0] + bounds[2] \
+    return (
+        r[0] >= bounds[0]
+        and r[1] >= bounds[1]
+        and r[0] + r[2] <= bounds[0] + bounds[2]
         and r[1] + r[3] <= bounds[1] + bounds[3]
+    )
 
 
 def place(requests: Sequence[Sequence[Rect]], bounds: Rect) -> List[Optional[Rect]]:
@@ -38,8 +42,10 @@ def place(requests: Sequence[Sequence[Rect]], bounds: Rect) -> List[Optional[Rec
     taken: List[Rect] = []
     out: List[Optional[Rect]] = []
     for candidates in requests:
-        chosen = next((c for c in candidates if inside(c, bounds) and
-                       not any(overlaps(c, t) for t in taken)), None)
+        chosen = next(
+            (c for c in candidates if inside(c, bounds) and not any(overlaps(c, t) for t in taken)),
+            None,
+        )
         if chosen is not None:
             taken.append(chosen)
         out.append(chosen)
@@ -77,12 +83,14 @@ class LabelLayer:
         plot.vb.sigRangeChanged.connect(self.relayout)
         plot.vb.sigResized.connect(self.relayout)
 
-    def set(self, key: Any, text: str, colour: str, horizontal: bool, value: float,
-            priority: int) -> None:
+    def set(
+        self, key: Any, text: str, colour: str, horizontal: bool, value: float, priority: int
+    ) -> None:
         label = self.labels.get(key)
         if label is None:
-            item = pg.TextItem(text, color=colour, fill=pg.mkBrush(255, 255, 255, 210),
-                               anchor=(0, 0))
+            item = pg.TextItem(
+                text, color=colour, fill=pg.mkBrush(255, 255, 255, 210), anchor=(0, 0)
+            )
             item.setZValue(50)
             self.plot.addItem(item, ignoreBounds=True)
             label = self.labels[key] = Label(item, horizontal, value, priority)

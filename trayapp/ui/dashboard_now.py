@@ -30,8 +30,9 @@ class Segment:
     job: bool = False
 
 
-def widths(values: Sequence[float], total: float, width: int,
-           minimum: int = MIN_SEGMENT_PX) -> List[int]:
+def widths(
+    values: Sequence[float], total: float, width: int, minimum: int = MIN_SEGMENT_PX
+) -> List[int]:
     """Pixel widths for ``values`` out of ``total`` in a bar ``width`` wide: each value above 0
     gets at least ``minimum``, taken from the widest, and together they fill no more of the bar
     than their share of ``total`` (or ``minimum`` each, where that is more). A value or a total
@@ -94,9 +95,11 @@ class CompositionBar(QWidget):
             text = fitted(seg, self.total, rect.width() - 6, metrics)
             if text:
                 painter.setPen(TEXT if colour.lightness() >= 128 else QColor("#ffffff"))
-                painter.drawText(rect.adjusted(3, 0, -3, 0),
-                                 int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft),
-                                 text)
+                painter.drawText(
+                    rect.adjusted(3, 0, -3, 0),
+                    int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft),
+                    text,
+                )
         painter.setPen(QPen(QColor("#888888"), 1))
         painter.drawRect(inner)
         painter.end()
@@ -128,8 +131,9 @@ def fitted(seg: Segment, total: float, room: int, metrics: QFontMetrics) -> str:
     for text in (f"{seg.label} {pct}", f"{name} {pct}"):
         if metrics.horizontalAdvance(text) <= room:
             return text
-    cut = metrics.elidedText(name, Qt.TextElideMode.ElideRight,
-                             room - metrics.horizontalAdvance(f" {pct}"))
+    cut = metrics.elidedText(
+        name, Qt.TextElideMode.ElideRight, room - metrics.horizontalAdvance(f" {pct}")
+    )
     return f"{cut} {pct}" if len(cut.rstrip("\u2026")) >= 3 else ""
 
 

@@ -21,8 +21,12 @@ from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardLevel as L
 
 GIB = float(1 << 30)
-RANGES: Tuple[Tuple[str, int], ...] = (("5 min", 300), ("1 h", 3600), ("24 h", 86400),
-                                       ("7 d", 7 * 86400))
+RANGES: Tuple[Tuple[str, int], ...] = (
+    ("5 min", 300),
+    ("1 h", 3600),
+    ("24 h", 86400),
+    ("7 d", 7 * 86400),
+)
 # Seconds between live rows per range: finer than a pixel of the plot, coarse enough to bound
 # the buffers (a 7-day view does not need four rows a second).
 LIVE_STEP = {300: 0.0, 3600: 1.0, 86400: 10.0, 7 * 86400: 60.0}
@@ -41,24 +45,37 @@ BANNER_STYLES: Dict[str, str] = {
     "info": "background:#e7f1ff;color:#0b3d91;border:1px solid #8fb3e8;",
 }
 SPAN_COLOURS: Dict[str, Tuple[int, int, int, int]] = {
-    L.WARN: (242, 169, 0, 45), L.PAUSE: (238, 106, 28, 55), L.PARK: (215, 38, 61, 60)}
+    L.WARN: (242, 169, 0, 45),
+    L.PAUSE: (238, 106, 28, 55),
+    L.PARK: (215, 38, 61, 60),
+}
 # The guard's events that open a shaded span of their level (guard_ok closes it).
 SPAN_LEVELS: Dict[str, str] = {E.GUARD_WARN: L.WARN, E.GUARD_PAUSE: L.PAUSE, E.GUARD_PARK: L.PARK}
 MARKER_COLOURS: Dict[str, str] = {
-    E.JOB_STARTED: "#1f77b4", E.JOB_RESUMED: "#1f77b4", E.JOB_PAUSED: "#ee6a1c",
-    E.JOB_PARKED: "#9467bd", E.JOB_FINISHED: "#2e9d46", E.JOB_FAILED: "#d7263d",
+    E.JOB_STARTED: "#1f77b4",
+    E.JOB_RESUMED: "#1f77b4",
+    E.JOB_PAUSED: "#ee6a1c",
+    E.JOB_PARKED: "#9467bd",
+    E.JOB_FINISHED: "#2e9d46",
+    E.JOB_FAILED: "#d7263d",
     E.JOB_STOPPED: "#555555",
 }
 # A marker's word is its kind's: job_parked -> "parked".
-MARKER_WORDS: Dict[str, str] = {kind: kind[len("job_"):] for kind in MARKER_COLOURS}
+MARKER_WORDS: Dict[str, str] = {kind: kind[len("job_") :] for kind in MARKER_COLOURS}
 # The guard's thresholds drawn on the RAM plot (``guard.<name>_available``).
-THRESHOLD_COLOURS: Dict[str, str] = {L.WARN: "#f2a900", L.PAUSE: "#ee6a1c", L.PARK: "#d7263d",
-                     "resume": "#2e9d46"}
+THRESHOLD_COLOURS: Dict[str, str] = {
+    L.WARN: "#f2a900",
+    L.PAUSE: "#ee6a1c",
+    L.PARK: "#d7263d",
+    "resume": "#2e9d46",
+}
 LAYER_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d")
 
 HOVER_HINT = "The values now, or at the time you point at on the timelines."
-NO_TRAY_TEXT = ("No system tray is available here ({why}), so Headroom runs in this window; "
-                "closing it quits Headroom.")
+NO_TRAY_TEXT = (
+    "No system tray is available here ({why}), so Headroom runs in this window; "
+    "closing it quits Headroom."
+)
 
 
 def snapshot_values(status: Dict[str, Any]) -> Dict[str, Optional[float]]:
@@ -153,8 +170,7 @@ class JobsStrip(QWidget):
                 bar.setMaximumHeight(16)
                 bar.setMinimumWidth(120)
             loss, eta, mem = QLabel(), QLabel(), QLabel()
-            row = {"name": name, "epoch": epoch, "step": step, "loss": loss, "eta": eta,
-                   "mem": mem}
+            row = {"name": name, "epoch": epoch, "step": step, "loss": loss, "eta": eta, "mem": mem}
             for c, w in enumerate(row.values()):
                 self._grid.addWidget(w, r, c)
             self.rows[jid] = row
@@ -184,5 +200,6 @@ class JobsStrip(QWidget):
         loss = job.metrics.get("loss")
         row["loss"].setText(f"loss {formats.loss(loss)}" if loss is not None else "loss n/a")
         row["eta"].setText("" if idle else f"ETA {format_duration(job.eta_seconds)}")
-        row["mem"].setText(f"RAM {format_bytes(job.rss_bytes)} · "
-                           f"VRAM {format_bytes(job.vram_bytes)}")
+        row["mem"].setText(
+            f"RAM {format_bytes(job.rss_bytes)} · VRAM {format_bytes(job.vram_bytes)}"
+        )

@@ -46,9 +46,16 @@ class Stack:
     the rest is what the layers leave of the column ``total`` (with ``jobs_in_total``, the
     jobs are part of it; else only the process names are)."""
 
-    def __init__(self, plot: Any, total: str, job_of: Callable[[str], Optional[str]],
-                 proc_of: Callable[[str], Optional[str]], rest_label: str,
-                 jobs_in_total: bool = True, free: Optional[str] = None):
+    def __init__(
+        self,
+        plot: Any,
+        total: str,
+        job_of: Callable[[str], Optional[str]],
+        proc_of: Callable[[str], Optional[str]],
+        rest_label: str,
+        jobs_in_total: bool = True,
+        free: Optional[str] = None,
+    ):
         self.plot = plot
         self.free = free  # the column of what is free, drawn above the stack (RAM: available)
         self.total = total
@@ -74,12 +81,12 @@ class Stack:
         jobs = sorted(c for c in columns if self.job_of(c) is not None)
         seen = [la.key for la in self.layers if self.proc_of(la.key) is not None]
         procs = [c for c in seen if c in columns] + sorted(
-            c for c in columns if self.proc_of(c) is not None and c not in seen)
+            c for c in columns if self.proc_of(c) is not None and c not in seen
+        )
         keys = jobs + procs + [REST] + ([FREE] if self.free else [])
         old = {la.key: la for la in self.layers}
         labels = {k: self._label(k, names) for k in keys}
-        if keys == [la.key for la in self.layers] and \
-                all(old[k].label == labels[k] for k in keys):
+        if keys == [la.key for la in self.layers] and all(old[k].label == labels[k] for k in keys):
             return False
         for key, gone in old.items():
             if key not in keys:
@@ -89,15 +96,15 @@ class Stack:
             layer = old.get(key)
             job = self.job_of(key) is not None
             if layer is None:
-                colour = {REST: REST_COLOUR, FREE: FREE_COLOUR}.get(key) or \
-                    self._colour(key, job)
+                colour = {REST: REST_COLOUR, FREE: FREE_COLOUR}.get(key) or self._colour(key, job)
                 # A job's band has a dark edge: its share stands out among the pale others.
                 # (Width 1: a wider pen costs several times as much to draw.)
                 pen = pg.mkPen(QColor(colour).darker(170 if job else 115), width=1)
                 # connect="all" (the layers are drawn with 0 for "not known"): filling a curve
                 # split at each gap costs a fill per piece.
-                item = pg.PlotDataItem(pen=pen, antialias=False, connect="all", fillLevel=0,
-                                       brush=pg.mkBrush(colour))
+                item = pg.PlotDataItem(
+                    pen=pen, antialias=False, connect="all", fillLevel=0, brush=pg.mkBrush(colour)
+                )
                 self.plot.addItem(item)
                 layer = Layer(key, labels[key], colour, job, item)
             layer.label = labels[key]
@@ -157,8 +164,9 @@ class Stack:
                 y = y[start:].reshape(-1, k).max(axis=1)
             layer.item.setData(t_drawn, y)
 
-    def legend(self, tb: Optional[Table] = None, start: float = -math.inf,
-               end: float = math.inf) -> List[Tuple[str, str]]:
+    def legend(
+        self, tb: Optional[Table] = None, start: float = -math.inf, end: float = math.inf
+    ) -> List[Tuple[str, str]]:
         """The layers' labels and colours; with ``tb``, only those with memory between
         ``start`` and ``end`` (the range shown: a job that ended an hour ago is not listed in
         the last five minutes), what is left and what is free always."""
@@ -187,7 +195,8 @@ class Stack:
             v = float(values[layer.key][-1]) if layer.key in values else math.nan
             if math.isfinite(v) and v > 0:
                 (free if layer.key == FREE else parts).append(
-                    (layer.label, v, layer.colour, layer.job))
+                    (layer.label, v, layer.colour, layer.job)
+                )
         parts.sort(key=lambda p: (not p[3], -p[1]))
         return parts + free
 
@@ -208,8 +217,9 @@ class Stack:
         parts.sort(key=lambda p: (not p[0], -p[1]))
         free = float(values[FREE][i]) if FREE in values else math.nan
         if math.isfinite(free):
-            parts.append((False, free, f"<span style='color:#2b7a2b'>available "
-                                       f"{format_gib(free)}</span>"))
+            parts.append(
+                (False, free, f"<span style='color:#2b7a2b'>available {format_gib(free)}</span>")
+            )
         return [p[2] for p in parts]
 
 
@@ -220,11 +230,11 @@ def format_gib(v: float) -> str:
 def ram_stack(plot: Any) -> Stack:
     def job_of(c: str) -> Optional[str]:
         if c.startswith("job.") and c.endswith(".rss"):
-            return c[len("job."):-len(".rss")]
+            return c[len("job.") : -len(".rss")]
         return None
 
     def proc_of(c: str) -> Optional[str]:
-        return c[len(series.RAM_PROC):] if c.startswith(series.RAM_PROC) else None
+        return c[len(series.RAM_PROC) :] if c.startswith(series.RAM_PROC) else None
 
     return Stack(plot, "mem.used", job_of, proc_of, "other", free="mem.available")
 
@@ -233,10 +243,11 @@ def gpu_stack(plot: Any, index: int) -> Stack:
     prefix = series.gpu_series(index, "")
 
     def job_of(c: str) -> Optional[str]:
-        return series.layer_job(c[len(prefix):]) if c.startswith(prefix) else None
+        return series.layer_job(c[len(prefix) :]) if c.startswith(prefix) else None
 
     def proc_of(c: str) -> Optional[str]:
-        return series.proc_name(c[len(prefix):]) if c.startswith(prefix) else None
+        return series.proc_name(c[len(prefix) :]) if c.startswith(prefix) else None
 
-    return Stack(plot, series.gpu_series(index, series.OTHER), job_of, proc_of, "other",
-                 jobs_in_total=False)
+    return Stack(
+        plot, series.gpu_series(index, series.OTHER), job_of, proc_of, "other", jobs_in_total=False
+    )

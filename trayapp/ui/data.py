@@ -27,8 +27,15 @@ EVENT_PAGES_MAX = 20
 BASE_SERIES = tuple(name for name, _field in series.MEMORY_SERIES)
 GPU_SERIES = ("total", "used", "util", "temp", series.OTHER)  # gpu<i>.<these>
 # Kinds the dashboard draws (markers and shaded spans); other events are not fetched for it.
-MARKER_KINDS = words(E.JOB_STARTED, E.JOB_PAUSED, E.JOB_RESUMED, E.JOB_PARKED, E.JOB_FINISHED,
-                     E.JOB_FAILED, E.JOB_STOPPED)
+MARKER_KINDS = words(
+    E.JOB_STARTED,
+    E.JOB_PAUSED,
+    E.JOB_RESUMED,
+    E.JOB_PARKED,
+    E.JOB_FINISHED,
+    E.JOB_FAILED,
+    E.JOB_STOPPED,
+)
 SPAN_KINDS = words(E.GUARD_WARN, E.GUARD_PAUSE, E.GUARD_PARK, E.GUARD_OK)
 
 
@@ -68,8 +75,9 @@ def _merge(into: Dict[str, Dict[str, List[float]]], part: Dict[str, Any]) -> Non
                 dest[k].extend(vals[skip:])
 
 
-def fetch_history(client: Any, start: float, end: float,
-                  gpu_indices: Iterable[int]) -> Dict[str, Any]:
+def fetch_history(
+    client: Any, start: float, end: float, gpu_indices: Iterable[int]
+) -> Dict[str, Any]:
     """``{"resolution": "raw"|"minute", "series": {name: {"t", ...}}}`` for the dashboard's
     series between ``start`` and ``end``. Raises what the client raises (EngineUnavailable,
     EngineError); a series without data in the range is absent."""
@@ -94,8 +102,12 @@ def fetch_history(client: Any, start: float, end: float,
             # A chunk crossed the raw tier's horizon: keep one resolution for the whole range.
             continue
         _merge(series, answer.get("series") or {})
-    return {"resolution": resolution or ("raw" if raw else "minute"), "start": start,
-            "end": end, "series": series}
+    return {
+        "resolution": resolution or ("raw" if raw else "minute"),
+        "start": start,
+        "end": end,
+        "series": series,
+    }
 
 
 def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
@@ -104,8 +116,11 @@ def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     after: Optional[int] = None
     for _ in range(EVENT_PAGES_MAX):
-        page = client.events(since=since, after_id=after, limit=EVENT_PAGE) if after is not None \
+        page = (
+            client.events(since=since, after_id=after, limit=EVENT_PAGE)
+            if after is not None
             else client.events(since=since, limit=EVENT_PAGE)
+        )
         if not page:
             break
         out += [e for e in page if e.get("kind") in MARKER_KINDS | SPAN_KINDS]
@@ -122,11 +137,16 @@ def job_names(client: Any) -> Dict[str, str]:
     return {job.id: job.name or job.id for job in records(client.jobs(all=True))}
 
 
-def load_range(client: Any, seconds: float, gpu_indices: Iterable[int],
-               now: float) -> Dict[str, Any]:
+def load_range(
+    client: Any, seconds: float, gpu_indices: Iterable[int], now: float
+) -> Dict[str, Any]:
     """History and events for the last ``seconds`` up to ``now``, and the names of the jobs:
     ``{"range", "end", "history", "events", "jobs"}``."""
     start = now - seconds
-    return {"range": seconds, "end": now,
-            "history": fetch_history(client, start, now, list(gpu_indices)),
-            "events": fetch_events(client, start), "jobs": job_names(client)}
+    return {
+        "range": seconds,
+        "end": now,
+        "history": fetch_history(client, start, now, list(gpu_indices)),
+        "events": fetch_events(client, start),
+        "jobs": job_names(client),
+    }

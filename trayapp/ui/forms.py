@@ -22,8 +22,9 @@ def window_title(name: str) -> str:
     return f"{name} — {PRODUCT}"
 
 
-def message_label(style: str = ERROR_STYLE, accessible_name: str = "",
-                  parent: Optional[QWidget] = None) -> QLabel:
+def message_label(
+    style: str = ERROR_STYLE, accessible_name: str = "", parent: Optional[QWidget] = None
+) -> QLabel:
     """A word-wrapped label for a field's reason; hidden while it has no text."""
     label = QLabel(parent)
     label.setWordWrap(True)

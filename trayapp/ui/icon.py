@@ -36,11 +36,15 @@ MIN_FILL_SHARE = 1 / 6  # a known level fills at least this much of the bar (2 p
 
 def track_colour(colour: QColor) -> QColor:
     """The pale tint of ``colour`` a known level's track is drawn in."""
+
     def mix(a: int, b: int) -> int:
         return int(round(TINT * a + (1 - TINT) * b))
 
-    return QColor(mix(colour.red(), TRACK.red()), mix(colour.green(), TRACK.green()),
-                  mix(colour.blue(), TRACK.blue()))
+    return QColor(
+        mix(colour.red(), TRACK.red()),
+        mix(colour.green(), TRACK.green()),
+        mix(colour.blue(), TRACK.blue()),
+    )
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,14 @@ class CheckpointPane(QWidget):
         bar = QHBoxLayout()
         self.buttons: Dict[str, QPushButton] = {}
         for action, text, tip in (
-                ("open", "Open folder", "Open this checkpoint's folder in the file manager"),
-                ("delete", "Delete…", "Delete this checkpoint's files (asks first)"),
-                ("continue", "Continue from it…",
-                 "Launch the job again with --resume, continuing from this checkpoint")):
+            ("open", "Open folder", "Open this checkpoint's folder in the file manager"),
+            ("delete", "Delete…", "Delete this checkpoint's files (asks first)"),
+            (
+                "continue",
+                "Continue from it…",
+                "Launch the job again with --resume, continuing from this checkpoint",
+            ),
+        ):
             b = QPushButton(text)
             b.setToolTip(tip)
             b.setProperty("tip", tip)
@@ -132,8 +136,7 @@ class CheckpointPane(QWidget):
     def _update_buttons(self) -> None:
         chosen = self.selected() is not None
         live = self.job is not None and self.job.state in LIVE
-        why = f"The job is {self.job.state}: stop or park it first." if live and self.job \
-            else None
+        why = f"The job is {self.job.state}: stop or park it first." if live and self.job else None
         self.buttons["open"].setEnabled(chosen)
         for action in ("delete", "continue"):
             button = self.buttons[action]
@@ -180,19 +183,26 @@ def _where(ck: Dict[str, Any]) -> str:
 
 def delete_question(job: JobRecord, ck: Dict[str, Any]) -> str:
     """What the delete confirmation asks."""
-    return (f"Delete checkpoint {ck.get('name')} of {job.name} ({job.id}), saved at "
-            f"{_where(ck)}? Its files in {ck.get('path')} are deleted; that fit() of the "
-            "script then starts over when the job is resumed.")
+    return (
+        f"Delete checkpoint {ck.get('name')} of {job.name} ({job.id}), saved at "
+        f"{_where(ck)}? Its files in {ck.get('path')} are deleted; that fit() of the "
+        "script then starts over when the job is resumed."
+    )
 
 
 def continue_question(job: JobRecord, ck: Dict[str, Any], later: List[str]) -> str:
     """What the continue confirmation asks: how the job is launched, what is deleted."""
-    how = ("It resumes under its own id" if job.state == S.PARKED or job.resumable
-           else "A new job is launched with the same script and options and --resume")
+    how = (
+        "It resumes under its own id"
+        if job.state == S.PARKED or job.resumable
+        else "A new job is launched with the same script and options and --resume"
+    )
     text = f"Continue {job.name} ({job.id}) from {ck.get('name')} ({_where(ck)})? {how}."
     if later:
-        text += (f" The checkpoints of the later fits ({', '.join(later)}) are deleted first, "
-                 "so that those fits train again from their start.")
+        text += (
+            f" The checkpoints of the later fits ({', '.join(later)}) are deleted first, "
+            "so that those fits train again from their start."
+        )
     if ck.get("finished"):
         text += " That fit() had finished: it trains no more, the script goes on after it."
     return text

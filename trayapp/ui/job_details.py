@@ -77,8 +77,14 @@ class LogPane(QWidget):
         self.copy_button.setToolTip("Copy the selected text, or the whole log")
         self.copy_button.setAccessibleName("Copy the log")
         self.copy_button.clicked.connect(self.copy)
-        for w in (self.search_edit, self.find_button, self.find_prev_button,
-                  self.search_result, self.follow_box, self.copy_button):
+        for w in (
+            self.search_edit,
+            self.find_button,
+            self.find_prev_button,
+            self.search_result,
+            self.follow_box,
+            self.copy_button,
+        ):
             bar.addWidget(w, 1 if w is self.search_edit else 0)
         layout.addLayout(bar)
         self.view = QPlainTextEdit()
@@ -91,8 +97,14 @@ class LogPane(QWidget):
 
     def focus_chain(self) -> List[QWidget]:
         """The pane's widgets in tab order."""
-        return [self.search_edit, self.find_button, self.find_prev_button, self.follow_box,
-                self.copy_button, self.view]
+        return [
+            self.search_edit,
+            self.find_button,
+            self.find_prev_button,
+            self.follow_box,
+            self.copy_button,
+            self.view,
+        ]
 
     def append(self, text: str) -> None:
         view = self.view
@@ -119,8 +131,9 @@ class LogPane(QWidget):
         found = self.view.find(text, flags)
         if not found:
             cursor = self.view.textCursor()
-            cursor.movePosition(QTextCursor.MoveOperation.Start if forward
-                                else QTextCursor.MoveOperation.End)
+            cursor.movePosition(
+                QTextCursor.MoveOperation.Start if forward else QTextCursor.MoveOperation.End
+            )
             self.view.setTextCursor(cursor)
             found = self.view.find(text, flags)
         if found:
@@ -154,8 +167,9 @@ class LogPane(QWidget):
     def copy(self) -> str:
         """Copy the selected log text, or the whole log; returns what was copied."""
         cursor = self.view.textCursor()
-        text = cursor.selectedText().replace("\u2029", "\n") if cursor.hasSelection() \
-            else self.text()
+        text = (
+            cursor.selectedText().replace("\u2029", "\n") if cursor.hasSelection() else self.text()
+        )
         QGuiApplication.clipboard().setText(text)
         return text
 
@@ -198,8 +212,9 @@ class EventList(QTreeWidget):
     def add(self, event: Dict[str, Any]) -> None:
         when = formats.clock(float(event.get("time") or 0))
         level = str(event.get("level") or "info")
-        item = QTreeWidgetItem([when, level,
-                                one_line(str(event.get("message") or event.get("kind")))])
+        item = QTreeWidgetItem(
+            [when, level, one_line(str(event.get("message") or event.get("kind")))]
+        )
         item.setToolTip(2, plain_tip(str(event.get("message") or "")))
         if level in LEVEL_COLOURS:
             for col in range(3):
@@ -211,8 +226,9 @@ class EventList(QTreeWidget):
         return [item.text(2) for item in items if item is not None]
 
 
-def chart_request(job: Optional[JobRecord], job_id: str,
-                  now: float) -> Tuple[float, float, List[str]]:
+def chart_request(
+    job: Optional[JobRecord], job_id: str, now: float
+) -> Tuple[float, float, List[str]]:
     """(start, end, series) of the history the chart of ``job_id`` shows: the job's time, at
     most its last hour."""
     end = (job.ended if job is not None else None) or now
@@ -239,10 +255,12 @@ class MemoryChart(QWidget):
         for ax in ("left", "bottom"):
             plot.getAxis(ax).setPen(pg.mkPen("#888888"))
             plot.getAxis(ax).setTextPen(pg.mkPen("#333333"))
-        self.rss_curve = plot.plot([], [], name="RAM (process tree)",
-                                   pen=pg.mkPen("#2e7d32", width=1), antialias=False)
-        self.vram_curve = plot.plot([], [], name="VRAM",
-                                    pen=pg.mkPen("#6a3d9a", width=1), antialias=False)
+        self.rss_curve = plot.plot(
+            [], [], name="RAM (process tree)", pen=pg.mkPen("#2e7d32", width=1), antialias=False
+        )
+        self.vram_curve = plot.plot(
+            [], [], name="VRAM", pen=pg.mkPen("#6a3d9a", width=1), antialias=False
+        )
         self.budget_lines: List[Any] = []
         self.keys: List[Tuple[str, str, bool]] = []  # the legend: (label, colour, dashed)
         self._legend([])
@@ -254,21 +272,21 @@ class MemoryChart(QWidget):
 
     def _legend(self, budgets: List[Tuple[str, str, bool]]) -> None:
         # In the title line, never over the curves.
-        self.keys = [("RAM (process tree)", "#2e7d32", False), ("VRAM", "#6a3d9a", False)] + \
-            budgets
+        self.keys = [("RAM (process tree)", "#2e7d32", False), ("VRAM", "#6a3d9a", False)] + budgets
         self.chart.getPlotItem().setTitle(title_legend(self.keys), size="8pt")
 
     def clear(self) -> None:
         self.rss_curve.setData([], [])
         self.vram_curve.setData([], [])
 
-    def show_history(self, job_id: str, result: Dict[str, Any],
-                     job: Optional[JobRecord]) -> None:
+    def show_history(self, job_id: str, result: Dict[str, Any], job: Optional[JobRecord]) -> None:
         """Draw the engine's history answer for ``job_id`` (``chart_request``'s series)."""
         found = (result or {}).get("series") or {}
         data = []
-        for name, curve in ((seriesmod.job_series(job_id, "rss"), self.rss_curve),
-                            (seriesmod.job_series(job_id, "vram"), self.vram_curve)):
+        for name, curve in (
+            (seriesmod.job_series(job_id, "rss"), self.rss_curve),
+            (seriesmod.job_series(job_id, "vram"), self.vram_curve),
+        ):
             cols = found.get(name) or {}
             # Raw rows have "v"; one-minute rows have min/mean/max: the peak is what counts.
             values = cols.get("v") if "v" in cols else cols.get("max")
@@ -309,15 +327,20 @@ class MemoryChart(QWidget):
         peak = self._peak()
         top = peak
         for value, colour, label in (
-                (job.ram_budget_bytes if job else None, "#2e7d32", "RAM budget"),
-                (job.vram_budget_bytes if job else None, "#6a3d9a", "VRAM budget")):
+            (job.ram_budget_bytes if job else None, "#2e7d32", "RAM budget"),
+            (job.vram_budget_bytes if job else None, "#6a3d9a", "VRAM budget"),
+        ):
             if value:
                 y = float(value) / scale
                 notes.append(f"{label} {format_bytes(value)}")
-                line = pg.InfiniteLine(pos=y, angle=0, movable=False,
-                                       pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
-                                       label=label, labelOpts={"position": 0.05,
-                                                               "color": colour})
+                line = pg.InfiniteLine(
+                    pos=y,
+                    angle=0,
+                    movable=False,
+                    pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
+                    label=label,
+                    labelOpts={"position": 0.05, "color": colour},
+                )
                 plot.addItem(line, ignoreBounds=True)
                 self.budget_lines.append(line)
                 keys.append((label, colour, True))
@@ -348,7 +371,9 @@ def title_legend(keys: Sequence[Tuple[str, str, bool]]) -> str:
     """A legend as a title line: a coloured square (a dash for a dashed line) and the name."""
     return "&nbsp;&nbsp;".join(
         f"<span style='color:{colour}'>{'&#9476;' if dashed else '&#9632;'}</span>&nbsp;"
-        f"{html.escape(label)}" for label, colour, dashed in keys)
+        f"{html.escape(label)}"
+        for label, colour, dashed in keys
+    )
 
 
 CURVE_COLOURS = ("#1f5fa8", "#c0392b", "#2e7d32", "#6a3d9a", "#b26a00", "#117a8b", "#555555")
@@ -404,10 +429,14 @@ class CurvesChart(QWidget):
             x = fit.get("x")
             if not isinstance(x, (int, float)):
                 continue
-            line = pg.InfiniteLine(pos=float(x), angle=90, movable=False,
-                                   pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DotLine),
-                                   label=f"fit {fit.get('fit')}",
-                                   labelOpts={"position": 0.05, "color": "#555555"})
+            line = pg.InfiniteLine(
+                pos=float(x),
+                angle=90,
+                movable=False,
+                pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DotLine),
+                label=f"fit {fit.get('fit')}",
+                labelOpts={"position": 0.05, "color": "#555555"},
+            )
             plot.addItem(line, ignoreBounds=True)
             self.fit_lines.append(line)
 
@@ -418,20 +447,27 @@ class CurvesChart(QWidget):
                 bases.append(_base_metric(n))
         return CURVE_COLOURS[bases.index(_base_metric(name)) % len(CURVE_COLOURS)]
 
-    def _item(self, key: str, name: str, names: List[str], epochs: bool,
-              named: bool = True) -> Any:
+    def _item(self, key: str, name: str, names: List[str], epochs: bool, named: bool = True) -> Any:
         item = self.curves.get(key)
         if item is None:
             colour = self._colour(name, names)
             style = Qt.PenStyle.DashLine if name.startswith("val_") else Qt.PenStyle.SolidLine
             plot = self.chart.getPlotItem()
             if epochs:
-                item = plot.plot([], [], pen=pg.mkPen(colour, width=2, style=style),
-                                 symbol="o", symbolSize=6, symbolBrush=colour,
-                                 symbolPen=colour, antialias=True)
+                item = plot.plot(
+                    [],
+                    [],
+                    pen=pg.mkPen(colour, width=2, style=style),
+                    symbol="o",
+                    symbolSize=6,
+                    symbolBrush=colour,
+                    symbolPen=colour,
+                    antialias=True,
+                )
             else:
-                item = plot.plot([], [], pen=pg.mkPen(colour, width=1, style=style),
-                                 antialias=False)
+                item = plot.plot(
+                    [], [], pen=pg.mkPen(colour, width=1, style=style), antialias=False
+                )
             self.curves[key] = item
             if named:  # in the legend once, in the title line (never over the curves)
                 self.keys.append((name, colour, name.startswith("val_")))
@@ -448,15 +484,21 @@ class CurvesChart(QWidget):
             if name in batches:
                 self._item(name, name, names, False).setData(*batches[name])
             if name in epochs:
-                self._item(name + "@epoch", name, names, True,
-                           named=name not in batches).setData(*epochs[name])
+                self._item(name + "@epoch", name, names, True, named=name not in batches).setData(
+                    *epochs[name]
+                )
         if not batches and not epochs:
-            self.note.setText("No loss or metrics from this job: they come from Keras's fit() "
-                              "while the engine runs" + (" (the job reports no fit() progress)"
-                                                         if job and job.hello and not job.hooked
-                                                         else "") + ".")
+            self.note.setText(
+                "No loss or metrics from this job: they come from Keras's fit() "
+                "while the engine runs"
+                + (
+                    " (the job reports no fit() progress)"
+                    if job and job.hello and not job.hooked
+                    else ""
+                )
+                + "."
+            )
             return
         last = {n: v[1][-1] for n, v in {**batches, **epochs}.items() if v[1]}
         said = " · ".join(f"{n} {formats.loss(last[n])}" for n in names if n in last)
-        self.note.setText(f"Last: {said}" + (" · the points are the epoch ends" if epochs
-                                              else ""))
+        self.note.setText(f"Last: {said}" + (" · the points are the epoch ends" if epochs else ""))

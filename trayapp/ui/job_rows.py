@@ -30,17 +30,32 @@ FINISHED_STATES = vocab.ENDED
 # States whose text says who paused the job and why.
 PAUSE_STATES = vocab.words(S.PAUSED, S.PAUSING)
 # The filter's choices: its key ("finished" shows the ended jobs) and its label.
-SHOW_CHOICES = (("all", "All jobs"), ("active", "Running and parked"),
-                ("finished", "Finished"))
+SHOW_CHOICES = (("all", "All jobs"), ("active", "Running and parked"), ("finished", "Finished"))
 ACTIONS = (A.PAUSE, A.RESUME, A.PARK, A.STOP)
 STATE_COLOURS: Dict[str, str] = {
-    S.RUNNING: "#2e7d32", S.PAUSED: "#b26a00", S.PAUSING: "#b26a00", S.PARKED: "#6a3d9a",
-    S.PARKING: "#6a3d9a", S.FAILED: "#c0392b", S.LOST: "#c0392b", S.STOPPED: "#555555",
-    S.FINISHED: "#1f5fa8"}
+    S.RUNNING: "#2e7d32",
+    S.PAUSED: "#b26a00",
+    S.PAUSING: "#b26a00",
+    S.PARKED: "#6a3d9a",
+    S.PARKING: "#6a3d9a",
+    S.FAILED: "#c0392b",
+    S.LOST: "#c0392b",
+    S.STOPPED: "#555555",
+    S.FINISHED: "#1f5fa8",
+}
 LEVEL_COLOURS = {"warn": "#a15c00", "error": "#c0392b"}  # an event's level
 # What the runner's hello says that the Options tab shows in sections of its own.
-_HELLO_SHOWN = ("applied", "options", "python", "python_version", "tf_version", "keras_version",
-                "hooked", "job_id", "pid")
+_HELLO_SHOWN = (
+    "applied",
+    "options",
+    "python",
+    "python_version",
+    "tf_version",
+    "keras_version",
+    "hooked",
+    "job_id",
+    "pid",
+)
 
 Rows = List[Tuple[str, str]]
 
@@ -90,9 +105,15 @@ def state_text(job: JobRecord) -> str:
 
 def _state_why(job: JobRecord) -> str:
     state = job.state
-    by, why = (job.paused_by, job.pause_reason) if state in PAUSE_STATES else \
-        (job.parked_by, job.park_reason) if state in vocab.PARKED else \
-        (job.stopped_by, job.stop_reason) if state == vocab.JobState.STOPPED else (None, None)
+    by, why = (
+        (job.paused_by, job.pause_reason)
+        if state in PAUSE_STATES
+        else (job.parked_by, job.park_reason)
+        if state in vocab.PARKED
+        else (job.stopped_by, job.stop_reason)
+        if state == vocab.JobState.STOPPED
+        else (None, None)
+    )
     if by:
         return f"{state} by {who(by)}" + (f": {why}" if why else "")
     if state in FINISHED_STATES | vocab.PARKED and job.end_reason and job.end_reason != state:
@@ -148,9 +169,11 @@ def actions_for(job: Optional[JobRecord]) -> Tuple[str, ...]:
     return JOB_ACTIONS.get(job.state, ())
 
 
-INTERRUPT_TIP = ("Interrupt the kernel's fit() at the next batch end (a checkpoint first, with a "
-                 "checkpoint folder); the kernel and its variables stay, the cell gets "
-                 "KeyboardInterrupt")
+INTERRUPT_TIP = (
+    "Interrupt the kernel's fit() at the next batch end (a checkpoint first, with a "
+    "checkpoint folder); the kernel and its variables stay, the cell gets "
+    "KeyboardInterrupt"
+)
 
 
 def action_words(job: Optional[JobRecord], action: str, text: str, tip: str) -> Tuple[str, str]:
@@ -165,19 +188,27 @@ def stop_question(job: JobRecord) -> str:
     """What the stop confirmation asks: what stop does to the checkpoint and to the script."""
     name = f"{job.name} ({job.id})"
     if job.is_kernel:
-        return (f"Shut the kernel {name} down? Its variables are lost (a fit() running stops "
-                "at the next batch end, after a checkpoint with a checkpoint folder). Jupyter "
-                "may start the kernel again, empty.")
+        return (
+            f"Shut the kernel {name} down? Its variables are lost (a fit() running stops "
+            "at the next batch end, after a checkpoint with a checkpoint folder). Jupyter "
+            "may start the kernel again, empty."
+        )
     if not job.hooked:
-        return (f"Stop {name}? It is interrupted (as with Ctrl-C), then ended by force if it "
-                "does not end; the rest of its script does not run.")
+        return (
+            f"Stop {name}? It is interrupted (as with Ctrl-C), then ended by force if it "
+            "does not end; the rest of its script does not run."
+        )
     if job.checkpoint_dir:
-        return (f"Stop {name}? It saves a checkpoint and ends at the next batch; the rest of "
-                "its script (after fit()) does not run. Resume continues it from the "
-                "checkpoint.")
-    return (f"Stop {name}? It ends at the next batch; the rest of its script (after fit()) "
-            "does not run. It has no checkpoint folder, so its training progress is lost; "
-            "Park needs one.")
+        return (
+            f"Stop {name}? It saves a checkpoint and ends at the next batch; the rest of "
+            "its script (after fit()) does not run. Resume continues it from the "
+            "checkpoint."
+        )
+    return (
+        f"Stop {name}? It ends at the next batch; the rest of its script (after fit()) "
+        "does not run. It has no checkpoint folder, so its training progress is lost; "
+        "Park needs one."
+    )
 
 
 RELAUNCH_CHOICES = ("Continue from the checkpoint", "Start over (the checkpoint is deleted)")
@@ -214,14 +245,24 @@ def process_rows(process: Any) -> Rows:
     if not isinstance(process, Mapping):
         return []
     rows = []
-    nice, oom, cap = process.get("nice"), process.get("oom_score_adj"), \
-        process.get("log_max_bytes")
+    nice, oom, cap = process.get("nice"), process.get("oom_score_adj"), process.get("log_max_bytes")
     if isinstance(nice, int):
-        rows.append(("CPU priority", f"nice {nice}" + (" (the desktop's normal priority)"
-                                                       if nice == 0 else " (below the desktop)")))
+        rows.append(
+            (
+                "CPU priority",
+                f"nice {nice}"
+                + (" (the desktop's normal priority)" if nice == 0 else " (below the desktop)"),
+            )
+        )
     if isinstance(oom, int) and sys.platform != "win32":
-        rows.append(("OOM score", f"oom_score_adj {oom:+d} (the kernel's OOM killer takes it "
-                                  "before the desktop)" if oom > 0 else f"oom_score_adj {oom}"))
+        rows.append(
+            (
+                "OOM score",
+                f"oom_score_adj {oom:+d} (the kernel's OOM killer takes it before the desktop)"
+                if oom > 0
+                else f"oom_score_adj {oom}",
+            )
+        )
     if isinstance(cap, int):
         rows.append(("Log", f"capped at {format_bytes(cap)} (its head and its tail kept)"))
     return rows
@@ -253,18 +294,26 @@ def _hello_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
     hello = job.hello or {}
     if not hello:
         return [("Options applied", [("", "not reported yet (the runner has not said hello)")])]
-    rows = [(name, value) for name, _, value in
-            (line.partition(" = ") for line in applied_lines(hello))]
+    rows = [
+        (name, value) for name, _, value in (line.partition(" = ") for line in applied_lines(hello))
+    ]
     sections = [("Options applied", rows or [("", "none (TensorFlow's defaults)")])]
-    sections.append(("Interpreter", [
-        ("Python", f"{hello.get('python_version') or '?'} ({hello.get('python') or '?'})"),
-        ("TensorFlow", str(hello.get("tf_version") or "not imported")),
-        ("Keras", str(hello.get("keras_version") or "n/a")),
-        ("fit() progress", "hooked" if hello.get("hooked") or job.hooked else "not hooked")]))
+    sections.append(
+        (
+            "Interpreter",
+            [
+                ("Python", f"{hello.get('python_version') or '?'} ({hello.get('python') or '?'})"),
+                ("TensorFlow", str(hello.get("tf_version") or "not imported")),
+                ("Keras", str(hello.get("keras_version") or "n/a")),
+                ("fit() progress", "hooked" if hello.get("hooked") or job.hooked else "not hooked"),
+            ],
+        )
+    )
     asked = hello.get("options")
     if isinstance(asked, dict):
-        sections.append(("Options asked for",
-                         [(k, plain(v)) for k, v in asked.items() if v is not None]))
+        sections.append(
+            ("Options asked for", [(k, plain(v)) for k, v in asked.items() if v is not None])
+        )
     rest = {k: v for k, v in hello.items() if k not in _HELLO_SHOWN}
     if rest:
         sections.append(("Reported by the runner", [(k, plain(v)) for k, v in rest.items()]))
@@ -282,8 +331,9 @@ def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
         sections.append(("Checkpoint", [("last", checkpoint_text(job.checkpoint))]))
     said = (job.forecast or {}).get("message")
     if said:
-        batch = formats.batch(job.batch, job.micro_batch, job.accumulation) if job.accumulation \
-            else ""
+        batch = (
+            formats.batch(job.batch, job.micro_batch, job.accumulation) if job.accumulation else ""
+        )
         rows = [("forecast", f"this job {said}")] + ([("batch", batch)] if batch else [])
         sections.append(("Memory forecast", rows))
     notes = [f"{n.get('level')}: {n.get('message')}" for n in job.notes]
@@ -295,10 +345,24 @@ def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
 def options_key(job: JobRecord) -> str:
     """What the Options tab is made of, as one string: the tab is filled again when it
     changes."""
-    return job.id + ":" + json.dumps([job.hello, job.warnings, job.notes, job.checkpoint,
-                                      job.process, job.forecast, job.accumulation,
-                                      job.protection],
-                                     default=_jsonable, sort_keys=True)
+    return (
+        job.id
+        + ":"
+        + json.dumps(
+            [
+                job.hello,
+                job.warnings,
+                job.notes,
+                job.checkpoint,
+                job.process,
+                job.forecast,
+                job.accumulation,
+                job.protection,
+            ],
+            default=_jsonable,
+            sort_keys=True,
+        )
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -313,15 +377,21 @@ def action_refusal(job: Optional[JobRecord], action: str) -> Optional[str]:
     if job.is_kernel:
         if job.kernel_in_fit:
             return None
-        return ("The kernel runs no fit() that Headroom follows: there is no fit to "
-                "interrupt. Pause or stop it instead.")
+        return (
+            "The kernel runs no fit() that Headroom follows: there is no fit to "
+            "interrupt. Pause or stop it instead."
+        )
     if not job.checkpoint_dir:
-        return ("Park needs a checkpoint folder, and this job has none: its training progress "
-                "would be lost. Pause or stop it instead; launch it with a checkpoint folder "
-                "to park it.")
+        return (
+            "Park needs a checkpoint folder, and this job has none: its training progress "
+            "would be lost. Pause or stop it instead; launch it with a checkpoint folder "
+            "to park it."
+        )
     if job.hello and not job.hooked:
-        return ("Park needs Keras's fit() hooked, and this job does not report from it: "
-                "its training progress would be lost. Pause or stop it instead.")
+        return (
+            "Park needs Keras's fit() hooked, and this job does not report from it: "
+            "its training progress would be lost. Pause or stop it instead."
+        )
     return None
 
 
@@ -361,8 +431,12 @@ def checkpoint_row(ck: Mapping[str, Any], now: float) -> Tuple[str, str, str, st
     saved = ck.get("time")
     when = formats.started(float(saved), now) if isinstance(saved, (int, float)) else "n/a"
     size = ck.get("size_bytes")
-    return (str(ck.get("name")), where,
-            format_bytes(size) if isinstance(size, (int, float)) else "n/a", when)
+    return (
+        str(ck.get("name")),
+        where,
+        format_bytes(size) if isinstance(size, (int, float)) else "n/a",
+        when,
+    )
 
 
 def later_checkpoints(listing: Mapping[str, Any], name: str) -> List[str]:
@@ -373,5 +447,4 @@ def later_checkpoints(listing: Mapping[str, Any], name: str) -> List[str]:
     fit = next((c.get("fit") for c in found if c.get("name") == name), None)
     if not isinstance(fit, int):
         return []
-    return [str(c.get("name")) for c in found
-            if isinstance(c.get("fit"), int) and c["fit"] > fit]
+    return [str(c.get("name")) for c in found if isinstance(c.get("fit"), int) and c["fit"] > fit]

@@ -40,8 +40,12 @@ class JobsModel(QAbstractTableModel):
     def columnCount(self, parent: Any = QModelIndex()) -> int:  # noqa: N802 - Qt's name
         return 0 if parent.isValid() else len(COLUMNS)
 
-    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def headerData(
+        self,
+        section: int,
+        orientation: Qt.Orientation,  # noqa: N802
+        role: int = Qt.ItemDataRole.DisplayRole,
+    ) -> Any:
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return COLUMNS[section]
         return None
@@ -66,7 +70,12 @@ class JobsModel(QAbstractTableModel):
             if COLUMNS[col] == "Name":
                 return plain_tip(f"{job.id} · {job.script}")
         if role == Qt.ItemDataRole.TextAlignmentRole and COLUMNS[col] in (
-                "Loss", "ETA", "RAM", "VRAM", "Elapsed"):
+            "Loss",
+            "ETA",
+            "RAM",
+            "VRAM",
+            "Elapsed",
+        ):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None
 
@@ -107,8 +116,9 @@ class JobsModel(QAbstractTableModel):
         """Elapsed and ETA move with the clock: redraw those cells of live jobs."""
         for i, j in enumerate(self.jobs):
             if j.state not in FINISHED_STATES:
-                self.dataChanged.emit(self.index(i, COLUMNS.index("ETA")),
-                                      self.index(i, len(COLUMNS) - 1))
+                self.dataChanged.emit(
+                    self.index(i, COLUMNS.index("ETA")), self.index(i, len(COLUMNS) - 1)
+                )
 
 
 class JobsFilter(QSortFilterProxyModel):

@@ -82,9 +82,11 @@ log = logging.getLogger("headroom.ui")
 TRAINING_TAB, CHECKPOINTS_TAB = 3, 4  # the curves and memory; the checkpoints
 CURVES_SECONDS = 2.0  # a live job's curves are asked for this often while they show
 CHECKPOINTS_SECONDS = 5.0
-KERNEL_LOG = ("A Jupyter kernel's output is in its notebook: Headroom keeps no log of it. The "
-              "progress of its fit() is in the table above and under Curves and memory; what "
-              "the guard did to it is under Events.")
+KERNEL_LOG = (
+    "A Jupyter kernel's output is in its notebook: Headroom keeps no log of it. The "
+    "progress of its fit() is in the table above and under Curves and memory; what "
+    "the guard did to it is under Events."
+)
 
 
 def _select_data(box: QComboBox, data: Any) -> None:
@@ -94,8 +96,13 @@ def _select_data(box: QComboBox, data: Any) -> None:
 
 def _choose(parent: QWidget, text: str, choices: Tuple[str, ...]) -> Optional[int]:
     """Ask ``text`` with a button for each choice and Cancel; the choice's index, or None."""
-    box = QMessageBox(QMessageBox.Icon.Question, window_title("Jobs"), text,
-                      QMessageBox.StandardButton.Cancel, parent)
+    box = QMessageBox(
+        QMessageBox.Icon.Question,
+        window_title("Jobs"),
+        text,
+        QMessageBox.StandardButton.Cancel,
+        parent,
+    )
     buttons = [box.addButton(c, QMessageBox.ButtonRole.AcceptRole) for c in choices]
     box.setDefaultButton(buttons[0])
     box.exec()
@@ -104,9 +111,13 @@ def _choose(parent: QWidget, text: str, choices: Tuple[str, ...]) -> Optional[in
 
 
 def _confirm(parent: QWidget, text: str) -> bool:
-    answer = QMessageBox.question(parent, window_title("Jobs"), text,
-                                  QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-                                  QMessageBox.StandardButton.No)
+    answer = QMessageBox.question(
+        parent,
+        window_title("Jobs"),
+        text,
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+        QMessageBox.StandardButton.No,
+    )
     return answer == QMessageBox.StandardButton.Yes
 
 
@@ -120,8 +131,13 @@ class JobsWindow(QWidget):
 
     relaunched = Signal(object)
 
-    def __init__(self, client_factory: Callable[[], EngineClient],
-                 parent: Optional[QWidget] = None, *, poll_ms: int = 1000):
+    def __init__(
+        self,
+        client_factory: Callable[[], EngineClient],
+        parent: Optional[QWidget] = None,
+        *,
+        poll_ms: int = 1000,
+    ):
         super().__init__(parent)
         self.setWindowFlag(Qt.WindowType.Window, True)
         self.setWindowTitle(window_title("Jobs"))
@@ -131,8 +147,9 @@ class JobsWindow(QWidget):
         self.selected_id: Optional[str] = None
         self.loaded = False  # the first job list arrived
         self.confirm: Callable[[str], bool] = lambda text: _confirm(self, text)
-        self.choose: Callable[[str, Tuple[str, ...]], Optional[int]] = \
-            lambda text, choices: _choose(self, text, choices)
+        self.choose: Callable[[str, Tuple[str, ...]], Optional[int]] = lambda text, choices: (
+            _choose(self, text, choices)
+        )
         self._busy: set = set()  # kinds of request in flight
         self._log_offset: Optional[int] = None
         self._log_job: Optional[str] = None
@@ -178,9 +195,12 @@ class JobsWindow(QWidget):
         split.setStretchFactor(1, 3)
         split.setSizes([330, 450])  # the table shows about 8 jobs, the details the rest
         outer.addWidget(split, 1)
-        chain_tab_order([self.show_combo, self.filter_edit, self.table]
-                        + list(self.buttons.values())
-                        + [self.detail_tabs] + self.log_pane.focus_chain())
+        chain_tab_order(
+            [self.show_combo, self.filter_edit, self.table]
+            + list(self.buttons.values())
+            + [self.detail_tabs]
+            + self.log_pane.focus_chain()
+        )
 
     def _build_filter(self) -> QHBoxLayout:
         top = QHBoxLayout()
@@ -194,7 +214,8 @@ class JobsWindow(QWidget):
         for key, label in SHOW_CHOICES:
             self.show_combo.addItem(label, key)
         self.show_combo.currentIndexChanged.connect(
-            lambda _i: self.proxy.set_filter(show=self.show_combo.currentData()))
+            lambda _i: self.proxy.set_filter(show=self.show_combo.currentData())
+        )
         top.addWidget(QLabel("Show"))
         top.addWidget(self.show_combo)
         top.addWidget(self.filter_edit, 1)
@@ -209,8 +230,7 @@ class JobsWindow(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
-        self.table.verticalHeader().setDefaultSectionSize(
-            self.table.fontMetrics().height() + 10)
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 10)
         self.table.setMinimumHeight(6 * (self.table.fontMetrics().height() + 10))
         self.table.setAlternatingRowColors(True)
         self.table.setWordWrap(False)
@@ -223,22 +243,31 @@ class JobsWindow(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)  # a state's reason
         self.table.selectionModel().currentRowChanged.connect(self._current_changed)
-        self.empty_label = QLabel("No jobs yet. Launch one from the tray menu "
-                                  "(Launch training…) or with 'headroom run'.")
+        self.empty_label = QLabel(
+            "No jobs yet. Launch one from the tray menu (Launch training…) or with 'headroom run'."
+        )
         self.empty_label.setStyleSheet(NOTE_STYLE)
 
     def _build_actions(self) -> QHBoxLayout:
         actions = QHBoxLayout()
         self.buttons: Dict[str, QPushButton] = {}
         for name, text, tip in (
-                (A.PAUSE, "Pause", "Pause at the next batch end; memory stays in use"),
-                (A.RESUME, "Resume", "Resume a paused job, or relaunch a parked or stopped "
-                                     "one from its checkpoint"),
-                (A.PARK, "Park", "Checkpoint and end the job, freeing its RAM and VRAM"),
-                (A.STOP, "Stop", "End the job: a checkpoint first when it has a folder; the rest "
-                                 "of its script does not run"),
-                ("relaunch", "Relaunch", "Start a new job with the same script and options"),
-                ("folder", "Open folder", "Open the job's folder (log, spec, checkpoints)")):
+            (A.PAUSE, "Pause", "Pause at the next batch end; memory stays in use"),
+            (
+                A.RESUME,
+                "Resume",
+                "Resume a paused job, or relaunch a parked or stopped one from its checkpoint",
+            ),
+            (A.PARK, "Park", "Checkpoint and end the job, freeing its RAM and VRAM"),
+            (
+                A.STOP,
+                "Stop",
+                "End the job: a checkpoint first when it has a folder; the rest "
+                "of its script does not run",
+            ),
+            ("relaunch", "Relaunch", "Start a new job with the same script and options"),
+            ("folder", "Open folder", "Open the job's folder (log, spec, checkpoints)"),
+        ):
             b = QPushButton(text)
             b.setToolTip(tip)
             b.setProperty("tip", tip)
@@ -258,8 +287,9 @@ class JobsWindow(QWidget):
         box = QWidget()
         layout = QVBoxLayout(box)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.header_label = QLabel("Select a job to see its log, options, events, curves, "
-                                   "memory and checkpoints.")
+        self.header_label = QLabel(
+            "Select a job to see its log, options, events, curves, memory and checkpoints."
+        )
         self.header_label.setWordWrap(True)
         self.header_label.setTextFormat(Qt.TextFormat.PlainText)  # it shows the job's name
         self.header_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -315,20 +345,32 @@ class JobsWindow(QWidget):
 
     def add_event(self, event: Dict[str, Any]) -> None:
         """An engine event: shown at once when it is about the selected job."""
-        if self.selected_id and str(event.get("job_id")) == self.selected_id \
-                and self._events_job == self.selected_id:
+        if (
+            self.selected_id
+            and str(event.get("job_id")) == self.selected_id
+            and self._events_job == self.selected_id
+        ):
             self._add_events([event])
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
-        set_message(self.banner, None if reachable else
-                    "The engine is not reachable" + (f": {reason}" if reason else "")
-                    + ". What is shown may be out of date.")
+        set_message(
+            self.banner,
+            None
+            if reachable
+            else "The engine is not reachable"
+            + (f": {reason}" if reason else "")
+            + ". What is shown may be out of date.",
+        )
 
     # -- polling -----------------------------------------------------------------------------------
 
-    def _submit(self, kind: str, fn: Callable[[EngineClient], Any],
-                done: Callable[[Any], None],
-                error: Optional[Callable[[str], None]] = None) -> None:
+    def _submit(
+        self,
+        kind: str,
+        fn: Callable[[EngineClient], Any],
+        done: Callable[[Any], None],
+        error: Optional[Callable[[str], None]] = None,
+    ) -> None:
         if kind in self._busy:
             return
         self._busy.add(kind)
@@ -423,8 +465,9 @@ class JobsWindow(QWidget):
         for name in ACTIONS:
             refusal = action_refusal(job, name)
             button = self.buttons[name]
-            text, tip = action_words(job, name, str(button.property("text")),
-                                     str(button.property("tip")))
+            text, tip = action_words(
+                job, name, str(button.property("text")), str(button.property("tip"))
+            )
             if button.text() != text:
                 button.setText(text)
                 button.setAccessibleName(f"{text} job")
@@ -437,8 +480,9 @@ class JobsWindow(QWidget):
         self.buttons["relaunch"].setEnabled(bool(job and job.spec and not job.is_kernel))
         self.buttons["folder"].setEnabled(bool(job and job_folder(job)))
         if job is None:
-            self.header_label.setText("Select a job to see its log, options, events, curves, "
-                                      "memory and checkpoints.")
+            self.header_label.setText(
+                "Select a job to see its log, options, events, curves, memory and checkpoints."
+            )
             self.options_tree.clear()
             return
         self.header_label.setText(self._header(job))
@@ -455,8 +499,9 @@ class JobsWindow(QWidget):
         if job.exit_code is not None and job.state in FINISHED_STATES:
             parts.append(f"exit status {job.exit_code}")
         if job.started:
-            parts.append("started " + time.strftime("%Y-%m-%d %H:%M:%S",
-                                                    time.localtime(job.started)))
+            parts.append(
+                "started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.started))
+            )
         budgets = []
         if job.ram_budget_bytes:
             budgets.append(f"RAM budget {format_bytes(job.ram_budget_bytes)}")
@@ -470,8 +515,11 @@ class JobsWindow(QWidget):
 
     def _poll_log(self, job_id: str) -> None:
         offset = self._log_offset
-        self._submit("log", lambda c: c.job_log(job_id, offset=offset),
-                     lambda r: self._got_log(job_id, offset, r))
+        self._submit(
+            "log",
+            lambda c: c.job_log(job_id, offset=offset),
+            lambda r: self._got_log(job_id, offset, r),
+        )
 
     def _got_log(self, job_id: str, asked: Optional[int], result: Dict[str, Any]) -> None:
         if job_id != self._log_job or asked != self._log_offset:
@@ -502,12 +550,15 @@ class JobsWindow(QWidget):
 
     def _poll_events(self, job_id: str) -> None:
         after = self._events_after
-        self._submit("events", lambda c: c.events(job=job_id, after_id=after,
-                                                  limit=500 if after is not None else None),
-                     lambda r: self._got_events(job_id, after, r))
+        self._submit(
+            "events",
+            lambda c: c.events(
+                job=job_id, after_id=after, limit=500 if after is not None else None
+            ),
+            lambda r: self._got_events(job_id, after, r),
+        )
 
-    def _got_events(self, job_id: str, after: Optional[int],
-                    events: List[Dict[str, Any]]) -> None:
+    def _got_events(self, job_id: str, after: Optional[int], events: List[Dict[str, Any]]) -> None:
         if job_id != self._events_job or after != self._events_after:
             return
         self._add_events(events or [])
@@ -542,8 +593,11 @@ class JobsWindow(QWidget):
     def _poll_chart(self, job_id: str) -> None:
         start, end, names = chart_request(self.model.job(job_id), job_id, time.time())
         self._chart_due = time.monotonic() + 5.0
-        self._submit("chart", lambda c: c.history(start, end, series=names),
-                     lambda r: self._got_chart(job_id, r))
+        self._submit(
+            "chart",
+            lambda c: c.history(start, end, series=names),
+            lambda r: self._got_chart(job_id, r),
+        )
 
     def _got_chart(self, job_id: str, result: Dict[str, Any]) -> None:
         if job_id == self.selected_id:
@@ -553,9 +607,13 @@ class JobsWindow(QWidget):
         job = self.model.job(job_id)
         # An ended job's curves do not change: asked again only when it is selected again.
         self._curves_due = time.monotonic() + (
-            CURVES_SECONDS if job is None or job.state not in FINISHED_STATES else 1e9)
-        self._submit("curves", lambda c: c.job_get(job_id, curves=True),
-                     lambda r: self._got_curves(job_id, r))
+            CURVES_SECONDS if job is None or job.state not in FINISHED_STATES else 1e9
+        )
+        self._submit(
+            "curves",
+            lambda c: c.job_get(job_id, curves=True),
+            lambda r: self._got_curves(job_id, r),
+        )
 
     def _got_curves(self, job_id: str, result: Dict[str, Any]) -> None:
         if job_id == self.selected_id:
@@ -565,9 +623,12 @@ class JobsWindow(QWidget):
 
     def _poll_checkpoints(self, job_id: str) -> None:
         self._checkpoints_due = time.monotonic() + CHECKPOINTS_SECONDS
-        self._submit("checkpoints", lambda c: c.job_checkpoints(job_id),
-                     lambda r: self._got_checkpoints(job_id, r),
-                     lambda m: self.checkpoint_pane.show_error(one_line(m)))
+        self._submit(
+            "checkpoints",
+            lambda c: c.job_checkpoints(job_id),
+            lambda r: self._got_checkpoints(job_id, r),
+            lambda m: self.checkpoint_pane.show_error(one_line(m)),
+        )
 
     def _got_checkpoints(self, job_id: str, listing: Dict[str, Any]) -> None:
         if job_id == self.selected_id:
@@ -578,8 +639,7 @@ class JobsWindow(QWidget):
         or continue the job from it (asks first)."""
         job = self.selected_job()
         listing = self.checkpoint_pane.listing
-        found = next((c for c in listing.get("checkpoints") or [] if c.get("name") == name),
-                     None)
+        found = next((c for c in listing.get("checkpoints") or [] if c.get("name") == name), None)
         if job is None or found is None:
             return
         pane = self.checkpoint_pane
@@ -592,15 +652,20 @@ class JobsWindow(QWidget):
             if not self.confirm(job_checkpoints.delete_question(job, found)):
                 return
             job_id = job.id
-            self._runner.submit(lambda c: c.job_checkpoint_delete(job_id, name),
-                                lambda _r: self._poll_checkpoints(job_id),
-                                lambda m: pane.show_error(one_line(m)))
+            self._runner.submit(
+                lambda c: c.job_checkpoint_delete(job_id, name),
+                lambda _r: self._poll_checkpoints(job_id),
+                lambda m: pane.show_error(one_line(m)),
+            )
             return
         later = later_checkpoints(listing, name)
         if not self.confirm(job_checkpoints.continue_question(job, found, later)):
             return
-        self._runner.submit(lambda c: job_checkpoints.continue_from(c, job, later),
-                            self._continued, lambda m: pane.show_error(one_line(m)))
+        self._runner.submit(
+            lambda c: job_checkpoints.continue_from(c, job, later),
+            self._continued,
+            lambda m: pane.show_error(one_line(m)),
+        )
 
     def _continued(self, job: Dict[str, Any]) -> None:
         if job.get("id") == self.selected_id:
@@ -628,8 +693,11 @@ class JobsWindow(QWidget):
             choice = None
             folder = job.spec.get("checkpoint_dir")  # the spec's JSON (JobSpec.to_json)
             if isinstance(folder, str) and holds_checkpoint(folder):
-                choice = self.choose(f"{folder} holds the checkpoint of an earlier run. "
-                                     "Continue from it, or start over?", RELAUNCH_CHOICES)
+                choice = self.choose(
+                    f"{folder} holds the checkpoint of an earlier run. "
+                    "Continue from it, or start over?",
+                    RELAUNCH_CHOICES,
+                )
                 if choice is None:
                     return
             spec = relaunch_spec(job.spec, choice)
@@ -637,14 +705,16 @@ class JobsWindow(QWidget):
                 return
             self.buttons["relaunch"].setEnabled(False)
             # The spec shows its --env values hidden; the engine takes them from this job.
-            self._runner.submit(lambda c: c.job_start(spec, env_from=job_id), self._relaunched,
-                                self._action_failed)
+            self._runner.submit(
+                lambda c: c.job_start(spec, env_from=job_id), self._relaunched, self._action_failed
+            )
             return
         if action == A.STOP and not self.confirm(stop_question(job)):
             return
         self.buttons[action].setEnabled(False)
-        self._runner.submit(lambda c: c.job_action(job_id, action), self._acted,
-                            self._action_failed)
+        self._runner.submit(
+            lambda c: c.job_action(job_id, action), self._acted, self._action_failed
+        )
 
     def _acted(self, job: Dict[str, Any]) -> None:
         self.model.update_jobs(records([job]), complete=False)
@@ -680,4 +750,3 @@ class JobsWindow(QWidget):
             self._say_error(f"No file manager opened {folder}.")
             return False
         return True
-

@@ -60,9 +60,15 @@ class LaunchDialog(LaunchForm):
 
     launched = Signal(object)
 
-    def __init__(self, client_factory: Callable[[], EngineClient],
-                 parent: Optional[QWidget] = None, *, state_dir: Optional[Path] = None,
-                 probe_cache: Optional[Path] = None, probe_timeout: float = PROBE_TIMEOUT):
+    def __init__(
+        self,
+        client_factory: Callable[[], EngineClient],
+        parent: Optional[QWidget] = None,
+        *,
+        state_dir: Optional[Path] = None,
+        probe_cache: Optional[Path] = None,
+        probe_timeout: float = PROBE_TIMEOUT,
+    ):
         super().__init__(parent)
         self.setWindowTitle(window_title("Launch training"))
         self.setObjectName("launch")
@@ -94,9 +100,17 @@ class LaunchDialog(LaunchForm):
         self.row_widgets = {}
         self._build(self.recent_store.recent())
         self.python_choice = InterpreterChoice(
-            self.python_combo, self.python_info, self.busy_row, self.probe_label,
-            self.doctor_label, self._background, cache=self.probe_cache,
-            timeout=self.probe_timeout, on_change=self._changed, status=lambda: self.status)
+            self.python_combo,
+            self.python_info,
+            self.busy_row,
+            self.probe_label,
+            self.doctor_label,
+            self._background,
+            cache=self.probe_cache,
+            timeout=self.probe_timeout,
+            on_change=self._changed,
+            status=lambda: self.status,
+        )
         self._connect()
         self._revalidate_timer = QTimer(self)
         self._revalidate_timer.setSingleShot(True)
@@ -116,19 +130,28 @@ class LaunchDialog(LaunchForm):
         """What the form's widgets do."""
         script_edit = self.script_combo.lineEdit()
         assert script_edit is not None  # an editable combo has one
-        self.script_combo.activated.connect(lambda _i: self.choose_script(
-            self.script_combo.currentText()))
+        self.script_combo.activated.connect(
+            lambda _i: self.choose_script(self.script_combo.currentText())
+        )
         script_edit.editingFinished.connect(
-            lambda: self.choose_script(self.script_combo.currentText()))
+            lambda: self.choose_script(self.script_combo.currentText())
+        )
         self.script_combo.editTextChanged.connect(lambda _t: self._changed())
         self.script_browse.clicked.connect(self._browse_script)
         self.cwd_browse.clicked.connect(lambda: self._browse_folder(self.cwd_edit))
         self.python_combo.currentIndexChanged.connect(lambda _i: self.python_choice.changed())
         self.python_browse.clicked.connect(self._browse_python)
-        self.preset_combo.activated.connect(lambda _i: self.apply_preset(
-            self.preset_combo.currentData()))
-        for box in (self.gpu_combo, self.growth_combo, self.vram_mode, self.allocator_combo,
-                    self.precision_combo, self.xla_combo):
+        self.preset_combo.activated.connect(
+            lambda _i: self.apply_preset(self.preset_combo.currentData())
+        )
+        for box in (
+            self.gpu_combo,
+            self.growth_combo,
+            self.vram_mode,
+            self.allocator_combo,
+            self.precision_combo,
+            self.xla_combo,
+        ):
             box.currentIndexChanged.connect(lambda _i: self._option_changed())
         for spin in (self.vram_spin, self.intra_spin, self.inter_spin):
             spin.valueChanged.connect(lambda _v: self._option_changed())
@@ -154,8 +177,7 @@ class LaunchDialog(LaunchForm):
             self._refresh_recent()
             self.revalidate()
             if not self.status_loaded:
-                self._runner.submit(lambda c: c.status(), self._got_status,
-                                    self._status_failed)
+                self._runner.submit(lambda c: c.status(), self._got_status, self._status_failed)
         self._shown_before = True
 
     def _refresh_recent(self) -> None:
@@ -198,8 +220,12 @@ class LaunchDialog(LaunchForm):
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         if not reachable:
-            set_message(self.engine_label, "The engine is not reachable"
-                        + (f": {reason}" if reason else "") + "; launching needs it.")
+            set_message(
+                self.engine_label,
+                "The engine is not reachable"
+                + (f": {reason}" if reason else "")
+                + "; launching needs it.",
+            )
         elif self.engine_label.text().startswith("The engine is not reachable"):
             set_message(self.engine_label, None)
         self._update_launch_button()
@@ -240,14 +266,14 @@ class LaunchDialog(LaunchForm):
 
     def _browse_script(self) -> None:
         start = os.path.dirname(self.script_combo.currentText()) or str(Path.home())
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a training script", start,
-                                              "Python scripts (*.py);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose a training script", start, "Python scripts (*.py);;All files (*)"
+        )
         if path:
             self.choose_script(path)
 
     def _browse_folder(self, edit: QLineEdit) -> None:
-        start = edit.text() or os.path.dirname(self.script_combo.currentText()) or \
-            str(Path.home())
+        start = edit.text() or os.path.dirname(self.script_combo.currentText()) or str(Path.home())
         path = QFileDialog.getExistingDirectory(self, "Choose a folder", start)
         if path:
             edit.setText(path)
@@ -317,8 +343,14 @@ class LaunchDialog(LaunchForm):
         try:
             if not keep_script:
                 self.script_combo.setEditText("")
-            for edit in (self.args_edit, self.cwd_edit, self.name_edit, self.ram_budget_edit,
-                         self.vram_budget_edit, self.ckpt_edit):
+            for edit in (
+                self.args_edit,
+                self.cwd_edit,
+                self.name_edit,
+                self.ram_budget_edit,
+                self.vram_budget_edit,
+                self.ckpt_edit,
+            ):
                 edit.clear()
             self.env_edit.clear()
             self.manual_resume_box.setChecked(False)
@@ -346,9 +378,11 @@ class LaunchDialog(LaunchForm):
             except SpecError:
                 budget = None
             # Presets fill only what is unset: a RAM budget already given stays.
-            base = JobSpec(script=self.script() or "script.py", ram_budget_mb=budget,
-                           options=MemoryOptions(gpus=None if name == "cpu-only"
-                                                 else self._gpu_choice()[0]))
+            base = JobSpec(
+                script=self.script() or "script.py",
+                ram_budget_mb=budget,
+                options=MemoryOptions(gpus=None if name == "cpu-only" else self._gpu_choice()[0]),
+            )
             try:
                 result = opts.apply_preset(base, name, gpu_views(self.gpus()), self.ram_total())
             except SpecError as e:
@@ -455,18 +489,26 @@ class LaunchDialog(LaunchForm):
             widget.setStyleSheet(f"{type(widget).__name__} {{{INVALID_STYLE}}}")
 
     def _show_state(self) -> None:
-        env_lines = [w for w in self.warnings if "--env" in w or w.startswith(
-            "TensorFlow does not read")]
+        env_lines = [
+            w for w in self.warnings if "--env" in w or w.startswith("TensorFlow does not read")
+        ]
         other = [w for w in self.warnings if w not in env_lines]
         set_message(self.env_warning, "\n".join(f"⚠ {w}" for w in env_lines))
         set_message(self.warnings_label, "\n".join(f"⚠ {w}" for w in other))
         if self.spec is not None:
-            self.summary_label.setText(summary_text(
-                self.spec, self.gpus(), self.ram_total(),
-                cpu_tensorflow=cpu_tensorflow(self.python_choice.chosen())))
+            self.summary_label.setText(
+                summary_text(
+                    self.spec,
+                    self.gpus(),
+                    self.ram_total(),
+                    cpu_tensorflow=cpu_tensorflow(self.python_choice.chosen()),
+                )
+            )
         elif not self.script():
-            self.summary_label.setText("Choose a training script to launch (Browse…, a recent "
-                                       "one, or drop a .py file here).")
+            self.summary_label.setText(
+                "Choose a training script to launch (Browse…, a recent "
+                "one, or drop a .py file here)."
+            )
         else:
             self.summary_label.setText("Fix the field marked in red to launch.")
         unplaced = self.error is not None and form_row(self.error) not in self.row_errors
@@ -476,8 +518,9 @@ class LaunchDialog(LaunchForm):
         self._update_launch_button()
 
     def _update_launch_button(self) -> None:
-        self.launch_button.setEnabled(self.spec is not None and not self.launching
-                                      and self.status_loaded)
+        self.launch_button.setEnabled(
+            self.spec is not None and not self.launching and self.status_loaded
+        )
 
     # -- the plan ---------------------------------------------------------------------------------
 
@@ -497,10 +540,15 @@ class LaunchDialog(LaunchForm):
         # The priority and log cap: from the settings file the engine reads.
         process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
         return planmod.build_launch(
-            spec, job_id="new", address=self.paths.job_address("new"),
+            spec,
+            job_id="new",
+            address=self.paths.job_address("new"),
             keyfile=str(self.paths.jobs_dir / "new" / "key"),
-            gpus=tuple(gpu_views(self.gpus())), base_env=self.environ,
-            process=process, log_path=str(self.paths.jobs_dir / "new" / "log"))
+            gpus=tuple(gpu_views(self.gpus())),
+            base_env=self.environ,
+            process=process,
+            log_path=str(self.paths.jobs_dir / "new" / "log"),
+        )
 
     def plan_text(self) -> str:
         """The dry-run plan of the current spec, or why there is none."""
@@ -521,8 +569,16 @@ class LaunchDialog(LaunchForm):
         job name: Jupyter starts the kernel, in the notebook's folder, named after it). Raises
         SpecError."""
         spec = self.form_spec(script_needed=False)
-        return replace(spec, script="", args=(), cwd=None, name=None, resume=False,
-                       fresh=False, python=ks.kernel_python(self.python_path()))
+        return replace(
+            spec,
+            script="",
+            args=(),
+            cwd=None,
+            name=None,
+            resume=False,
+            fresh=False,
+            python=ks.kernel_python(self.python_path()),
+        )
 
     def install_kernel(self) -> None:
         """Install the form's options as a Jupyter kernel spec (in the user's Jupyter folder),
@@ -543,8 +599,8 @@ class LaunchDialog(LaunchForm):
         self.kernel_button.setText("Installing…")
         set_message(self.kernel_label, None)
         self._background.submit(
-            lambda: install_kernel_spec(spec, gpus, ram_total, process, environ),
-            self._kernel_done)
+            lambda: install_kernel_spec(spec, gpus, ram_total, process, environ), self._kernel_done
+        )
 
     def _kernel_done(self, result: Any) -> None:
         self.installing_kernel = False
@@ -568,8 +624,11 @@ class LaunchDialog(LaunchForm):
         set_message(self.engine_label, None)
         data = spec.to_json()
         environ = dict(self.environ)
-        self._runner.submit(lambda c: c.job_start(data, environ=environ),
-                            lambda job: self._launched(data, job), self._launch_failed)
+        self._runner.submit(
+            lambda c: c.job_start(data, environ=environ),
+            lambda job: self._launched(data, job),
+            self._launch_failed,
+        )
 
     def _launched(self, data: Dict[str, Any], job: Dict[str, Any]) -> None:
         self.launching = False
@@ -607,9 +666,13 @@ class LaunchDialog(LaunchForm):
         super().done(result)
 
 
-def install_kernel_spec(spec: JobSpec, gpus: Sequence[Any], ram_total_bytes: Optional[int],
-                        process: planmod.JobProcess,
-                        environ: Dict[str, str]) -> Tuple[bool, str]:
+def install_kernel_spec(
+    spec: JobSpec,
+    gpus: Sequence[Any],
+    ram_total_bytes: Optional[int],
+    process: planmod.JobProcess,
+    environ: Dict[str, str],
+) -> Tuple[bool, str]:
     """Write ``spec`` as a kernel spec in the user's Jupyter folder (``headroom kernel install``
     with the dialog's options; runs off the GUI thread). Returns (done, the line to show)."""
     try:
@@ -618,19 +681,22 @@ def install_kernel_spec(spec: JobSpec, gpus: Sequence[Any], ram_total_bytes: Opt
         if problem:
             return False, f"Not installed: {problem}"
         name = ks.default_name(spec.preset)
-        data = ks.kernel_json(spec, name, gpus=gpus, ram_total_bytes=ram_total_bytes,
-                              process=process, environ=environ)
+        data = ks.kernel_json(
+            spec, name, gpus=gpus, ram_total_bytes=ram_total_bytes, process=process, environ=environ
+        )
         done = ks.install(data, name, ks.user_kernels_dir(environ), private=True)
     except (SpecError, ks.KernelSpecError) as e:
         return False, f"Not installed: {one_line(e)}"
     verb = "Replaced" if done.replaced is not None else "Installed"
-    return True, (f"{verb} the Jupyter kernel \u201c{data['display_name']}\u201d, which runs "
-                  f"{_home_short(spec.python or '')}, in {_home_short(str(done.path.parent))}")
+    return True, (
+        f"{verb} the Jupyter kernel \u201c{data['display_name']}\u201d, which runs "
+        f"{_home_short(spec.python or '')}, in {_home_short(str(done.path.parent))}"
+    )
 
 
 def _home_short(path: str) -> str:
     """``path`` with the home folder as ``~``."""
     home = os.path.expanduser("~")
     if home not in ("", "~", os.sep) and (path == home or path.startswith(home + os.sep)):
-        return "~" + path[len(home):]
+        return "~" + path[len(home) :]
     return path

@@ -45,9 +45,14 @@ from trayapp.ui.forms import (
 
 AUTO_PYTHON = "__auto__"
 # Rows without a line of their own say their problems in this row's line.
-PROBLEM_ROW = {"args": "script", "name": "cwd",
-               "checkpoint_every": "checkpoint", "resume": "checkpoint", "fresh": "checkpoint",
-               "auto_resume": "vram_budget"}
+PROBLEM_ROW = {
+    "args": "script",
+    "name": "cwd",
+    "checkpoint_every": "checkpoint",
+    "resume": "checkpoint",
+    "fresh": "checkpoint",
+    "auto_resume": "vram_budget",
+}
 
 # One line on what each field is or really does, shown under it (a problem replaces it).
 EXPLAIN = {
@@ -88,8 +93,7 @@ def combo(items: Sequence[Tuple[str, Any]], name: str) -> QComboBox:
 class OneLine(QLabel):
     """One line of text, cut with "…" to the width there is (the whole of it: ``text()``)."""
 
-    def __init__(self, text: str = "", style: str = NOTE_STYLE,
-                 parent: Optional[QWidget] = None):
+    def __init__(self, text: str = "", style: str = NOTE_STYLE, parent: Optional[QWidget] = None):
         super().__init__(text, parent)
         self.setStyleSheet(style)
         self.setTextFormat(Qt.TextFormat.PlainText)
@@ -99,10 +103,10 @@ class OneLine(QLabel):
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
         painter = QPainter(self)
         painter.setPen(self.palette().color(self.foregroundRole()))
-        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight,
-                                             self.width())
-        painter.drawText(self.rect(), int(Qt.AlignmentFlag.AlignLeft
-                                          | Qt.AlignmentFlag.AlignVCenter), text)
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.width())
+        painter.drawText(
+            self.rect(), int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter), text
+        )
 
 
 class RowProblem(OneLine):
@@ -140,8 +144,15 @@ class LaunchForm(QDialog):
     row_errors: Dict[str, QLabel]
     row_widgets: Dict[str, QWidget]
 
-    def _row(self, form: QFormLayout, label: str, key: str, widget: QWidget,
-             explain: Optional[str] = None, extra: Optional[QWidget] = None) -> QWidget:
+    def _row(
+        self,
+        form: QFormLayout,
+        label: str,
+        key: str,
+        widget: QWidget,
+        explain: Optional[str] = None,
+        extra: Optional[QWidget] = None,
+    ) -> QWidget:
         holder = QWidget()
         column = QVBoxLayout(holder)
         column.setContentsMargins(0, 0, 0, 0)
@@ -242,7 +253,8 @@ class LaunchForm(QDialog):
         form = QFormLayout(box)
         self.python_combo = QComboBox()
         self.python_combo.setSizeAdjustPolicy(
-            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
         self.python_combo.setMinimumContentsLength(30)
         self.python_browse = QPushButton("Browse…")
         self.python_browse.setAccessibleName("Choose another interpreter")
@@ -314,34 +326,40 @@ class LaunchForm(QDialog):
         """The memory options: the preset and the TensorFlow knobs it fills."""
         box = QGroupBox("Memory options")
         form = QFormLayout(box)
-        self.preset_combo = combo([("Custom", None)] + [(name, name) for name in opts.PRESETS],
-                                   "Preset")
+        self.preset_combo = combo(
+            [("Custom", None)] + [(name, name) for name in opts.PRESETS], "Preset"
+        )
         for i, name in enumerate(opts.PRESETS, start=1):
             self.preset_combo.setItemData(i, opts.PRESETS[name], Qt.ItemDataRole.ToolTipRole)
         self._row(form, "Preset", "preset", self.preset_combo, EXPLAIN["preset"])
-        self.growth_combo = combo([("TensorFlow's default (off)", None), ("On", True),
-                                    ("Off", False)], "Memory growth")
+        self.growth_combo = combo(
+            [("TensorFlow's default (off)", None), ("On", True), ("Off", False)], "Memory growth"
+        )
         self._row(form, "Memory growth", "growth", self.growth_combo, EXPLAIN["growth"])
-        self.vram_mode = combo([("No cap", "none"), ("Use at most", "limit"),
-                                 ("Leave free", "reserve")], "VRAM cap")
+        self.vram_mode = combo(
+            [("No cap", "none"), ("Use at most", "limit"), ("Leave free", "reserve")], "VRAM cap"
+        )
         self.vram_spin = QSpinBox()
         self.vram_spin.setRange(1, 10_000_000)
         self.vram_spin.setSingleStep(256)
         self.vram_spin.setSuffix(" MiB")
         self.vram_spin.setValue(4096)
         self.vram_spin.setAccessibleName("VRAM cap in MiB")
-        self._row(form, "GPU memory", "vram", self.vram_mode, EXPLAIN["vram"],
-                  extra=self.vram_spin)
-        self.allocator_combo = combo([("TensorFlow's default (BFC)", None)]
-                                      + [(a, a) for a in opts.ALLOCATORS if a != "bfc"],
-                                      "Allocator")
+        self._row(form, "GPU memory", "vram", self.vram_mode, EXPLAIN["vram"], extra=self.vram_spin)
+        self.allocator_combo = combo(
+            [("TensorFlow's default (BFC)", None)]
+            + [(a, a) for a in opts.ALLOCATORS if a != "bfc"],
+            "Allocator",
+        )
         self._row(form, "Allocator", "allocator", self.allocator_combo, EXPLAIN["allocator"])
-        self.precision_combo = combo([("float32 (default)", None)]
-                                      + [(p, p) for p in opts.PRECISIONS if p != "float32"],
-                                      "Precision")
+        self.precision_combo = combo(
+            [("float32 (default)", None)] + [(p, p) for p in opts.PRECISIONS if p != "float32"],
+            "Precision",
+        )
         self._row(form, "Precision", "precision", self.precision_combo, EXPLAIN["precision"])
-        self.xla_combo = combo([("TensorFlow's default", None), ("On", True), ("Off", False)],
-                                "XLA")
+        self.xla_combo = combo(
+            [("TensorFlow's default", None), ("On", True), ("Off", False)], "XLA"
+        )
         self._row(form, "XLA", "xla", self.xla_combo, EXPLAIN["xla"])
         self.intra_spin = QSpinBox()
         self.inter_spin = QSpinBox()
@@ -350,8 +368,14 @@ class LaunchForm(QDialog):
             spin.setSpecialValueText(f"{what}: auto")
             spin.setPrefix(f"{what}: ")
             spin.setAccessibleName(f"{what} threads")
-        self._row(form, "CPU threads", "threads", self.intra_spin, EXPLAIN["threads"],
-                  extra=self.inter_spin)
+        self._row(
+            form,
+            "CPU threads",
+            "threads",
+            self.intra_spin,
+            EXPLAIN["threads"],
+            extra=self.inter_spin,
+        )
         return box
 
     def _guard_box(self) -> QGroupBox:
@@ -363,21 +387,30 @@ class LaunchForm(QDialog):
         self._row(form, "RAM budget", "ram_budget", self.ram_budget_edit, EXPLAIN["ram_budget"])
         self.vram_budget_edit = QLineEdit()
         self.vram_budget_edit.setPlaceholderText("none; e.g. 6 GiB or 6144 MiB")
-        self._row(form, "VRAM budget", "vram_budget", self.vram_budget_edit,
-                  EXPLAIN["vram_budget"])
+        self._row(form, "VRAM budget", "vram_budget", self.vram_budget_edit, EXPLAIN["vram_budget"])
         self.manual_resume_box = QCheckBox("After a park, wait for me to resume it")
         self._row(form, "", "auto_resume", self.manual_resume_box)
-        self.on_oom_combo = combo([("Shrink the batch", "shrink"),
-                                   ("Shrink, even with Keras 2 (changes the training)",
-                                    "smaller-batch"), ("Stop the job", "stop")],
-                                  "On out of memory")
+        self.on_oom_combo = combo(
+            [
+                ("Shrink the batch", "shrink"),
+                ("Shrink, even with Keras 2 (changes the training)", "smaller-batch"),
+                ("Stop the job", "stop"),
+            ],
+            "On out of memory",
+        )
         self.min_batch_spin = QSpinBox()
         self.min_batch_spin.setRange(1, 1 << 20)
         self.min_batch_spin.setValue(sv.MIN_BATCH_DEFAULT)
         self.min_batch_spin.setPrefix("down to ")
         self.min_batch_spin.setAccessibleName("Smallest micro-batch")
-        self._row(form, "Out of memory", "on_oom", self.on_oom_combo, EXPLAIN["on_oom"],
-                  extra=self.min_batch_spin)
+        self._row(
+            form,
+            "Out of memory",
+            "on_oom",
+            self.on_oom_combo,
+            EXPLAIN["on_oom"],
+            extra=self.min_batch_spin,
+        )
         self.fit_batch_box = QCheckBox("Start at the largest micro-batch that fits")
         self.fit_batch_box.setChecked(True)  # as headroom run: on unless --no-fit-batch
         self._row(form, "Fit the batch", "fit_batch", self.fit_batch_box, EXPLAIN["fit_batch"])
@@ -391,8 +424,14 @@ class LaunchForm(QDialog):
         self.ckpt_edit.setPlaceholderText("none")
         self.ckpt_browse = QPushButton("Browse…")
         self.ckpt_browse.setAccessibleName("Choose the checkpoint folder")
-        self._row(form, "Folder", "checkpoint", self.ckpt_edit, EXPLAIN["checkpoint"],
-                  extra=self.ckpt_browse)
+        self._row(
+            form,
+            "Folder",
+            "checkpoint",
+            self.ckpt_edit,
+            EXPLAIN["checkpoint"],
+            extra=self.ckpt_browse,
+        )
         self.ckpt_every_spin = QSpinBox()
         self.ckpt_every_spin.setRange(0, 10_000_000)
         self.ckpt_every_spin.setSpecialValueText("every epoch")
@@ -445,7 +484,8 @@ class LaunchForm(QDialog):
         self.kernel_button.setToolTip(
             "Write a Jupyter kernel spec with these memory options and this interpreter (it "
             "needs ipykernel): Jupyter lists it as 'Python 3 (Headroom: preset)', and its "
-            "kernel runs under the guard like a launched job")
+            "kernel runs under the guard like a launched job"
+        )
         self.kernel_button.setAutoDefault(False)
         self.kernel_label = message_label(NOTE_STYLE, "Jupyter kernel")
         outer.addWidget(self.kernel_label)
@@ -456,17 +496,44 @@ class LaunchForm(QDialog):
         outer.addWidget(self.buttons)
         self.launch_button.setDefault(True)  # Enter launches
 
-        chain_tab_order([
-            self.script_combo, self.script_browse, self.args_edit, self.cwd_edit,
-            self.cwd_browse, self.name_edit, self.python_combo, self.python_browse,
-            self.gpu_combo, self.env_edit, self.ckpt_edit, self.ckpt_browse,
-            self.ckpt_every_spin, self.resume_box, self.fresh_box, self.preset_combo,
-            self.growth_combo,
-            self.vram_mode, self.vram_spin, self.allocator_combo, self.precision_combo,
-            self.xla_combo, self.intra_spin, self.inter_spin, self.ram_budget_edit,
-            self.vram_budget_edit, self.manual_resume_box, self.on_oom_combo,
-            self.min_batch_spin, self.fit_batch_box, self.kernel_button, self.plan_button,
-            self.launch_button, self.cancel_button])
+        chain_tab_order(
+            [
+                self.script_combo,
+                self.script_browse,
+                self.args_edit,
+                self.cwd_edit,
+                self.cwd_browse,
+                self.name_edit,
+                self.python_combo,
+                self.python_browse,
+                self.gpu_combo,
+                self.env_edit,
+                self.ckpt_edit,
+                self.ckpt_browse,
+                self.ckpt_every_spin,
+                self.resume_box,
+                self.fresh_box,
+                self.preset_combo,
+                self.growth_combo,
+                self.vram_mode,
+                self.vram_spin,
+                self.allocator_combo,
+                self.precision_combo,
+                self.xla_combo,
+                self.intra_spin,
+                self.inter_spin,
+                self.ram_budget_edit,
+                self.vram_budget_edit,
+                self.manual_resume_box,
+                self.on_oom_combo,
+                self.min_batch_spin,
+                self.fit_batch_box,
+                self.kernel_button,
+                self.plan_button,
+                self.launch_button,
+                self.cancel_button,
+            ]
+        )
         self.script_combo.setFocus()
         self.resize(1060, 780)
 
@@ -493,7 +560,8 @@ class LaunchForm(QDialog):
         gpus, cpu_only = self._gpu_choice()
         mode = self.vram_mode.currentData()
         options = MemoryOptions(
-            gpus=gpus, cpu_only=cpu_only,
+            gpus=gpus,
+            cpu_only=cpu_only,
             memory_growth=self.growth_combo.currentData(),
             vram_limit_mb=self.vram_spin.value() if mode == "limit" else None,
             vram_reserve_mb=self.vram_spin.value() if mode == "reserve" else None,
@@ -501,7 +569,8 @@ class LaunchForm(QDialog):
             precision=self.precision_combo.currentData(),
             xla=self.xla_combo.currentData(),
             intra_threads=self.intra_spin.value() or None,
-            inter_threads=self.inter_spin.value() or None)
+            inter_threads=self.inter_spin.value() or None,
+        )
         cwd = self.cwd_edit.text().strip()
         ckpt = self.ckpt_edit.text().strip()
         python = self.python_combo.currentData()
@@ -513,10 +582,10 @@ class LaunchForm(QDialog):
             cwd=os.path.abspath(os.path.expanduser(cwd)) if cwd else os.path.dirname(script),
             env=sv.parse_env_lines(self.env_edit.toPlainText()),
             options=options,
-            ram_budget_mb=sv.parse_mb("--ram-budget", self.ram_budget_edit.text(),
-                                      sv.RAM_BUDGET),
-            vram_budget_mb=sv.parse_mb("--vram-budget", self.vram_budget_edit.text(),
-                                       sv.VRAM_BUDGET),
+            ram_budget_mb=sv.parse_mb("--ram-budget", self.ram_budget_edit.text(), sv.RAM_BUDGET),
+            vram_budget_mb=sv.parse_mb(
+                "--vram-budget", self.vram_budget_edit.text(), sv.VRAM_BUDGET
+            ),
             checkpoint_dir=os.path.abspath(os.path.expanduser(ckpt)) if ckpt else None,
             checkpoint_every_steps=self.ckpt_every_spin.value() or None,
             resume=self.resume_box.isChecked(),
@@ -524,6 +593,8 @@ class LaunchForm(QDialog):
             preset=self.preset_combo.currentData(),
             auto_resume=False if self.manual_resume_box.isChecked() else None,
             on_oom=str(self.on_oom_combo.currentData()),
-            min_batch=None if self.min_batch_spin.value() == sv.MIN_BATCH_DEFAULT
+            min_batch=None
+            if self.min_batch_spin.value() == sv.MIN_BATCH_DEFAULT
             else self.min_batch_spin.value(),
-            fit_batch=self.fit_batch_box.isChecked())
+            fit_batch=self.fit_batch_box.isChecked(),
+        )

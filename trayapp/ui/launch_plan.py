@@ -24,14 +24,31 @@ REMEMBERED_SPECS = 50
 
 # The form row of each spec field a SpecError names (SpecError.field).
 FORM_ROWS: Dict[str, str] = {
-    sv.SCRIPT: "script", sv.ARGS: "args", sv.PYTHON: "python", sv.NAME: "name", sv.CWD: "cwd",
-    sv.ENV: "env", sv.GPUS: "gpu", sv.CPU_ONLY: "gpu", sv.MEMORY_GROWTH: "growth",
-    sv.VRAM_LIMIT: "vram", sv.VRAM_RESERVE: "vram", sv.ALLOCATOR: "allocator",
-    sv.PRECISION: "precision", sv.XLA: "xla", sv.THREADS: "threads",
-    "options.inter_threads": "threads", sv.RAM_BUDGET: "ram_budget",
-    sv.VRAM_BUDGET: "vram_budget", sv.CHECKPOINT_DIR: "checkpoint",
-    sv.CHECKPOINT_EVERY: "checkpoint_every", sv.RESUME: "resume", sv.FRESH: "fresh",
-    sv.PRESET: "preset", sv.AUTO_RESUME: "auto_resume", sv.ON_OOM: "on_oom",
+    sv.SCRIPT: "script",
+    sv.ARGS: "args",
+    sv.PYTHON: "python",
+    sv.NAME: "name",
+    sv.CWD: "cwd",
+    sv.ENV: "env",
+    sv.GPUS: "gpu",
+    sv.CPU_ONLY: "gpu",
+    sv.MEMORY_GROWTH: "growth",
+    sv.VRAM_LIMIT: "vram",
+    sv.VRAM_RESERVE: "vram",
+    sv.ALLOCATOR: "allocator",
+    sv.PRECISION: "precision",
+    sv.XLA: "xla",
+    sv.THREADS: "threads",
+    "options.inter_threads": "threads",
+    sv.RAM_BUDGET: "ram_budget",
+    sv.VRAM_BUDGET: "vram_budget",
+    sv.CHECKPOINT_DIR: "checkpoint",
+    sv.CHECKPOINT_EVERY: "checkpoint_every",
+    sv.RESUME: "resume",
+    sv.FRESH: "fresh",
+    sv.PRESET: "preset",
+    sv.AUTO_RESUME: "auto_resume",
+    sv.ON_OOM: "on_oom",
     sv.MIN_BATCH: "on_oom",
 }
 
@@ -51,8 +68,7 @@ def gpu_views(gpus: Sequence[Dict[str, Any]]) -> List[Any]:
 
 def gpu_status_view(status: Dict[str, Any]) -> Any:
     """The engine's ``gpu_status`` dict as an object with the reading's attribute names."""
-    d = {"backend": "none", "message": None, "driver_version": None,
-         "cuda_driver_version": None}
+    d = {"backend": "none", "message": None, "driver_version": None, "cuda_driver_version": None}
     d.update(status.get("gpu_status") or {})
     return SimpleNamespace(**d)
 
@@ -67,8 +83,11 @@ def gpu_choices(gpus: Sequence[Dict[str, Any]], status: Dict[str, Any]) -> List[
         for g in gpus:
             free, total = g.get("memory_free_bytes"), g.get("memory_total_bytes")
             text = f"GPU {g.get('index')}: {g.get('name') or 'GPU'} — "
-            text += f"{format_bytes(free)} free of {format_bytes(total)}" \
-                if total is not None else "memory n/a"
+            text += (
+                f"{format_bytes(free)} free of {format_bytes(total)}"
+                if total is not None
+                else "memory n/a"
+            )
             if g.get("simulated"):
                 text += " (simulated)"
             items.append((text, int(g["index"])))
@@ -104,8 +123,10 @@ def _gpu_clause(o: MemoryOptions, g: Any) -> str:
         return text
     if o.vram_reserve_mb is not None:
         if total_mb is not None:
-            return (f"may use at most {gib(max(0, total_mb - o.vram_reserve_mb))} of "
-                    f"{name}, leaving {gib(o.vram_reserve_mb)} for the desktop")
+            return (
+                f"may use at most {gib(max(0, total_mb - o.vram_reserve_mb))} of "
+                f"{name}, leaving {gib(o.vram_reserve_mb)} for the desktop"
+            )
         return f"leaves {gib(o.vram_reserve_mb)} of {name} free"
     if o.memory_growth:
         text = f"takes memory of {name} as it needs it"
@@ -139,8 +160,10 @@ def _extras_part(o: MemoryOptions) -> Optional[str]:
     if o.xla is True:
         extras.append("XLA")
     if o.intra_threads or o.inter_threads:
-        extras.append(f"{o.intra_threads or 'default'} intra-op and "
-                      f"{o.inter_threads or 'default'} inter-op threads")
+        extras.append(
+            f"{o.intra_threads or 'default'} intra-op and "
+            f"{o.inter_threads or 'default'} inter-op threads"
+        )
     return "with " + ", ".join(extras) if extras else None
 
 
@@ -161,24 +184,34 @@ def _guard_part(spec: JobSpec, ram_total_bytes: Optional[int]) -> str:
 def _checkpoint_sentence(spec: JobSpec) -> str:
     if not spec.checkpoint_dir:
         return "No checkpoints: parking this job loses its training progress."
-    every = f"every {spec.checkpoint_every_steps} steps" if spec.checkpoint_every_steps \
+    every = (
+        f"every {spec.checkpoint_every_steps} steps"
+        if spec.checkpoint_every_steps
         else "every epoch"
+    )
     text = f"Checkpoints go to {spec.checkpoint_dir} {every}"
-    return text + ("; the job continues from the last one." if spec.resume else
-                   "; the job starts over and deletes the one there." if spec.fresh else
-                   ", so a parked or stopped job continues where it was.")
+    return text + (
+        "; the job continues from the last one."
+        if spec.resume
+        else "; the job starts over and deletes the one there."
+        if spec.fresh
+        else ", so a parked or stopped job continues where it was."
+    )
 
 
-def summary_text(spec: JobSpec, gpus: Sequence[Dict[str, Any]],
-                 ram_total_bytes: Optional[int] = None, cpu_tensorflow: bool = False) -> str:
+def summary_text(
+    spec: JobSpec,
+    gpus: Sequence[Dict[str, Any]],
+    ram_total_bytes: Optional[int] = None,
+    cpu_tensorflow: bool = False,
+) -> str:
     """What the options mean, in plain words, e.g. "TensorFlow may use at most 6.0 GiB of
     GPU 0, leaving 2.0 GiB for the desktop; the guard pauses the job above 12.0 GiB of RAM.".
     ``cpu_tensorflow``: the interpreter's TensorFlow cannot use a GPU, so no GPU clause is
     promised."""
     gpu = _gpu_part(spec.options, gpu_views(gpus))
     if cpu_tensorflow and not spec.options.cpu_only:
-        gpu = ("this interpreter's TensorFlow runs on the CPU only, so the GPU options do "
-               "nothing")
+        gpu = "this interpreter's TensorFlow runs on the CPU only, so the GPU options do nothing"
     parts = [gpu, _extras_part(spec.options), _guard_part(spec, ram_total_bytes)]
     first = "; ".join(p for p in parts if p)
     sentences = [first[:1].upper() + first[1:] + ".", _checkpoint_sentence(spec)]

@@ -22,8 +22,13 @@ from trayapp.ui.launch_plan import gpu_status_view, gpu_views
 log = logging.getLogger("headroom.ui")
 
 PROBES_AT_ONCE = 2
-WHERE = {"venv": "venv beside the script", "current": "Headroom's own", "conda": "conda",
-         "pyenv": "pyenv", "path": "on PATH"}
+WHERE = {
+    "venv": "venv beside the script",
+    "current": "Headroom's own",
+    "conda": "conda",
+    "pyenv": "pyenv",
+    "path": "on PATH",
+}
 
 
 class InterpreterChoice:
@@ -32,9 +37,20 @@ class InterpreterChoice:
     changes, except while the combo is filled here; ``status()`` is the engine's last status
     (its GPUs, for the doctor)."""
 
-    def __init__(self, combo: QComboBox, info: QLabel, busy_row: QWidget, busy_label: QLabel,
-                 doctor_label: QLabel, background: Background, *, cache: Path, timeout: float,
-                 on_change: Callable[[], None], status: Callable[[], Dict[str, Any]]):
+    def __init__(
+        self,
+        combo: QComboBox,
+        info: QLabel,
+        busy_row: QWidget,
+        busy_label: QLabel,
+        doctor_label: QLabel,
+        background: Background,
+        *,
+        cache: Path,
+        timeout: float,
+        on_change: Callable[[], None],
+        status: Callable[[], Dict[str, Any]],
+    ):
         self.combo, self.info, self.doctor_label = combo, info, doctor_label
         self.busy_row, self.busy_label = busy_row, busy_label
         self._background = background
@@ -54,9 +70,12 @@ class InterpreterChoice:
         ticket = self._discovery
         self._set_busy("Finding interpreters…")
         self._background.submit(
-            lambda: (interpreters.discover_with_sources(script),
-                     interpreters.default_python(script)),
-            lambda result: self._discovered(ticket, result))
+            lambda: (
+                interpreters.discover_with_sources(script),
+                interpreters.default_python(script),
+            ),
+            lambda result: self._discovered(ticket, result),
+        )
 
     def _discovered(self, ticket: int, result: Any) -> None:
         if ticket != self._discovery:
@@ -115,8 +134,9 @@ class InterpreterChoice:
     def _probed(self, path: str, source: str, result: Any) -> None:
         self.probing.discard(path)
         if isinstance(result, Exception):
-            result = Interpreter(path=path, source=source,
-                                 error=f"the probe failed: {one_line(result)}")
+            result = Interpreter(
+                path=path, source=source, error=f"the probe failed: {one_line(result)}"
+            )
         self.interpreters[path] = result
         for i in range(self.combo.count()):
             if self.combo.itemData(i) == path:
@@ -128,8 +148,10 @@ class InterpreterChoice:
     def _set_busy(self, text: Optional[str]) -> None:
         if text is None and self.probing:
             n = len(self.probing)
-            text = f"Probing {n} interpreter{'s' if n != 1 else ''} (TensorFlow takes a while " \
-                   "to import)…"
+            text = (
+                f"Probing {n} interpreter{'s' if n != 1 else ''} (TensorFlow takes a while "
+                "to import)…"
+            )
         self.busy_label.setText(text or "")
         self.busy_row.setVisible(bool(text))
 
@@ -185,8 +207,9 @@ class InterpreterChoice:
     def gpu_warnings(self, interp: Interpreter) -> List[str]:
         """A line when this interpreter's TensorFlow cannot use a GPU (a CPU build, or one
         that sees none) while the engine sees GPUs: the GPU options would do nothing."""
-        return [gpu_warning(interp)] if cpu_tensorflow(interp) and self._status().get("gpus") \
-            else []
+        return (
+            [gpu_warning(interp)] if cpu_tensorflow(interp) and self._status().get("gpus") else []
+        )
 
     def chosen(self) -> Optional[Interpreter]:
         """The probe of the chosen interpreter, once it is known."""
@@ -225,5 +248,7 @@ def cpu_tensorflow(interp: Optional[Interpreter]) -> bool:
 
 def gpu_warning(interp: Interpreter) -> str:
     what = "is a CPU build" if interp.is_cuda_build is False else "sees no GPU"
-    return (f"⚠ This TensorFlow {what}: the job trains on the CPU and the GPU options below "
-            "do nothing (a CUDA build uses the GPUs).")
+    return (
+        f"⚠ This TensorFlow {what}: the job trains on the CPU and the GPU options below "
+        "do nothing (a CUDA build uses the GPUs)."
+    )

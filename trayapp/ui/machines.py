@@ -49,9 +49,13 @@ class MachinesWindow(QWidget):
     refresh_seconds)`` sets the server directly; ``set_config(config)`` takes it from the
     engine's settings. ``fleet`` is the last answer, ``error`` the last failure's line."""
 
-    def __init__(self, client_factory: Optional[Callable[[], Any]] = None,
-                 parent: Optional[QWidget] = None, *,
-                 fetch: Callable[[str], Fleet] = fetch_fleet):
+    def __init__(
+        self,
+        client_factory: Optional[Callable[[], Any]] = None,
+        parent: Optional[QWidget] = None,
+        *,
+        fetch: Callable[[str], Fleet] = fetch_fleet,
+    ):
         super().__init__(parent)
         self.setWindowFlag(Qt.WindowType.Window, True)
         self.setWindowTitle(window_title("Machines"))
@@ -95,8 +99,10 @@ class MachinesWindow(QWidget):
         machines = (config.get("values") or {}).get("machines") or {}
         url = machines.get("prometheus", "")
         refresh = machines.get("refresh_seconds", DEFAULT_REFRESH)
-        self.configure(url if isinstance(url, str) else "",
-                       float(refresh) if isinstance(refresh, (int, float)) else DEFAULT_REFRESH)
+        self.configure(
+            url if isinstance(url, str) else "",
+            float(refresh) if isinstance(refresh, (int, float)) else DEFAULT_REFRESH,
+        )
 
     def configure(self, url: str, refresh_seconds: float = DEFAULT_REFRESH) -> None:
         """Ask ``url`` every ``refresh_seconds`` (``""``: no server; the window says so)."""
@@ -118,10 +124,13 @@ class MachinesWindow(QWidget):
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         """The engine's state: only its settings matter here, and only until they arrived."""
         if self.url is None:
-            self.status_label.setText(NO_SETTINGS if reachable else
-                                      "The engine is not reachable"
-                                      + (f" ({reason})" if reason else "")
-                                      + ": the Prometheus server to ask is in its settings.")
+            self.status_label.setText(
+                NO_SETTINGS
+                if reachable
+                else "The engine is not reachable"
+                + (f" ({reason})" if reason else "")
+                + ": the Prometheus server to ask is in its settings."
+            )
 
     # -- asking -----------------------------------------------------------------------------------
 
@@ -164,12 +173,15 @@ class MachinesWindow(QWidget):
         if self.url is None:
             self.status_label.setText(NO_SETTINGS)
             return
-        self.status_label.setText(status_line(self.url, self.fleet, self.error,
-                                              self.refresh_seconds))
-        bad = not self.url or self.error is not None or (
-            self.fleet is not None and not self.fleet.machines)
-        self.status_label.setStyleSheet(ERROR_STYLE if self.error else
-                                        WARNING_STYLE if bad else "")
+        self.status_label.setText(
+            status_line(self.url, self.fleet, self.error, self.refresh_seconds)
+        )
+        bad = (
+            not self.url
+            or self.error is not None
+            or (self.fleet is not None and not self.fleet.machines)
+        )
+        self.status_label.setStyleSheet(ERROR_STYLE if self.error else WARNING_STYLE if bad else "")
         self._fill()
 
     def _fill(self) -> None:
@@ -188,8 +200,9 @@ class MachinesWindow(QWidget):
             if colour:
                 item.setForeground(3, QBrush(QColor(colour)))
             for g in m.gpus:
-                item.addChild(QTreeWidgetItem(gpu_cells(g.index, g.name, g.used_bytes,
-                                                        g.total_bytes)))
+                item.addChild(
+                    QTreeWidgetItem(gpu_cells(g.index, g.name, g.used_bytes, g.total_bytes))
+                )
             for j in m.jobs:
                 item.addChild(QTreeWidgetItem(job_cells(j)))
             self.tree.addTopLevelItem(item)
@@ -203,8 +216,9 @@ class MachinesWindow(QWidget):
             for k in range(top.childCount()):
                 child = top.child(k)
                 if child is not None:
-                    out.append(["  " + child.text(0)] + [child.text(c)
-                                                         for c in range(1, len(COLUMNS))])
+                    out.append(
+                        ["  " + child.text(0)] + [child.text(c) for c in range(1, len(COLUMNS))]
+                    )
         return out
 
     def _tops(self) -> List[QTreeWidgetItem]:

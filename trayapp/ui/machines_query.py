@@ -105,8 +105,9 @@ def query_url(base: str, promql: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PrometheusError(f"{shown_url(base)!r} is not an http:// or https:// URL")
     path = parts.path.rstrip("/") + "/api/v1/query"
-    return urllib.parse.urlunsplit((parts.scheme, _netloc(parts), path,
-                                    urllib.parse.urlencode({"query": promql}), ""))
+    return urllib.parse.urlunsplit(
+        (parts.scheme, _netloc(parts), path, urllib.parse.urlencode({"query": promql}), "")
+    )
 
 
 def _netloc(parts: urllib.parse.SplitResult) -> str:
@@ -140,14 +141,19 @@ class _SameServerOnly(urllib.request.HTTPRedirectHandler):
     """Follows a redirect on the same server only (``/prometheus`` -> ``/prometheus/``): not to
     another host, port or scheme, which would get the password and answer for the server."""
 
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
-                         newurl: str) -> Any:
-        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(
-            urllib.parse.urljoin(req.full_url, newurl))
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> Any:
+        old, new = (
+            urllib.parse.urlsplit(req.full_url),
+            urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl)),
+        )
         if (old.scheme, old.hostname, old.port) != (new.scheme, new.hostname, new.port):
-            raise PrometheusError(f"it sends the query on to another server "
-                                  f"({one_line(shown_url(new.geturl()), limit=120)}); give "
-                                  "that server's URL instead")
+            raise PrometheusError(
+                f"it sends the query on to another server "
+                f"({one_line(shown_url(new.geturl()), limit=120)}); give "
+                "that server's URL instead"
+            )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -176,8 +182,11 @@ def _read_body(response: Any, deadline: float, timeout: float) -> bytes:
     while size <= MAX_ANSWER_BYTES:
         if time.monotonic() > deadline:
             raise PrometheusError(f"no whole answer within {timeout:g} s")
-        chunk = response.read1(min(1 << 16, MAX_ANSWER_BYTES + 1 - size)) \
-            if hasattr(response, "read1") else response.read(MAX_ANSWER_BYTES + 1 - size)
+        chunk = (
+            response.read1(min(1 << 16, MAX_ANSWER_BYTES + 1 - size))
+            if hasattr(response, "read1")
+            else response.read(MAX_ANSWER_BYTES + 1 - size)
+        )
         if not chunk:
             break
         chunks.append(chunk)
@@ -185,8 +194,9 @@ def _read_body(response: Any, deadline: float, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-def instant_query(base: str, promql: str,
-                  timeout: float = TIMEOUT_SECONDS) -> Tuple[Optional[float], List[Dict[str, Any]]]:
+def instant_query(
+    base: str, promql: str, timeout: float = TIMEOUT_SECONDS
+) -> Tuple[Optional[float], List[Dict[str, Any]]]:
     """Run ``promql`` as an instant query; returns (evaluation time, the vector's samples).
 
     Raises PrometheusError saying what went wrong: unreachable, refused, not Prometheus, an
@@ -207,8 +217,9 @@ def instant_query(base: str, promql: str,
     try:
         answer = json.loads(body)
     except (ValueError, RecursionError):
-        raise PrometheusError(f"its answer (HTTP {status}) is not JSON: is this the "
-                              "address of a Prometheus server?") from None
+        raise PrometheusError(
+            f"its answer (HTTP {status}) is not JSON: is this the address of a Prometheus server?"
+        ) from None
     if not isinstance(answer, dict):
         raise PrometheusError("its answer is not a Prometheus answer")
     if answer.get("status") != "success":
@@ -228,15 +239,18 @@ def _said(e: BaseException, base: str) -> str:
 
 
 def _reason(reason: Any) -> str:
-    """"connection refused", not "[Errno 111] Connection refused"."""
+    """ "connection refused", not "[Errno 111] Connection refused"."""
     text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
     text = one_line(text).rstrip(".") or type(reason).__name__
     return text[:1].lower() + text[1:]
 
 
 def _vector(data: Any) -> Tuple[Optional[float], List[Dict[str, Any]]]:
-    if not isinstance(data, dict) or data.get("resultType") != "vector" or \
-            not isinstance(data.get("result"), list):
+    if (
+        not isinstance(data, dict)
+        or data.get("resultType") != "vector"
+        or not isinstance(data.get("result"), list)
+    ):
         raise PrometheusError("its answer is not an instant vector")
     result = data["result"]
     if len(result) > MAX_SERIES:
@@ -249,9 +263,11 @@ def _vector(data: Any) -> Tuple[Optional[float], List[Dict[str, Any]]]:
         value = item.get("value")
         if not isinstance(value, list) or len(value) != 2:
             raise PrometheusError("its answer has a series without a value")
-        labels = {one_line(str(k), limit=MAX_LABEL): one_line(str(v), limit=MAX_LABEL)
-                  for k, v in list(item["metric"].items())[:MAX_LABELS]
-                  if isinstance(v, (str, int, float))}
+        labels = {
+            one_line(str(k), limit=MAX_LABEL): one_line(str(v), limit=MAX_LABEL)
+            for k, v in list(item["metric"].items())[:MAX_LABELS]
+            if isinstance(v, (str, int, float))
+        }
         samples.append({"metric": labels, "value": _number(value[1])})
         if isinstance(value[0], (int, float)) and not isinstance(value[0], bool):
             when = float(value[0])
@@ -263,8 +279,7 @@ def _number(text: Any) -> Optional[float]:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise PrometheusError(f"its answer has a value that is not a number: {text!r}") \
-            from None
+        raise PrometheusError(f"its answer has a value that is not a number: {text!r}") from None
     return v if math.isfinite(v) else None
 
 
@@ -285,8 +300,9 @@ def job_id(labels: Dict[str, str]) -> str:
     return labels.get("exported_job") or labels.get("job_id") or ""
 
 
-def parse_fleet(base: str, when: Optional[float], series: List[Dict[str, Any]],
-                up: List[Dict[str, Any]]) -> Fleet:
+def parse_fleet(
+    base: str, when: Optional[float], series: List[Dict[str, Any]], up: List[Dict[str, Any]]
+) -> Fleet:
     """The machines in the samples of ``SERIES_QUERY`` and ``UP_QUERY``, by instance."""
     machines: Dict[str, Machine] = {}
     gpus: Dict[Tuple[str, str], Dict[str, Any]] = {}
@@ -324,17 +340,23 @@ def parse_fleet(base: str, when: Optional[float], series: List[Dict[str, Any]],
             _machine_value(m, name, labels, value)
     for (instance, index), g in sorted(gpus.items(), key=lambda kv: _gpu_order(kv[0][1])):
         if "headroom_gpu_memory_total_bytes" in g or "headroom_gpu_memory_used_bytes" in g:
-            machines[instance].gpus.append(Gpu(
-                index, g["name"], g.get("headroom_gpu_memory_used_bytes"),
-                g.get("headroom_gpu_memory_total_bytes"), g.get("headroom_gpu_utilization_ratio")))
+            machines[instance].gpus.append(
+                Gpu(
+                    index,
+                    g["name"],
+                    g.get("headroom_gpu_memory_used_bytes"),
+                    g.get("headroom_gpu_memory_total_bytes"),
+                    g.get("headroom_gpu_utilization_ratio"),
+                )
+            )
     for (instance, jid), j in sorted(jobs.items()):
-        machines[instance].jobs.append(Job(jid, j["name"], j.get("state"), j.get("progress"),
-                                           j.get("ram"), j.get("vram")))
+        machines[instance].jobs.append(
+            Job(jid, j["name"], j.get("state"), j.get("progress"), j.get("ram"), j.get("vram"))
+        )
     return Fleet(base, when, tuple(machines[k] for k in sorted(machines)))
 
 
-def _machine_value(m: Machine, name: str, labels: Dict[str, str],
-                   value: Optional[float]) -> None:
+def _machine_value(m: Machine, name: str, labels: Dict[str, str], value: Optional[float]) -> None:
     if name == "headroom_info":
         m.host, m.version = labels.get("host", ""), labels.get("version", "")
         if m.up is None:

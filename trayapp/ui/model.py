@@ -42,8 +42,11 @@ JOB_ACTIONS: Dict[str, Tuple[str, ...]] = {
 # The dashboard's banner for the guard levels that have one.
 BANNER_WORDS: Dict[str, str] = {L.WARN: "Warning", L.PAUSE: "Jobs paused", L.PARK: "Jobs parked"}
 GUARD_MODES = ("act", "dry-run", "off")
-GUARD_MODE_LABELS = {"act": "Act (warn, pause, park)", "dry-run": "Dry run (only record)",
-                     "off": "Off (watch only)"}
+GUARD_MODE_LABELS = {
+    "act": "Act (warn, pause, park)",
+    "dry-run": "Dry run (only record)",
+    "off": "Off (watch only)",
+}
 
 
 INTERRUPT_TEXT = "Interrupt fit"  # a kernel's park
@@ -148,8 +151,7 @@ percent = formats.percent
 
 def job_progress(job: Dict[str, Any]) -> str:
     """``"epoch 2/10, step 120/500"`` or "" when the job reports no progress."""
-    return formats.progress(job.get("epoch"), job.get("epochs"), job.get("step"),
-                            job.get("steps"))
+    return formats.progress(job.get("epoch"), job.get("epochs"), job.get("step"), job.get("steps"))
 
 
 def job_label(job: Dict[str, Any]) -> str:
@@ -179,8 +181,12 @@ def guard_line(status: Dict[str, Any]) -> str:
     return one_line(text)
 
 
-def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
-                 reason: Optional[str] = None, demo: bool = False) -> str:
+def tooltip_text(
+    status: Optional[Dict[str, Any]],
+    reachable: bool = True,
+    reason: Optional[str] = None,
+    demo: bool = False,
+) -> str:
     """The tray icon's tooltip: RAM, VRAM, the guard (state, reason, time left), the jobs;
     each line escaped as ``text.one_line`` does."""
     title = "Headroom"
@@ -194,25 +200,35 @@ def tooltip_text(status: Optional[Dict[str, Any]], reachable: bool = True,
         lines.append("Last known:")
     m = status.get("memory") or {}
     # The icon's two bars, said by name: the left one RAM, the right one the fullest GPU's.
-    lines.append(f"RAM (left bar) {format_bytes(m.get('used_bytes'))} used of "
-                 f"{format_bytes(m.get('total_bytes'))}, "
-                 f"{format_bytes(m.get('available_bytes'))} available")
+    lines.append(
+        f"RAM (left bar) {format_bytes(m.get('used_bytes'))} used of "
+        f"{format_bytes(m.get('total_bytes'))}, "
+        f"{format_bytes(m.get('available_bytes'))} available"
+    )
     gpus = status.get("gpus") or []
     if not gpus:
-        lines.append("VRAM n/a (" + ((status.get("gpu_status") or {}).get("message")
-                                      or "no GPU") + "; the right bar is empty)")
+        lines.append(
+            "VRAM n/a ("
+            + ((status.get("gpu_status") or {}).get("message") or "no GPU")
+            + "; the right bar is empty)"
+        )
     shown = fullest_gpu(status)
     for g in gpus:
         bar = " (right bar)" if g is shown else ""
-        lines.append(f"GPU{g.get('index')} VRAM{bar} {format_bytes(g.get('memory_used_bytes'))}"
-                     f" of {format_bytes(g.get('memory_total_bytes'))} "
-                     f"({percent(g.get('memory_used_bytes'), g.get('memory_total_bytes'))})")
+        lines.append(
+            f"GPU{g.get('index')} VRAM{bar} {format_bytes(g.get('memory_used_bytes'))}"
+            f" of {format_bytes(g.get('memory_total_bytes'))} "
+            f"({percent(g.get('memory_used_bytes'), g.get('memory_total_bytes'))})"
+        )
     if reachable:
         lines.append(guard_line(status))
     jobs = active_jobs(status)
     if jobs:
-        lines.append("Jobs: " + "; ".join(job_label(j.to_json()) for j in jobs[:4])
-                     + (f" and {len(jobs) - 4} more" if len(jobs) > 4 else ""))
+        lines.append(
+            "Jobs: "
+            + "; ".join(job_label(j.to_json()) for j in jobs[:4])
+            + (f" and {len(jobs) - 4} more" if len(jobs) > 4 else "")
+        )
     else:
         lines.append("No jobs running")
     return escaped_lines("\n".join(lines))
@@ -264,17 +280,26 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
         job_menu.children.append(sub)
     job_menu.children += [_sep(), MenuEntry("All jobs...", "open:jobs", enabled=live)]
     entries.append(job_menu)
-    entries.append(MenuEntry("Pause all jobs", "pause_all",
-                             enabled=live and any(A.PAUSE in JOB_ACTIONS.get(j.state, ())
-                                                  for j in jobs)))
+    entries.append(
+        MenuEntry(
+            "Pause all jobs",
+            "pause_all",
+            enabled=live and any(A.PAUSE in JOB_ACTIONS.get(j.state, ()) for j in jobs),
+        )
+    )
     mode = ((status or {}).get("guard") or {}).get("mode") if live else None
     guard = MenuEntry("Guard", "guard", kind="submenu", enabled=live)
     for m in GUARD_MODES:
         guard.children.append(MenuEntry(GUARD_MODE_LABELS[m], f"guard:{m}", checked=mode == m))
     # The Machines window asks Prometheus, not the engine: it opens without one.
-    entries += [guard, _sep(), MenuEntry("Machines...", "open:machines"),
-                MenuEntry("Settings...", "open:settings", enabled=live), _sep(),
-                MenuEntry("Quit", "quit")]
+    entries += [
+        guard,
+        _sep(),
+        MenuEntry("Machines...", "open:machines"),
+        MenuEntry("Settings...", "open:settings", enabled=live),
+        _sep(),
+        MenuEntry("Quit", "quit"),
+    ]
     return entries
 
 
@@ -307,20 +332,31 @@ def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
     title = _NOTIFY_TITLES.get(kind)
     if title is None:
         return None
-    level = str(event.get("level") or ("error" if kind in (E.JOB_FAILED, E.GUARD_PARK)
-                                       else "warn" if kind.startswith("guard_") else "info"))
+    level = str(
+        event.get("level")
+        or (
+            "error"
+            if kind in (E.JOB_FAILED, E.GUARD_PARK)
+            else "warn"
+            if kind.startswith("guard_")
+            else "info"
+        )
+    )
     return Notice(title, notice(str(event.get("message") or kind.replace("_", " "))), level)
 
 
-def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
-                reason: Optional[str] = None) -> Tuple[str, str]:
+def banner_text(
+    status: Optional[Dict[str, Any]], reachable: bool, reason: Optional[str] = None
+) -> Tuple[str, str]:
     """The dashboard's banner: (level, text); level "" means no banner. An active warning is
     always shown here, since desktop notifications can be suppressed. The text is one line,
     escaped: the guard's reasons name jobs and processes."""
     if not reachable:
         return "unreachable", one_line(
-            "The engine is not reachable" + (f": {reason}" if reason else "")
-            + ". Nothing is guarding your jobs until it is back; Headroom keeps trying.")
+            "The engine is not reachable"
+            + (f": {reason}" if reason else "")
+            + ". Nothing is guarding your jobs until it is back; Headroom keeps trying."
+        )
     if status is None:
         return "", ""
     guard = status.get("guard") or {}
@@ -330,8 +366,11 @@ def banner_text(status: Optional[Dict[str, Any]], reachable: bool,
             return "info", "The guard is off: Headroom only watches."
         return "", ""
     words = BANNER_WORDS[state]
-    text = words + ": " + ("; ".join(str(r) for r in guard.get("reasons") or []) or
-                           "memory is running low")
+    text = (
+        words
+        + ": "
+        + ("; ".join(str(r) for r in guard.get("reasons") or []) or "memory is running low")
+    )
     runs_out = formats.exhaustion_words(guard)
     if runs_out:
         text += f". M{runs_out[1:]}"
@@ -347,8 +386,9 @@ def vram_split(status: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
     """Per GPU index, VRAM by the guard's jobs (``"job.<id>"``) and the rest (``"other"``),
     as the engine splits it for the history (``trayapp.series``)."""
     owners = series.pid_owners(status_jobs(status))
-    return {int(g.get("index") or 0): series.vram_layers(g, owners)
-            for g in status.get("gpus") or []}
+    return {
+        int(g.get("index") or 0): series.vram_layers(g, owners) for g in status.get("gpus") or []
+    }
 
 
 def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:

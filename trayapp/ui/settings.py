@@ -54,14 +54,41 @@ log = logging.getLogger("headroom.ui")
 # Tabs and the settings on each, in the order of the form; settings not named here land on
 # "Advanced", so a new entry in the table always has a field.
 TABS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("Guard", ("guard.mode", "guard.warn_available", "guard.pause_available",
-               "guard.park_available", "guard.stop_available", "guard.resume_available",
-               "guard.warn_horizon_seconds", "guard.pause_horizon_seconds",
-               "guard.auto_resume")),
-    ("General", ("engine.sample_interval", "ui.notifications", "ui.start_at_login",
-                 "ui.show_dashboard_at_start", "history.raw_hours", "history.keep_days")),
-    ("Metrics and machines", ("metrics.listen", "metrics.tls_cert", "metrics.tls_key",
-                            "machines.prometheus", "machines.refresh_seconds")),
+    (
+        "Guard",
+        (
+            "guard.mode",
+            "guard.warn_available",
+            "guard.pause_available",
+            "guard.park_available",
+            "guard.stop_available",
+            "guard.resume_available",
+            "guard.warn_horizon_seconds",
+            "guard.pause_horizon_seconds",
+            "guard.auto_resume",
+        ),
+    ),
+    (
+        "General",
+        (
+            "engine.sample_interval",
+            "ui.notifications",
+            "ui.start_at_login",
+            "ui.show_dashboard_at_start",
+            "history.raw_hours",
+            "history.keep_days",
+        ),
+    ),
+    (
+        "Metrics and machines",
+        (
+            "metrics.listen",
+            "metrics.tls_cert",
+            "metrics.tls_key",
+            "machines.prometheus",
+            "machines.refresh_seconds",
+        ),
+    ),
 )
 # What an empty text field shows, where an example says more than the label.
 PLACEHOLDERS: Dict[str, str] = {
@@ -81,7 +108,8 @@ TAB_NOTES: Dict[str, str] = {
         "running when the tray and the last job have gone. After a reboot, the tray at login "
         "or the command headroom\u00a0engine starts one again.\n\n"
         "The Machines window (tray menu › Machines...) asks the Prometheus server above about "
-        "every machine it scrapes."),
+        "every machine it scrapes."
+    ),
 }
 
 # -- the dialog -----------------------------------------------------------------------------------
@@ -96,8 +124,13 @@ class SettingsDialog(QDialog):
 
     saved = Signal(object)
 
-    def __init__(self, client_factory: Callable[[], EngineClient],
-                 parent: Optional[QWidget] = None, *, refresh_ms: int = 2000):
+    def __init__(
+        self,
+        client_factory: Callable[[], EngineClient],
+        parent: Optional[QWidget] = None,
+        *,
+        refresh_ms: int = 2000,
+    ):
         super().__init__(parent)
         self.setWindowTitle(window_title("Settings"))
         self.setObjectName("settings")
@@ -173,8 +206,10 @@ class SettingsDialog(QDialog):
         if title == "Guard":
             self.bar = ThresholdBar()
             form.addRow("Available now", self.bar)
-            self.bar.setToolTip("Green: the memory available now, from none (left) to all of "
-                                "it (right); a tick marks each threshold.")
+            self.bar.setToolTip(
+                "Green: the memory available now, from none (left) to all of "
+                "it (right); a tick marks each threshold."
+            )
             self.order_label = message_label(WARNING_STYLE, "Threshold order")
             form.addRow("", self.order_label)
         if title in TAB_NOTES:
@@ -215,8 +250,7 @@ class SettingsDialog(QDialog):
         set_message(self.error_label, None)
         self.status_label.setText("Reading the settings from the engine…")
         self.status_label.setStyleSheet("")
-        self._runner.submit(lambda c: (c.config_get(), c.status()), self._loaded,
-                            self._load_failed)
+        self._runner.submit(lambda c: (c.config_get(), c.status()), self._loaded, self._load_failed)
 
     def _loaded(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
         config, status = result
@@ -231,8 +265,9 @@ class SettingsDialog(QDialog):
     def _load_failed(self, message: str) -> None:
         self._loading = False
         why = one_line(message).rstrip(".")
-        self.status_label.setText(f"The settings cannot be read: {why}. They load as soon as "
-                                  "the engine answers.")
+        self.status_label.setText(
+            f"The settings cannot be read: {why}. They load as soon as the engine answers."
+        )
         self.status_label.setStyleSheet("color: #c0392b;")
 
     def apply_config(self, config: Dict[str, Any], keep_edits: bool = False) -> None:
@@ -318,15 +353,19 @@ class SettingsDialog(QDialog):
         conflicts = self._conflicts()
         if conflicts:
             names = ", ".join(label_of(n) for n in conflicts)
-            self.status_label.setText(f"The settings file changed while this window was open "
-                                      f"({names}); saving asks which values to keep.")
+            self.status_label.setText(
+                f"The settings file changed while this window was open "
+                f"({names}); saving asks which values to keep."
+            )
             self.status_label.setStyleSheet(WARNING_STYLE)
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         if not reachable:
-            self.status_label.setText("The engine is not reachable"
-                                      + (f": {reason}" if reason else "")
-                                      + "; the settings cannot be saved until it is back.")
+            self.status_label.setText(
+                "The engine is not reachable"
+                + (f": {reason}" if reason else "")
+                + "; the settings cannot be saved until it is back."
+            )
             self.status_label.setStyleSheet("color: #c0392b;")
         elif self.isVisible() and not self._saving:
             if self.loaded_ok:
@@ -343,8 +382,9 @@ class SettingsDialog(QDialog):
             return
         if self._runner.pending() == 0:
             # The settings too: a hand edit of the file shows up here without the app's pushes.
-            self._runner.submit(lambda c: (c.status(), c.config_get()), self._refreshed,
-                                lambda _m: None)
+            self._runner.submit(
+                lambda c: (c.status(), c.config_get()), self._refreshed, lambda _m: None
+            )
 
     def _refreshed(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
         status, config = result
@@ -356,8 +396,11 @@ class SettingsDialog(QDialog):
 
     def changes(self) -> Dict[str, Any]:
         """The fields whose value differs from what the engine has."""
-        return {name: f.value() for name, f in self.fields.items()
-                if name in self.loaded and not same(f.value(), self.loaded[name])}
+        return {
+            name: f.value()
+            for name, f in self.fields.items()
+            if name in self.loaded and not same(f.value(), self.loaded[name])
+        }
 
     def invalid(self) -> Dict[str, str]:
         """Field name -> the reason its value cannot be saved."""
@@ -391,15 +434,15 @@ class SettingsDialog(QDialog):
             texts[name] = str(f.value())
             word = words.get(name, "")  # a threshold off the ladder (hysteresis): only its size
             try:
-                text = threshold_preview(texts[name], self.total_bytes, self.available_bytes,
-                                         word)
+                text = threshold_preview(texts[name], self.total_bytes, self.available_bytes, word)
             except ConfigError:
                 f.preview.setText("")
                 continue
             f.preview.setText(text)
             # Amber when the guard would act on this step right now.
-            f.preview.setStyleSheet(WARNING_STYLE if "would" in text or "stay paused" in text
-                                    else NOTE_STYLE)
+            f.preview.setStyleSheet(
+                WARNING_STYLE if "would" in text or "stay paused" in text else NOTE_STYLE
+            )
             if word and self.total_bytes:
                 b = Threshold.parse(texts[name]).bytes_of(int(self.total_bytes))
                 marks.append((word, b, colours[name]))
@@ -435,12 +478,19 @@ class SettingsDialog(QDialog):
     def _ask(self, conflicts: Dict[str, Any]) -> None:
         """Which to keep, the file's values or the user's (``conflict_box``, not blocking)."""
         changes = self.changes()
-        lines = [f"{label_of(n)}: the file says {v!r}, this window {changes[n]!r}"
-                 for n, v in conflicts.items()]
-        box = QMessageBox(QMessageBox.Icon.Question, window_title("Settings"),
-                          "The settings file changed since this window read it:\n\n"
-                          + "\n".join(lines) + "\n\nWhich values should it keep?",
-                          QMessageBox.StandardButton.NoButton, self)
+        lines = [
+            f"{label_of(n)}: the file says {v!r}, this window {changes[n]!r}"
+            for n, v in conflicts.items()
+        ]
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            window_title("Settings"),
+            "The settings file changed since this window read it:\n\n"
+            + "\n".join(lines)
+            + "\n\nWhich values should it keep?",
+            QMessageBox.StandardButton.NoButton,
+            self,
+        )
         keep = box.addButton("Keep the file's values", QMessageBox.ButtonRole.AcceptRole)
         mine = box.addButton("Overwrite with mine", QMessageBox.ButtonRole.DestructiveRole)
         box.addButton(QMessageBox.StandardButton.Cancel)
@@ -515,8 +565,9 @@ class SettingsDialog(QDialog):
         self.status_label.setText("Not saved: the settings file keeps changing.")
         set_message(self.error_label, "The settings file changed while saving; save again.")
 
-    def _saved(self, kept: Dict[str, Any], refused: Dict[str, Optional[str]],
-               config: Dict[str, Any]) -> None:
+    def _saved(
+        self, kept: Dict[str, Any], refused: Dict[str, Optional[str]], config: Dict[str, Any]
+    ) -> None:
         self._saving = False
         self.apply_config(config)
         # Values the engine refused stay in their fields, with its reason beside them.
@@ -530,12 +581,15 @@ class SettingsDialog(QDialog):
                 failed["ui.start_at_login"] = problem
         self._changed()
         for name, reason in failed.items():
-            set_message(self.fields[name].error if name in self.fields else self.error_label,
-                        reason if name in self.fields else f"{name}: {reason}")
+            set_message(
+                self.fields[name].error if name in self.fields else self.error_label,
+                reason if name in self.fields else f"{name}: {reason}",
+            )
         self.saved.emit(config)
         if failed:
-            set_message(self.error_label, f"{len(failed)} value(s) not saved; the reasons "
-                                          "are beside them.")
+            set_message(
+                self.error_label, f"{len(failed)} value(s) not saved; the reasons are beside them."
+            )
             self.status_label.setText("The other values were saved.")
             return
         self.accept()

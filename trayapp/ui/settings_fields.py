@@ -28,8 +28,12 @@ def label_of(name: str) -> str:
 
 
 def same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
-            not isinstance(a, bool) and not isinstance(b, bool):
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return abs(float(a) - float(b)) < 1e-9
     if isinstance(a, str) and isinstance(b, str):
         return a.strip() == b.strip()
@@ -101,8 +105,9 @@ def _widget(s: Setting, changed: Callable[..., None]) -> QWidget:
     # Hundredths only where the table allows less than one (0.02 s, 0.1 per s).
     fine = s.minimum is not None and 0 < s.minimum < 1
     spin.setDecimals(2 if fine and not isinstance(s.default, int) else 0)
-    spin.setRange(s.minimum if s.minimum is not None else 0.0,
-                  s.maximum if s.maximum is not None else 1e9)
+    spin.setRange(
+        s.minimum if s.minimum is not None else 0.0, s.maximum if s.maximum is not None else 1e9
+    )
     spin.setSuffix(f" {s.unit}" if s.unit else "")
     spin.setKeyboardTracking(True)
     spin.valueChanged.connect(changed)

@@ -26,8 +26,9 @@ LABEL_ROWS = 3  # rows for the words above the thresholds' ticks
 # -- where the thresholds sit ---------------------------------------------------------------------
 
 
-def threshold_preview(text: str, total_bytes: Optional[int],
-                      available_bytes: Optional[int], word: str) -> str:
+def threshold_preview(
+    text: str, total_bytes: Optional[int], available_bytes: Optional[int], word: str
+) -> str:
     """One line saying what a threshold means on this machine now, e.g.
     ``"= 3.6 GiB of 24.0 GiB; 12.0 GiB available now, above it"``. Raises ConfigError for a
     value that is not a threshold."""
@@ -49,8 +50,11 @@ def order_problem(values: Dict[str, str], total_bytes: int) -> Optional[str]:
     """A line when the ladder does not nest (stop <= park <= pause <= warn, resume above
     pause), else None."""
     try:
-        b = {name: Threshold.parse(values[name]).bytes_of(total_bytes) for name, _w, _c in LADDER
-             if name in values}
+        b = {
+            name: Threshold.parse(values[name]).bytes_of(total_bytes)
+            for name, _w, _c in LADDER
+            if name in values
+        }
     except ConfigError:
         return None
     steps = [b[name] for name, word, _c in LADDER if word != A.RESUME and name in b]
@@ -78,8 +82,12 @@ class ThresholdBar(QWidget):
     def sizeHint(self) -> QSize:
         return QSize(360, LABEL_ROWS * 14 + 20)
 
-    def set_values(self, total_bytes: Optional[int], available_bytes: Optional[int],
-                   marks: List[Tuple[str, int, str]]) -> None:
+    def set_values(
+        self,
+        total_bytes: Optional[int],
+        available_bytes: Optional[int],
+        marks: List[Tuple[str, int, str]],
+    ) -> None:
         self.total_bytes, self.available_bytes, self.marks = total_bytes, available_bytes, marks
         parts = [f"{w} at {format_bytes(b)}" for w, b, _ in marks]
         if available_bytes is not None:
@@ -102,8 +110,9 @@ class ThresholdBar(QWidget):
                 return
             if self.available_bytes is not None:
                 frac = max(0.0, min(1.0, self.available_bytes / total))
-                fill = QRectF(bar.left() + 1, bar.top() + 1, (bar.width() - 2) * frac,
-                              bar.height() - 2)
+                fill = QRectF(
+                    bar.left() + 1, bar.top() + 1, (bar.width() - 2) * frac, bar.height() - 2
+                )
                 p.fillRect(fill, QColor("#8fd19e"))
             font = p.font()
             font.setPointSizeF(max(6.0, font.pointSizeF() * 0.8))

@@ -50,7 +50,7 @@ class Ring:
     def view(self) -> np.ndarray:
         """The values, oldest first: a view that the next append may change."""
         start = (self._w - self._n) % self.capacity
-        return self._buf[start:start + self._n]
+        return self._buf[start : start + self._n]
 
     def align(self, other: Ring) -> None:
         """Take ``other``'s length and position, as NaN (a column that starts late)."""
@@ -60,11 +60,11 @@ class Ring:
 
     def load(self, values: np.ndarray) -> None:
         """Replace the contents with the last ``capacity`` of ``values``."""
-        values = np.asarray(values, dtype=float)[-self.capacity:]
+        values = np.asarray(values, dtype=float)[-self.capacity :]
         n = len(values)
         self._buf[:] = np.nan
         self._buf[:n] = values
-        self._buf[self.capacity:self.capacity + n] = values
+        self._buf[self.capacity : self.capacity + n] = values
         self._n = n
         self._w = n % self.capacity
 
@@ -103,12 +103,17 @@ class Table:
             ring.align(self.times)
         return ring
 
-    def append(self, t: float, values: Mapping[str, Optional[float]],
-               merge_within: float = 0.0) -> bool:
+    def append(
+        self, t: float, values: Mapping[str, Optional[float]], merge_within: float = 0.0
+    ) -> bool:
         """Add a row (True) or fold it into the last one (False)."""
         last = self.times.last()
-        if merge_within > 0 and len(self.times) and not math.isnan(last) and \
-                t - self._bucket_start < merge_within:
+        if (
+            merge_within > 0
+            and len(self.times)
+            and not math.isnan(last)
+            and t - self._bucket_start < merge_within
+        ):
             for name, v in values.items():
                 if v is None:
                     continue
@@ -151,8 +156,9 @@ class Table:
         return i if ts[i] - x < x - ts[i - 1] else i - 1
 
 
-def align_series(series: Mapping[str, Mapping[str, list]], low: Iterable[str] = ()) -> \
-        tuple[np.ndarray, Dict[str, np.ndarray]]:
+def align_series(
+    series: Mapping[str, Mapping[str, list]], low: Iterable[str] = ()
+) -> tuple[np.ndarray, Dict[str, np.ndarray]]:
     """History answers (raw ``{"t", "v"}`` or minute ``{"t", "min", "mean", "max"}``) on one
     time column: the union of the series' times, NaN where a series has no row. Minute rows
     keep the peak: ``max``, or ``min`` for the names in ``low``."""

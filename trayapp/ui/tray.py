@@ -71,8 +71,9 @@ class TrayController(QObject):
 
     # -- state -----------------------------------------------------------------------------
 
-    def update(self, status: Optional[Dict[str, Any]], reachable: bool,
-               reason: Optional[str] = None) -> bool:
+    def update(
+        self, status: Optional[Dict[str, Any]], reachable: bool, reason: Optional[str] = None
+    ) -> bool:
         """Show a new status (or the loss of the engine); returns whether the icon was redrawn
         (only when what it shows changed)."""
         if status is not None:
@@ -145,16 +146,22 @@ class TrayController(QObject):
             return False
         self._notice_event = event
         title = notice.title + (" (simulated GPUs)" if self.demo and _about_gpus(event) else "")
-        self.icon.showMessage(title, notice.message,  # escaped for a notification already
-                              _MESSAGE_ICONS.get(notice.level,
-                                                 QSystemTrayIcon.MessageIcon.Information),
-                              NOTICE_MS)
+        self.icon.showMessage(
+            title,
+            notice.message,  # escaped for a notification already
+            _MESSAGE_ICONS.get(notice.level, QSystemTrayIcon.MessageIcon.Information),
+            NOTICE_MS,
+        )
         return True
 
     def message(self, title: str, text: str, level: str = "warn") -> None:
         """A notification of the app's own (a message may quote a job or a file: escaped)."""
-        self.icon.showMessage(notice_text(title), notice_text(text),
-                              _MESSAGE_ICONS.get(level, _MESSAGE_ICONS["warn"]), NOTICE_MS)
+        self.icon.showMessage(
+            notice_text(title),
+            notice_text(text),
+            _MESSAGE_ICONS.get(level, _MESSAGE_ICONS["warn"]),
+            NOTICE_MS,
+        )
 
     def _message_clicked(self) -> None:
         self.notice_clicked.emit(self._notice_event)

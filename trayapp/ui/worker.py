@@ -77,10 +77,18 @@ class EngineWorker(QThread):
     config = Signal(object)
     unreachable = Signal(str)
 
-    def __init__(self, paths: Paths, *, start_engine: bool = True, demo: bool = False,
-                 config_file: Optional[str] = None, poll_seconds: float = 0.25,
-                 retry_seconds: float = 0.5, max_retry_seconds: float = 5.0,
-                 parent: Optional[QObject] = None):
+    def __init__(
+        self,
+        paths: Paths,
+        *,
+        start_engine: bool = True,
+        demo: bool = False,
+        config_file: Optional[str] = None,
+        poll_seconds: float = 0.25,
+        retry_seconds: float = 0.5,
+        max_retry_seconds: float = 5.0,
+        parent: Optional[QObject] = None,
+    ):
         super().__init__(parent)
         self.paths = paths
         self.start_engine = start_engine
@@ -160,8 +168,9 @@ class EngineWorker(QThread):
 
     def _start_engine(self, client: EngineClient) -> None:
         """Start an engine and wait until it answers (or another one that won the race)."""
-        proc = start_and_wait(self.paths, client, demo=self.demo, config_file=self.config_file,
-                              halt=self._halt)
+        proc = start_and_wait(
+            self.paths, client, demo=self.demo, config_file=self.config_file, halt=self._halt
+        )
         self.started_engine = True
         log.info("started an engine for %s (pid %d)", self.paths.home, proc.pid)
 
@@ -207,8 +216,12 @@ class CallRunner(QObject):
     failed = Signal(str)
     _finished = Signal(object)
 
-    def __init__(self, client_factory: Callable[[], EngineClient], workers: int = 2,
-                 parent: Optional[QObject] = None):
+    def __init__(
+        self,
+        client_factory: Callable[[], EngineClient],
+        workers: int = 2,
+        parent: Optional[QObject] = None,
+    ):
         super().__init__(parent)
         self._factory = client_factory
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -216,14 +229,19 @@ class CallRunner(QObject):
         self._pending = 0
         self._lock = threading.Lock()
         self._finished.connect(self._deliver)
-        self._threads = [threading.Thread(target=self._serve, name=f"headroom-calls-{i}",
-                                          daemon=True) for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"headroom-calls-{i}", daemon=True)
+            for i in range(workers)
+        ]
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[[EngineClient], Any],
-               on_done: Optional[Callable[[Any], None]] = None,
-               on_error: Optional[Callable[[str], None]] = None) -> None:
+    def submit(
+        self,
+        fn: Callable[[EngineClient], Any],
+        on_done: Optional[Callable[[Any], None]] = None,
+        on_error: Optional[Callable[[str], None]] = None,
+    ) -> None:
         if self._closed.is_set():
             return
         with self._lock:

@@ -29,8 +29,10 @@ def _seen_for_job(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
 
 def _below(setting: str) -> Holds:
     """Available memory is under the threshold ``setting`` names."""
+
     def holds(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
         return a.available_bytes < a.thresholds.at(setting)
+
     return holds
 
 
@@ -41,8 +43,8 @@ def _predicted(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
 def calm_now(a: Assessment, cause: str, job_id: Optional[str]) -> bool:
     """Room to resume: above the resume threshold, nothing machine-wide at pause or more."""
     return a.available_bytes >= a.thresholds.resume and not any(
-        RANK[c.level] >= RANK[L.PAUSE] for c in a.conditions
-        if c.key.watch not in BUDGET_WATCHES)
+        RANK[c.level] >= RANK[L.PAUSE] for c in a.conditions if c.key.watch not in BUDGET_WATCHES
+    )
 
 
 @dataclass(frozen=True)

@@ -76,17 +76,40 @@ def targets(inp: GuardInput, a: Assessment, st: GuardState) -> List[Target]:
             continue
         parked = j.state in PARKED_STATES
         by = j.parked_by if parked else j.paused_by
-        out.append(Target(f"job:{j.id}", j.label, j, None, j.rss_bytes or 0,
-                           a.job_rates.get(j.id, 0.0), j.state in RUNNING_STATES,
-                           j.state in PAUSED_STATES, by == GUARD, j.state, parked))
+        out.append(
+            Target(
+                f"job:{j.id}",
+                j.label,
+                j,
+                None,
+                j.rss_bytes or 0,
+                a.job_rates.get(j.id, 0.0),
+                j.state in RUNNING_STATES,
+                j.state in PAUSED_STATES,
+                by == GUARD,
+                j.state,
+                parked,
+            )
+        )
     for p in inp.processes:
         if p.job_id is not None or p.rule is None or p.rule.action not in (A.PAUSE, A.STOP):
             if not p.paused_by_guard:
                 continue
         state = S.PAUSED if p.paused_by_guard else S.RUNNING
-        out.append(Target(f"pid:{p.pid}", p.label, None, p, p.rss_bytes,
-                           p.rate_bytes_per_s or 0.0, not p.paused_by_guard, p.paused_by_guard,
-                           p.paused_by_guard, state))
+        out.append(
+            Target(
+                f"pid:{p.pid}",
+                p.label,
+                None,
+                p,
+                p.rss_bytes,
+                p.rate_bytes_per_s or 0.0,
+                not p.paused_by_guard,
+                p.paused_by_guard,
+                p.paused_by_guard,
+                state,
+            )
+        )
     return out
 
 
@@ -111,15 +134,23 @@ def _park(t: Target, reason: str, cause: str, a: Assessment, policy: Policy) -> 
     """Park ``t``; one that can shrink is relaunched at once at half its micro-batch."""
     job = t.job
     if job is not None and job.shrinks_to:
-        act = _act(A.PARK, t, text.smaller_line(reason, job.batch, job.shrinks_to), cause, a,
-                   policy)
+        act = _act(
+            A.PARK, t, text.smaller_line(reason, job.batch, job.shrinks_to), cause, a, policy
+        )
         act.data["smaller"] = job.shrinks_to
         return act
     return _act(A.PARK, t, text.park_line(reason), cause, a, policy)
 
 
-def _act(kind: str, t: Target, reason: str, cause: str, a: Assessment, policy: Policy,
-         deadline: Optional[float] = None) -> Action:
+def _act(
+    kind: str,
+    t: Target,
+    reason: str,
+    cause: str,
+    a: Assessment,
+    policy: Policy,
+    deadline: Optional[float] = None,
+) -> Action:
     data: Dict[str, Any] = {
         "available_bytes": a.available_bytes,
         "thresholds": a.thresholds.to_json(),
@@ -134,10 +165,19 @@ def _act(kind: str, t: Target, reason: str, cause: str, a: Assessment, policy: P
     if deadline is not None:
         data["deadline_seconds"] = deadline
     if reason.startswith(t.label + " "):
-        reason = reason[len(t.label) + 1:]  # "paused job x: uses ...", not "job x: job x uses"
-    return Action(kind, reason, cause, job_id=t.job.id if t.job else None,
-                  pid=t.proc.pid if t.proc else None, label=t.label, deadline_seconds=deadline,
-                  key=f"{kind}:{t.key}", target_state=t.state, data=data)
+        reason = reason[len(t.label) + 1 :]  # "paused job x: uses ...", not "job x: job x uses"
+    return Action(
+        kind,
+        reason,
+        cause,
+        job_id=t.job.id if t.job else None,
+        pid=t.proc.pid if t.proc else None,
+        label=t.label,
+        deadline_seconds=deadline,
+        key=f"{kind}:{t.key}",
+        target_state=t.state,
+        data=data,
+    )
 
 
 def _deadline(t: Target, a: Assessment, policy: Policy, cause: str) -> float:
@@ -153,8 +193,9 @@ def _deadline(t: Target, a: Assessment, policy: Policy, cause: str) -> float:
     return 0.0 if d < MIN_INTERVAL_SECONDS else round(d, 3)
 
 
-def choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
-           targets: List[Target]) -> Optional[Action]:
+def choose(
+    inp: GuardInput, a: Assessment, policy: Policy, st: GuardState, targets: List[Target]
+) -> Optional[Action]:
     """The one act for now, in the ladder's order: the last resort, a job over its budget, a
     shortage (actual or predicted), then a resume."""
     now = inp.time
@@ -166,10 +207,17 @@ def choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
         if c.key.watch in BUDGET_WATCHES and pausing(c):
             t = next((t for t in targets if t.job is not None and t.job.id == c.job_id), None)
             if t is not None and t.running and _free(st, t, A.PAUSE, now):
-                return _act(A.PAUSE, t, c.reason, c.cause, a, policy,
-                            _deadline(t, a, policy, c.cause))
-            if t is not None and t.paused and t.by_guard and t.job is not None \
-                    and t.job.shrinks_to and _free(st, t, A.PARK, now):
+                return _act(
+                    A.PAUSE, t, c.reason, c.cause, a, policy, _deadline(t, a, policy, c.cause)
+                )
+            if (
+                t is not None
+                and t.paused
+                and t.by_guard
+                and t.job is not None
+                and t.job.shrinks_to
+                and _free(st, t, A.PARK, now)
+            ):
                 return _park(t, c.reason, c.cause, a, policy)  # paused at its budget: shrink
     act = _shortage_act(a, policy, st, targets, now)
     if act is not None:
@@ -179,8 +227,7 @@ def choose(inp: GuardInput, a: Assessment, policy: Policy, st: GuardState,
     return None
 
 
-def _pause_or_stop(t: Target, reason: str, cause: str, a: Assessment,
-                   policy: Policy) -> Action:
+def _pause_or_stop(t: Target, reason: str, cause: str, a: Assessment, policy: Policy) -> Action:
     """Pause ``t``; a process a user rule names is stopped where the rule says so."""
     rule = t.proc.rule if t.proc is not None else None
     if rule is not None and rule.action == A.STOP:
@@ -190,30 +237,43 @@ def _pause_or_stop(t: Target, reason: str, cause: str, a: Assessment,
     return _act(A.PAUSE, t, reason, cause, a, policy, _deadline(t, a, policy, cause))
 
 
-def _last_resort_act(mem: Optional[Condition], a: Assessment, policy: Policy, st: GuardState,
-                     targets: List[Target], now: float) -> Optional[Action]:
+def _last_resort_act(
+    mem: Optional[Condition],
+    a: Assessment,
+    policy: Policy,
+    st: GuardState,
+    targets: List[Target],
+    now: float,
+) -> Optional[Action]:
     """Memory past the park threshold: suspend what grows, else park, else (past the stop
     threshold) stop."""
     assert mem is not None
     running = [t for t in targets if t.running and _free(st, t, A.PAUSE, now)]
     if running:
         return _pause_or_stop(_by_urgency(running)[0], mem.reason, mem.cause, a, policy)
-    parkable = [t for t in targets if t.paused and t.job is not None and t.job.checkpoint
-                and _free(st, t, A.PARK, now)]
+    parkable = [
+        t
+        for t in targets
+        if t.paused and t.job is not None and t.job.checkpoint and _free(st, t, A.PARK, now)
+    ]
     if parkable:
         best = sorted(parkable, key=lambda t: (not t.by_guard, -t.size, t.key))[0]
         return _park(best, mem.reason, C.MEM_PARK, a, policy)
     if CAUSES[mem.cause].act is A.STOP:
-        stoppable = [t for t in targets if t.job is not None and (t.paused or t.running)
-                     and _free(st, t, A.STOP, now)]
+        stoppable = [
+            t
+            for t in targets
+            if t.job is not None and (t.paused or t.running) and _free(st, t, A.STOP, now)
+        ]
         if stoppable:
             best = sorted(stoppable, key=lambda t: (-t.size, t.key))[0]
             return _act(A.STOP, best, text.stop_line(mem.reason), C.MEM_STOP, a, policy)
     return None
 
 
-def _shortage_act(a: Assessment, policy: Policy, st: GuardState, targets: List[Target],
-                  now: float) -> Optional[Action]:
+def _shortage_act(
+    a: Assessment, policy: Policy, st: GuardState, targets: List[Target], now: float
+) -> Optional[Action]:
     """A shortage that pauses: pause the most urgent job; a predicted one pauses only what
     grows. With everything paused and memory still falling, park."""
     mem, trend = a.condition(MEM_KEY), a.condition(TREND_KEY)
@@ -225,40 +285,71 @@ def _shortage_act(a: Assessment, policy: Policy, st: GuardState, targets: List[T
     assert cause is not None
     if not actual:
         # A predicted shortage pauses only what grows, and not a job resumed a moment ago.
-        running = [t for t in running if t.growth > 0
-                   and now - st.resumed_at.get(t.key, -math.inf) >= policy.cooldown_seconds]
+        running = [
+            t
+            for t in running
+            if t.growth > 0 and now - st.resumed_at.get(t.key, -math.inf) >= policy.cooldown_seconds
+        ]
     if running:
         return _pause_or_stop(_by_urgency(running)[0], cause.reason, cause.cause, a, policy)
-    if mem is not None and mem.cause == C.MEM_PAUSE and trend is not None \
-            and not any(t.running for t in targets):
-        parkable = [t for t in targets if t.paused and t.by_guard and t.job is not None
-                    and t.job.checkpoint and _free(st, t, A.PARK, now)]
+    if (
+        mem is not None
+        and mem.cause == C.MEM_PAUSE
+        and trend is not None
+        and not any(t.running for t in targets)
+    ):
+        parkable = [
+            t
+            for t in targets
+            if t.paused
+            and t.by_guard
+            and t.job is not None
+            and t.job.checkpoint
+            and _free(st, t, A.PARK, now)
+        ]
         if parkable:
             best = sorted(parkable, key=lambda t: (-t.size, t.key))[0]
             if best.job is not None and best.job.shrinks_to:
                 return _park(best, text.falling_line(trend.reason), C.MEM_FALLING, a, policy)
-            return _act(A.PARK, best, text.falling_line(trend.reason), C.MEM_FALLING, a,
-                        policy)
+            return _act(A.PARK, best, text.falling_line(trend.reason), C.MEM_FALLING, a, policy)
     return None
 
 
-def _resume_act(a: Assessment, policy: Policy, st: GuardState, targets: List[Target],
-                now: float, calm_since: float) -> Optional[Action]:
-    cands = [t for t in targets if (t.paused or t.parked) and t.by_guard
-             and _free(st, t, A.RESUME, now) and _may_resume(t, policy, st)
-             and (not t.parked or _room_to_relaunch(t, a, st))
-             and wall(t, a, policy, st)[0]]
+def _resume_act(
+    a: Assessment,
+    policy: Policy,
+    st: GuardState,
+    targets: List[Target],
+    now: float,
+    calm_since: float,
+) -> Optional[Action]:
+    cands = [
+        t
+        for t in targets
+        if (t.paused or t.parked)
+        and t.by_guard
+        and _free(st, t, A.RESUME, now)
+        and _may_resume(t, policy, st)
+        and (not t.parked or _room_to_relaunch(t, a, st))
+        and wall(t, a, policy, st)[0]
+    ]
     if not cands:
         return None
     # A paused job holds its memory already; a parked one needs it back.
     best = sorted(cands, key=lambda t: (t.parked, t.size, t.key))[0]
-    reason = text.resume_line(a.thresholds.resume, now - calm_since, a.available_bytes,
-                              best.parked)
+    reason = text.resume_line(a.thresholds.resume, now - calm_since, a.available_bytes, best.parked)
     return _act(A.RESUME, best, reason, C.CALM, a, policy)
 
 
-def resume_fits(reached: int, need: Optional[int], growth: float, window: float,
-                available: int, pause_at: int, budget: Optional[int]) -> Tuple[bool, int, int]:
+def resume_fits(
+    reached: int,
+    need: Optional[int],
+    growth: float,
+    window: float,
+    available: int,
+    pause_at: int,
+    budget: Optional[int],
+) -> Tuple[bool, int, int]:
     """Whether a job suspended mid-step fits if resumed: (fits, bytes it needs more, bytes
     free for it). What it needs is its forecast (``need``, the RAM of the micro-batch it
     trains) or, without one, what it ``reached`` plus its ``growth`` (bytes/s, the rate the
@@ -280,9 +371,15 @@ def wall(t: Target, a: Assessment, policy: Policy, st: GuardState) -> Tuple[bool
     job = t.job
     if job is None or t.parked or not t.paused or not job.suspended:
         return True, 0, 0
-    return resume_fits(t.rss, job.ram_need_bytes, st.paused_growth.get(t.key, 0.0),
-                       float(policy.rate_window_seconds), a.available_bytes,
-                       a.thresholds.pause, job.ram_budget_bytes)
+    return resume_fits(
+        t.rss,
+        job.ram_need_bytes,
+        st.paused_growth.get(t.key, 0.0),
+        float(policy.rate_window_seconds),
+        a.available_bytes,
+        a.thresholds.pause,
+        job.ram_budget_bytes,
+    )
 
 
 def _room_to_relaunch(t: Target, a: Assessment, st: GuardState) -> bool:
@@ -301,8 +398,10 @@ def _may_resume(t: Target, policy: Policy, st: GuardState) -> bool:
     if not auto:
         return False
     share = policy.budget_warn_percent / 100.0
-    for used, budget in ((job.rss_bytes, job.ram_budget_bytes),
-                         (job.vram_bytes, job.vram_budget_bytes)):
+    for used, budget in (
+        (job.rss_bytes, job.ram_budget_bytes),
+        (job.vram_bytes, job.vram_budget_bytes),
+    ):
         if budget and used is not None and used >= share * budget:
             return False  # still at its own budget: resuming would only pause it again
     return True
@@ -317,5 +416,12 @@ def held_line(t: Target, a: Assessment, policy: Policy, st: GuardState) -> str:
     relapsed = by_hand and st.relapses.get(t.key, 0) >= MAX_RELAPSES
     need = a.thresholds.resume + (st.parked_size.get(t.key, 0) if t.parked else 0)
     how = text.resume_how(t.job.id if t.job else None, t.proc.pid if t.proc else None)
-    return text.held_line(t.label, how, t.parked, by_hand, MAX_RELAPSES if relapsed else 0,
-                          need, policy.resume_after_seconds)
+    return text.held_line(
+        t.label,
+        how,
+        t.parked,
+        by_hand,
+        MAX_RELAPSES if relapsed else 0,
+        need,
+        policy.resume_after_seconds,
+    )

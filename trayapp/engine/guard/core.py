@@ -77,8 +77,7 @@ TOP_NAMED = 3  # processes a memory warning names
 # -- what the readings mean -------------------------------------------------------------------
 
 
-def assess(inp: GuardInput, history: FillHistory, policy: Policy,
-           state: GuardState) -> Assessment:
+def assess(inp: GuardInput, history: FillHistory, policy: Policy, state: GuardState) -> Assessment:
     """The conditions the readings show (no choice of action yet). Pure."""
     now = inp.time
     m = inp.memory
@@ -93,8 +92,9 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
         tte = (avail - th.park) / rate
 
     conds: List[Condition] = []
-    mem = _memory_condition(avail, text.memory_have(avail, total, m.limit_source), th, policy,
-                            state, rate)
+    mem = _memory_condition(
+        avail, text.memory_have(avail, total, m.limit_source), th, policy, state, rate
+    )
     if mem is not None:
         conds.append(mem)
     trend, trend_since = _trend_condition(now, avail, th, rate, tte, policy, state)
@@ -109,37 +109,60 @@ def assess(inp: GuardInput, history: FillHistory, policy: Policy,
         if c is not None:
             conds.append(c)
     if avail < th.park:
-        conds.extend(cond(CondKey(Watch.NOCKPT, job.id), C.NO_CHECKPOINT,
-                          text.no_checkpoint_line(job.label, job.rss_bytes), job.id)
-                     for job in inp.jobs if job.state in PAUSED_STATES and not job.checkpoint)
+        conds.extend(
+            cond(
+                CondKey(Watch.NOCKPT, job.id),
+                C.NO_CHECKPOINT,
+                text.no_checkpoint_line(job.label, job.rss_bytes),
+                job.id,
+            )
+            for job in inp.jobs
+            if job.state in PAUSED_STATES and not job.checkpoint
+        )
     if any(c.key.watch in MEMORY_WATCHES for c in conds):
-        conds.extend(cond(CondKey(Watch.RULE, str(p.pid)), C.RULE_WARN,
-                          text.rule_line(p.name, p.pid, p.rule.pattern, p.rss_bytes,
-                                         p.rate_bytes_per_s))
-                     for p in inp.processes
-                     if p.rule is not None and p.rule.action == A.WARN and not p.job_id)
-    return Assessment(th, avail, rate, tte, tuple(conds), job_rates, psi_warn_since,
-                      psi_pause_since, trend_since)
+        conds.extend(
+            cond(
+                CondKey(Watch.RULE, str(p.pid)),
+                C.RULE_WARN,
+                text.rule_line(p.name, p.pid, p.rule.pattern, p.rss_bytes, p.rate_bytes_per_s),
+            )
+            for p in inp.processes
+            if p.rule is not None and p.rule.action == A.WARN and not p.job_id
+        )
+    return Assessment(
+        th, avail, rate, tte, tuple(conds), job_rates, psi_warn_since, psi_pause_since, trend_since
+    )
 
 
-def _memory_condition(avail: int, have: str, th: Thresholds, policy: Policy,
-                      state: GuardState, rate: Optional[float]) -> Optional[Condition]:
+def _memory_condition(
+    avail: int, have: str, th: Thresholds, policy: Policy, state: GuardState, rate: Optional[float]
+) -> Optional[Condition]:
     for cause in MEMORY_LADDER:
         setting = CAUSES[cause].setting
         assert setting is not None
         line = th.at(setting)
         if avail < line:
-            return cond(MEM_KEY, cause, text.below_line(cause, have, line,
-                                                        getattr(policy, setting), rate))
+            return cond(
+                MEM_KEY, cause, text.below_line(cause, have, line, getattr(policy, setting), rate)
+            )
     if MEM_KEY in state.keys and avail < th.warn + th.hysteresis:
-        return cond(MEM_KEY, C.MEM_WARN, text.just_above_line(
-            have, th.warn, policy.warn_available, th.warn + th.hysteresis))
+        return cond(
+            MEM_KEY,
+            C.MEM_WARN,
+            text.just_above_line(have, th.warn, policy.warn_available, th.warn + th.hysteresis),
+        )
     return None
 
 
-def _trend_condition(now: float, avail: int, th: Thresholds, rate: Optional[float],
-                     tte: Optional[float], policy: Policy,
-                     state: GuardState) -> Tuple[Optional[Condition], Optional[float]]:
+def _trend_condition(
+    now: float,
+    avail: int,
+    th: Thresholds,
+    rate: Optional[float],
+    tte: Optional[float],
+    policy: Policy,
+    state: GuardState,
+) -> Tuple[Optional[Condition], Optional[float]]:
     """The prediction's condition, if any, and since when it has been predicted."""
     if tte is None or not rate or avail <= th.park:
         return None, None
@@ -153,8 +176,9 @@ def _trend_condition(now: float, avail: int, th: Thresholds, rate: Optional[floa
     return None, None
 
 
-def _psi_condition(now: float, psi: Optional[float], policy: Policy, state: GuardState
-                   ) -> Tuple[Optional[Condition], Optional[float], Optional[float]]:
+def _psi_condition(
+    now: float, psi: Optional[float], policy: Policy, state: GuardState
+) -> Tuple[Optional[Condition], Optional[float], Optional[float]]:
     """The pressure condition, if any, and since when PSI is above each threshold."""
     if psi is None:
         return None, None, None
@@ -165,21 +189,26 @@ def _psi_condition(now: float, psi: Optional[float], policy: Policy, state: Guar
         pause_since = state.psi_pause_since if state.psi_pause_since is not None else now
     found = None
     if pause_since is not None and now - pause_since >= policy.psi_pause_duration_seconds:
-        found = cond(PSI_KEY, C.PSI_PAUSE,
-                     text.psi_line(psi, policy.psi_pause_threshold, now - pause_since))
+        found = cond(
+            PSI_KEY, C.PSI_PAUSE, text.psi_line(psi, policy.psi_pause_threshold, now - pause_since)
+        )
     elif warn_since is not None and now - warn_since >= policy.psi_duration_seconds:
-        found = cond(PSI_KEY, C.PSI_WARN,
-                     text.psi_line(psi, policy.psi_full_threshold, now - warn_since))
+        found = cond(
+            PSI_KEY, C.PSI_WARN, text.psi_line(psi, policy.psi_full_threshold, now - warn_since)
+        )
     return found, warn_since, pause_since
 
 
 # Each budget of a job: what it watches, the cause over it and the cause near it.
-_BUDGETS = ((Watch.RAM, C.BUDGET_RAM, C.BUDGET_RAM_WARN),
-            (Watch.VRAM, C.BUDGET_VRAM, C.BUDGET_VRAM_WARN))
+_BUDGETS = (
+    (Watch.RAM, C.BUDGET_RAM, C.BUDGET_RAM_WARN),
+    (Watch.VRAM, C.BUDGET_VRAM, C.BUDGET_VRAM_WARN),
+)
 
 
-def _budget_conditions(inp: GuardInput, history: FillHistory, policy: Policy,
-                       state: GuardState, conds: List[Condition]) -> Dict[str, float]:
+def _budget_conditions(
+    inp: GuardInput, history: FillHistory, policy: Policy, state: GuardState, conds: List[Condition]
+) -> Dict[str, float]:
     """Add a condition for each job at or near one of its budgets; returns each job's RSS
     growth (bytes/s, 0 when noise)."""
     job_rates: Dict[str, float] = {}
@@ -196,11 +225,23 @@ def _budget_conditions(inp: GuardInput, history: FillHistory, policy: Policy,
             key = CondKey(watch, job.id)
             limit = max(float(budget), state.grace.get(key, 0.0))
             if used >= limit:
-                conds.append(cond(key, over, text.budget_line(
-                    job.label, watch is Watch.VRAM, used, limit, budget), job.id))
+                conds.append(
+                    cond(
+                        key,
+                        over,
+                        text.budget_line(job.label, watch is Watch.VRAM, used, limit, budget),
+                        job.id,
+                    )
+                )
             elif used >= warn_share * budget:
-                conds.append(cond(key, near, text.budget_line(
-                    job.label, watch is Watch.VRAM, used, limit, budget), job.id))
+                conds.append(
+                    cond(
+                        key,
+                        near,
+                        text.budget_line(job.label, watch is Watch.VRAM, used, limit, budget),
+                        job.id,
+                    )
+                )
     return job_rates
 
 
@@ -224,12 +265,14 @@ def _gpu_condition(g: GpuReading, inp: GuardInput, policy: Policy) -> Optional[C
         label = next(j.label for j in inp.jobs if j.id == job_id)
         holder = text.gpu_holder(label, by_job[job_id])
     elif top_proc is not None:
-        holder = text.gpu_holder(f"{top_proc.name} (pid {top_proc.pid})",
-                                 top_proc.used_memory_bytes)
+        holder = text.gpu_holder(
+            f"{top_proc.name} (pid {top_proc.pid})", top_proc.used_memory_bytes
+        )
     else:
         holder = ""
-    return cond(CondKey(Watch.GPU, str(g.index)), C.GPU_VRAM,
-                text.gpu_line(g, used, total, holder), job_id)
+    return cond(
+        CondKey(Watch.GPU, str(g.index)), C.GPU_VRAM, text.gpu_line(g, used, total, holder), job_id
+    )
 
 
 def _top_text(inp: GuardInput, history: FillHistory, policy: Policy) -> str:
@@ -244,8 +287,13 @@ def _top_text(inp: GuardInput, history: FillHistory, policy: Policy) -> str:
             held[p.job_id] = held.get(p.job_id, 0) + p.rss_bytes
             continue
         rate = None if p.own else p.rate_bytes_per_s
-        rows.append(("headroom engine" if p.own else p.name, p.rss_bytes,
-                     rate if rate is not None and rate >= NOISE_RATE_BYTES_PER_S else None))
+        rows.append(
+            (
+                "headroom engine" if p.own else p.name,
+                p.rss_bytes,
+                rate if rate is not None and rate >= NOISE_RATE_BYTES_PER_S else None,
+            )
+        )
     for job in inp.jobs:
         size = job.rss_bytes if job.rss_bytes is not None else held.get(job.id)
         if job.state in ENDED_STATES or not size:
@@ -256,8 +304,7 @@ def _top_text(inp: GuardInput, history: FillHistory, policy: Policy) -> str:
     return text.top_text(rows, TOP_NAMED)
 
 
-def decide(inp: GuardInput, history: FillHistory, policy: Policy,
-           state: GuardState) -> Decision:
+def decide(inp: GuardInput, history: FillHistory, policy: Policy, state: GuardState) -> Decision:
     """What to do now. Pure: the same readings, history, policy and state give the same
     decision. At most one act (pause, resume, park, stop) per call; notifications as many as
     there are new conditions. The returned ``next`` state assumes the notifications were
@@ -265,8 +312,12 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
     now = inp.time
     st = _track_jobs(state, inp, policy)
     a = assess(inp, history, policy, st)
-    st = replace(st, psi_warn_since=a.psi_warn_since, psi_pause_since=a.psi_pause_since,
-                 trend_since=a.trend_since)
+    st = replace(
+        st,
+        psi_warn_since=a.psi_warn_since,
+        psi_pause_since=a.psi_pause_since,
+        trend_since=a.trend_since,
+    )
 
     conds = sorted(a.conditions, key=lambda c: -RANK[c.level])
     level = conds[0].level if conds else L.OK
@@ -284,16 +335,20 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
 
     # Calm enough to count towards a resume: no prediction or pressure either.
     calm = calm_now(a, C.CALM, None) and not any(c.key in (TREND_KEY, PSI_KEY) for c in conds)
-    st = replace(st, calm_since=(st.calm_since if st.calm_since is not None else now)
-                 if calm else None)
+    st = replace(
+        st, calm_since=(st.calm_since if st.calm_since is not None else now) if calm else None
+    )
 
     actions: List[Action] = []
     if policy.mode != M.OFF:
         notes, st = _announce(conds, level, st, now, inp, a, top)
         actions.extend(notes)
         act = choose(inp, a, policy, st, cands)
-        if act is None and st.calm_since is not None and \
-                now - st.calm_since >= policy.resume_after_seconds:
+        if (
+            act is None
+            and st.calm_since is not None
+            and now - st.calm_since >= policy.resume_after_seconds
+        ):
             notes, st = _say_waits(cands, a, policy, st)  # resumes the wall holds back
             actions.extend(notes)
         if act is not None:
@@ -303,19 +358,33 @@ def decide(inp: GuardInput, history: FillHistory, policy: Policy,
     if level == L.OK and st.would:
         st = replace(st, would=frozenset())
     st = replace(st, level=level, keys=frozenset(c.key for c in conds))
-    return Decision(level, tuple(reasons), a.seconds_to_exhaustion, a.fill_rate_bytes_per_s,
-                    a.thresholds, tuple(actions), st, memory_short)
+    return Decision(
+        level,
+        tuple(reasons),
+        a.seconds_to_exhaustion,
+        a.fill_rate_bytes_per_s,
+        a.thresholds,
+        tuple(actions),
+        st,
+        memory_short,
+    )
 
 
-def acted(state: GuardState, action: Action, now: float, policy: Policy,
-          done: bool = True) -> GuardState:
+def acted(
+    state: GuardState, action: Action, now: float, policy: Policy, done: bool = True
+) -> GuardState:
     """The state after ``action`` was carried out (or, in dry-run, reported). ``done`` False:
     it was refused; the target is only left alone for a moment."""
     target = action.target
     if not action.acts or target is None:
         return state
-    record = {"time": now, "kind": action.kind, "target": target, "message": action.message,
-              "dry_run": action.dry_run}
+    record = {
+        "time": now,
+        "kind": action.kind,
+        "target": target,
+        "message": action.message,
+        "dry_run": action.dry_run,
+    }
     if action.dry_run:
         return replace(state, would=state.would | {action.key}, last_action=record)
     pending = dict(state.pending)
@@ -331,8 +400,15 @@ def acted(state: GuardState, action: Action, now: float, policy: Policy,
         # The next automatic resume waits for its own stretch of calm, and fill rates
         # start afresh: what the resumed job does next is news.
         growth = {k: v for k, v in st.paused_growth.items() if k != target}
-        return replace(st, resumed_at=resumed, paused_for=paused_for, calm_since=now,
-                       rate_since=now, paused_growth=growth, waits_said=st.waits_said - {target})
+        return replace(
+            st,
+            resumed_at=resumed,
+            paused_for=paused_for,
+            calm_since=now,
+            rate_since=now,
+            paused_growth=growth,
+            waits_said=st.waits_said - {target},
+        )
     st = replace(st, rate_since=now, calm_since=None)
     if action.kind in (A.PAUSE, A.PARK):
         paused_for = dict(st.paused_for)
@@ -351,8 +427,9 @@ def acted(state: GuardState, action: Action, now: float, policy: Policy,
     return st
 
 
-def still_holds(action: Action, inp: GuardInput, history: FillHistory, policy: Policy,
-                state: GuardState) -> Tuple[bool, str]:
+def still_holds(
+    action: Action, inp: GuardInput, history: FillHistory, policy: Policy, state: GuardState
+) -> Tuple[bool, str]:
     """Whether ``action``'s cause still holds on a fresh reading ``inp``: (holds, why not).
 
     An act on a job that is gone or no longer in the state the act needs does not hold."""
@@ -374,14 +451,24 @@ def still_holds(action: Action, inp: GuardInput, history: FillHistory, policy: P
 
 # The states a job must be in for an act on it.
 _ACT_NEEDS: Mapping[str, FrozenSet[str]] = {
-    A.PAUSE: RUNNING_STATES, A.PARK: PAUSED_STATES, A.RESUME: PAUSED_STATES | PARKED_STATES}
+    A.PAUSE: RUNNING_STATES,
+    A.PARK: PAUSED_STATES,
+    A.RESUME: PAUSED_STATES | PARKED_STATES,
+}
 
 
 # -- notifications and bookkeeping ------------------------------------------------------------
 
 
-def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
-              inp: GuardInput, a: Assessment, top: str) -> Tuple[List[Action], GuardState]:
+def _announce(
+    conds: List[Condition],
+    level: str,
+    st: GuardState,
+    now: float,
+    inp: GuardInput,
+    a: Assessment,
+    top: str,
+) -> Tuple[List[Action], GuardState]:
     """A ``warn`` notification for each condition that is new or got worse; ``ok`` when all
     is well again after one."""
     announced = dict(st.announced)
@@ -395,14 +482,25 @@ def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
             reason = c.reason
             if top and c.key.watch in MEMORY_WATCHES:
                 reason = f"{reason}; {top}"
-            out.append(Action(A.WARN, reason, c.cause, job_id=c.job_id, condition=c.key,
-                              data={"available_bytes": a.available_bytes,
-                                    "total_bytes": inp.memory.total_bytes,
-                                    "fill_rate_bytes_per_s": a.fill_rate_bytes_per_s,
-                                    "seconds_to_exhaustion": a.seconds_to_exhaustion,
-                                    "psi_full_avg10": inp.memory.psi_full_avg10,
-                                    "thresholds": a.thresholds.to_json(), "level": c.level,
-                                    "cause": c.cause}))
+            out.append(
+                Action(
+                    A.WARN,
+                    reason,
+                    c.cause,
+                    job_id=c.job_id,
+                    condition=c.key,
+                    data={
+                        "available_bytes": a.available_bytes,
+                        "total_bytes": inp.memory.total_bytes,
+                        "fill_rate_bytes_per_s": a.fill_rate_bytes_per_s,
+                        "seconds_to_exhaustion": a.seconds_to_exhaustion,
+                        "psi_full_avg10": inp.memory.psi_full_avg10,
+                        "thresholds": a.thresholds.to_json(),
+                        "level": c.level,
+                        "cause": c.cause,
+                    },
+                )
+            )
             announced[c.key] = (rank, now)
         elif rank == prev[0]:
             announced[c.key] = (rank, now)
@@ -413,15 +511,21 @@ def _announce(conds: List[Condition], level: str, st: GuardState, now: float,
             del announced[key]
     ok_pending = st.ok_pending or bool(out)
     if level == L.OK and st.ok_pending:
-        out.append(Action(A.OK, text.back_to_normal_line(a.available_bytes,
-                                                         inp.memory.total_bytes),
-                          C.OK, data={"available_bytes": a.available_bytes}))
+        out.append(
+            Action(
+                A.OK,
+                text.back_to_normal_line(a.available_bytes, inp.memory.total_bytes),
+                C.OK,
+                data={"available_bytes": a.available_bytes},
+            )
+        )
         ok_pending = False
     return out, replace(st, announced=announced, ok_pending=ok_pending)
 
 
-def _say_waits(cands: List[Target], a: Assessment, policy: Policy,
-               st: GuardState) -> Tuple[List[Action], GuardState]:
+def _say_waits(
+    cands: List[Target], a: Assessment, policy: Policy, st: GuardState
+) -> Tuple[List[Action], GuardState]:
     """A ``warn`` notification, once a pause, for each job calm would resume but that waits
     because what it needs does not fit (``choice.wall``)."""
     out: List[Action] = []
@@ -433,10 +537,20 @@ def _say_waits(cands: List[Target], a: Assessment, policy: Policy,
         if fits:
             continue
         said.add(t.key)
-        out.append(Action(A.WARN, text.waits_line(t.label, more, free), C.CALM,
-                          job_id=t.job.id,
-                          data={"available_bytes": a.available_bytes, "need_more_bytes": more,
-                                "free_bytes": free, "cause": C.CALM}))
+        out.append(
+            Action(
+                A.WARN,
+                text.waits_line(t.label, more, free),
+                C.CALM,
+                job_id=t.job.id,
+                data={
+                    "available_bytes": a.available_bytes,
+                    "need_more_bytes": more,
+                    "free_bytes": free,
+                    "cause": C.CALM,
+                },
+            )
+        )
     return out, replace(st, waits_said=frozenset(said))
 
 
@@ -453,8 +567,9 @@ def _track_jobs(st: GuardState, inp: GuardInput, policy: Policy) -> GuardState:
         key = f"job:{j.id}"
         pend = st.pending.get(key)
         ours = pend is not None and pend[0] == A.RESUME and now - pend[1] < PENDING_SECONDS
-        by_guard = (prev is not None and prev[0] in PAUSED_STATES and prev[1] == GUARD) \
-            or key in st.paused_for
+        by_guard = (
+            prev is not None and prev[0] in PAUSED_STATES and prev[1] == GUARD
+        ) or key in st.paused_for
         if by_guard and j.state in RUNNING_STATES and j.paused_by is None and not ours:
             for watch, _over, _near in _BUDGETS:
                 used, budget = j.budget(watch)
@@ -466,9 +581,15 @@ def _track_jobs(st: GuardState, inp: GuardInput, policy: Policy) -> GuardState:
     def keep(d: Dict[str, Any]) -> Dict[str, Any]:
         return {k: v for k, v in d.items() if k in keys or not k.startswith("job:")}
 
-    return replace(st, grace=grace,
-                   job_states={i: (j.state, j.paused_by) for i, j in live.items()},
-                   pending=keep(st.pending), resumed_at=keep(st.resumed_at),
-                   relapses=keep(st.relapses), paused_for=keep(paused_for),
-                   parked_size=keep(st.parked_size), paused_growth=keep(st.paused_growth),
-                   waits_said=frozenset(k for k in st.waits_said if k in keys))
+    return replace(
+        st,
+        grace=grace,
+        job_states={i: (j.state, j.paused_by) for i, j in live.items()},
+        pending=keep(st.pending),
+        resumed_at=keep(st.resumed_at),
+        relapses=keep(st.relapses),
+        paused_for=keep(paused_for),
+        parked_size=keep(st.parked_size),
+        paused_growth=keep(st.paused_growth),
+        waits_said=frozenset(k for k in st.waits_said if k in keys),
+    )

@@ -125,16 +125,23 @@ class Policy:
         return hash(tuple(sorted((k, v) for k, v in self.__dict__.items())))
 
     def __repr__(self) -> str:
-        changed = [f"{k}={v!r}" for k, v in self.__dict__.items()
-                   if k == "rules" and v or k != "rules" and v != _DEFAULTS[k]]
+        changed = [
+            f"{k}={v!r}"
+            for k, v in self.__dict__.items()
+            if k == "rules" and v or k != "rules" and v != _DEFAULTS[k]
+        ]
         return f"Policy({', '.join(changed)})"
 
     @classmethod
     def from_config(cls, config: Any) -> Policy:
         """The policy from a loaded ``trayapp.config.Config`` (values already validated)."""
-        return cls(rules=(Rule(str(r["process"]), str(r.get("action", A.WARN)))
-                          for r in getattr(config, "rules", ()) or ()),
-                   **{key: config[s.name] for key, s in GUARD_SETTINGS.items()})
+        return cls(
+            rules=(
+                Rule(str(r["process"]), str(r.get("action", A.WARN)))
+                for r in getattr(config, "rules", ()) or ()
+            ),
+            **{key: config[s.name] for key, s in GUARD_SETTINGS.items()},
+        )
 
 
 def _ram_need(job: JobRecord) -> Optional[int]:
@@ -182,18 +189,28 @@ class JobView:
         else the guard's setting then."""
         asked = job.spec.get("auto_resume")
         return cls(
-            id=job.id, name=job.name, state=job.state,
+            id=job.id,
+            name=job.name,
+            state=job.state,
             pids=job.pids or ((job.pid,) if job.pid else ()),
-            rss_bytes=job.rss_bytes, vram_bytes=job.vram_bytes, hooked=job.hooked,
+            rss_bytes=job.rss_bytes,
+            vram_bytes=job.vram_bytes,
+            hooked=job.hooked,
             # A kernel's fit can be interrupted (its "park") whenever one runs.
-            checkpoint=job.kernel_in_fit if job.is_kernel
+            checkpoint=job.kernel_in_fit
+            if job.is_kernel
             else bool(job.checkpoint_dir) and job.hooked,
-            ram_budget_bytes=job.ram_budget_bytes, vram_budget_bytes=job.vram_budget_bytes,
+            ram_budget_bytes=job.ram_budget_bytes,
+            vram_budget_bytes=job.vram_budget_bytes,
             paused_by=job.paused_by,
             auto_resume=asked if isinstance(asked, bool) else job.auto_resume,
             parked_by=job.parked_by if job.state in PARKED_STATES else None,
-            shrinks_to=smaller_accumulation(job), batch=job.batch, create_time=job.create_time,
-            suspended=job.pause_mode == "suspended", ram_need_bytes=_ram_need(job))
+            shrinks_to=smaller_accumulation(job),
+            batch=job.batch,
+            create_time=job.create_time,
+            suspended=job.pause_mode == "suspended",
+            ram_need_bytes=_ram_need(job),
+        )
 
     def budget(self, watch: Watch) -> Tuple[Optional[int], Optional[int]]:
         """(what it uses, its budget) of RAM or of VRAM."""

@@ -105,8 +105,9 @@ class FillHistory:
     def samples(self, name: str) -> List[Tuple[float, float]]:
         return list(self._series.get(name, ()))
 
-    def fit(self, name: str, now: float, window: float,
-            since: Optional[float] = None) -> Optional[Fit]:
+    def fit(
+        self, name: str, now: float, window: float, since: Optional[float] = None
+    ) -> Optional[Fit]:
         """The slope of ``name`` over the last ``window`` seconds (samples from ``since`` on).
 
         Fewer than three samples in the window: the last three (no older than four windows).
@@ -145,13 +146,17 @@ def _least_squares(pts: List[Tuple[float, float]], last_step: Optional[float]) -
     slope = sum((t - t0 - mt) * (v - mv) for t, v in pts) / stt
     resid = [v - (mv + slope * (t - t0 - mt)) for t, v in pts]
     scatter = math.sqrt(sum(r * r for r in resid) / max(1, n - 2))
-    significant = (n >= MIN_FIT_SAMPLES and abs(slope) >= NOISE_RATE_BYTES_PER_S
-                   and abs(slope) * span > 2.0 * scatter)
+    significant = (
+        n >= MIN_FIT_SAMPLES
+        and abs(slope) >= NOISE_RATE_BYTES_PER_S
+        and abs(slope) * span > 2.0 * scatter
+    )
     return Fit(slope, n, span, significant, last_step)
 
 
-def fill_rate(history: FillHistory, now: float, policy: Policy,
-              since: Optional[float]) -> Optional[float]:
+def fill_rate(
+    history: FillHistory, now: float, policy: Policy, since: Optional[float]
+) -> Optional[float]:
     """The significant fill rate of available memory (bytes/s, positive), or None."""
     fit = history.fit(MEM, now, policy.rate_window_seconds, since=since)
     rate = fit.rate if fit is not None and fit.significant and fit.rate > 0 else None
@@ -164,7 +169,6 @@ def fill_rate(history: FillHistory, now: float, policy: Policy,
     return rate
 
 
-
 # -- sampling ---------------------------------------------------------------------------------
 
 
@@ -173,19 +177,31 @@ def wants_gpus(inp: Optional[GuardInput], policy: Policy) -> bool:
     if inp is None:
         return False
     for g in inp.gpus:
-        if g.memory_total_bytes and g.memory_used_bytes is not None and \
-                100.0 * g.memory_used_bytes / g.memory_total_bytes >= \
-                policy.vram_warn_percent - VRAM_NEAR_POINTS:
+        if (
+            g.memory_total_bytes
+            and g.memory_used_bytes is not None
+            and 100.0 * g.memory_used_bytes / g.memory_total_bytes
+            >= policy.vram_warn_percent - VRAM_NEAR_POINTS
+        ):
             return True
     for j in inp.jobs:
-        if j.vram_budget_bytes and j.vram_bytes is not None and j.state in RUNNING_STATES and \
-                j.vram_bytes >= VRAM_BUDGET_NEAR_SHARE * j.vram_budget_bytes:
+        if (
+            j.vram_budget_bytes
+            and j.vram_bytes is not None
+            and j.state in RUNNING_STATES
+            and j.vram_bytes >= VRAM_BUDGET_NEAR_SHARE * j.vram_budget_bytes
+        ):
             return True
     return False
 
 
-def next_interval(inp: Optional[GuardInput], history: FillHistory, policy: Policy,
-                  base_seconds: float, state: Optional[GuardState] = None) -> float:
+def next_interval(
+    inp: Optional[GuardInput],
+    history: FillHistory,
+    policy: Policy,
+    base_seconds: float,
+    state: Optional[GuardState] = None,
+) -> float:
     """Seconds until the next sample: the headroom to the next threshold divided by the fill
     rate (times ``SAFETY_FACTOR``, and at least a burst rate), between ``MIN_INTERVAL_SECONDS``
     and ``base_seconds``. Each job's budget counts as a threshold too."""
@@ -197,23 +213,29 @@ def next_interval(inp: Optional[GuardInput], history: FillHistory, policy: Polic
     th = Thresholds.of(policy, max(1, inp.memory.total_bytes))
     avail = inp.memory.available_bytes
     headroom = max(0, avail - th.below(avail))
-    best = min(best, _interval(headroom, history.fit(MEM, now, policy.rate_window_seconds),
-                               BURST_RATE_BYTES_PER_S))
+    best = min(
+        best,
+        _interval(
+            headroom, history.fit(MEM, now, policy.rate_window_seconds), BURST_RATE_BYTES_PER_S
+        ),
+    )
     share = policy.budget_warn_percent / 100.0
     for j in inp.jobs:
         if j.state not in RUNNING_STATES:
             continue
         if j.ram_budget_bytes and j.rss_bytes is not None:
-            nxt = share * j.ram_budget_bytes if j.rss_bytes < share * j.ram_budget_bytes \
+            nxt = (
+                share * j.ram_budget_bytes
+                if j.rss_bytes < share * j.ram_budget_bytes
                 else float(j.ram_budget_bytes)
+            )
             if state is not None:
                 nxt = max(nxt, state.grace.get(CondKey(Watch.RAM, j.id), 0.0))
             if j.rss_bytes < nxt:
                 fit = history.fit(f"rss:{j.id}", now, policy.rate_window_seconds)
                 best = min(best, _interval(nxt - j.rss_bytes, fit, JOB_BURST_RATE_BYTES_PER_S))
     if wants_gpus(inp, policy):
-        best = min(best, max(GPU_MIN_INTERVAL_SECONDS,
-                             _gpu_interval(inp, history, policy, upper)))
+        best = min(best, max(GPU_MIN_INTERVAL_SECONDS, _gpu_interval(inp, history, policy, upper)))
     return max(MIN_INTERVAL_SECONDS, min(upper, best))
 
 
@@ -230,9 +252,14 @@ def _interval(headroom: float, fit: Optional[Fit], burst: float) -> float:
 def _gpu_interval(inp: GuardInput, history: FillHistory, policy: Policy, upper: float) -> float:
     best = upper
     for j in inp.jobs:
-        if j.vram_budget_bytes and j.vram_bytes is not None and j.state in RUNNING_STATES \
-                and j.vram_bytes < j.vram_budget_bytes:
+        if (
+            j.vram_budget_bytes
+            and j.vram_bytes is not None
+            and j.state in RUNNING_STATES
+            and j.vram_bytes < j.vram_budget_bytes
+        ):
             fit = history.fit(f"vram:{j.id}", inp.time, policy.rate_window_seconds)
-            best = min(best, _interval(j.vram_budget_bytes - j.vram_bytes, fit,
-                                       JOB_BURST_RATE_BYTES_PER_S))
+            best = min(
+                best, _interval(j.vram_budget_bytes - j.vram_bytes, fit, JOB_BURST_RATE_BYTES_PER_S)
+            )
     return best

@@ -17,7 +17,7 @@ from trayapp.vocab import GuardCause as C
 
 
 def job_label(job_id: str, name: str) -> str:
-    """"job a1 (train.py)", or "job a1" without a name."""
+    """ "job a1 (train.py)", or "job a1" without a name."""
     return f"job {job_id} ({name})" if name else f"job {job_id}"
 
 
@@ -33,7 +33,7 @@ def format_rate(rate: Optional[float]) -> str:
 
 
 def share(part: float, whole: float) -> str:
-    """"42%" of ``whole``; "n/a" when it is 0."""
+    """ "42%" of ``whole``; "n/a" when it is 0."""
     return f"{100.0 * part / whole:.0f}%" if whole else "n/a"
 
 
@@ -44,57 +44,76 @@ def _th_text(value: int, setting: Threshold) -> str:
 
 
 def top_text(rows: Iterable[Tuple[str, int, Optional[float]]], limit: int = 3) -> str:
-    """"filling: job a1 (train.py) 2.0 GiB (+300.0 MiB/s); largest: firefox 3.1 GiB", or "",
+    """ "filling: job a1 (train.py) 2.0 GiB (+300.0 MiB/s); largest: firefox 3.1 GiB", or "",
     from (who, bytes, growth worth naming or None) rows: at most ``limit`` named, those growing
     first (fastest first, then the larger), then the largest of the rest."""
     all_rows = list(rows)
-    growing = sorted((r for r in all_rows if r[2] is not None and r[2] > 0),
-                     key=lambda r: (-(r[2] or 0.0), -r[1]))[:limit]
-    rest = sorted((r for r in all_rows if r not in growing),
-                  key=lambda r: -r[1])[:max(0, limit - len(growing))]
+    growing = sorted(
+        (r for r in all_rows if r[2] is not None and r[2] > 0),
+        key=lambda r: (-(r[2] or 0.0), -r[1]),
+    )[:limit]
+    rest = sorted((r for r in all_rows if r not in growing), key=lambda r: -r[1])[
+        : max(0, limit - len(growing))
+    ]
     parts = []
     if growing:
-        parts.append("filling: " + ", ".join(f"{who} {format_bytes(size)} ({format_rate(rate)})"
-                                              for who, size, rate in growing))
+        parts.append(
+            "filling: "
+            + ", ".join(
+                f"{who} {format_bytes(size)} ({format_rate(rate)})" for who, size, rate in growing
+            )
+        )
     if rest:
-        parts.append("largest: " + ", ".join(f"{who} {format_bytes(size)}"
-                                              for who, size, _ in rest))
+        parts.append(
+            "largest: " + ", ".join(f"{who} {format_bytes(size)}" for who, size, _ in rest)
+        )
     return "; ".join(parts)
 
 
 # -- conditions -------------------------------------------------------------------------------
 
 # The memory ladder's steps, as its sentences name them.
-STEP_WORDS: Mapping[str, str] = {C.MEM_STOP: "last-resort", C.MEM_PARK: "park",
-                                 C.MEM_PAUSE: "pause", C.MEM_WARN: "warning"}
+STEP_WORDS: Mapping[str, str] = {
+    C.MEM_STOP: "last-resort",
+    C.MEM_PARK: "park",
+    C.MEM_PAUSE: "pause",
+    C.MEM_WARN: "warning",
+}
 
 
 def memory_have(avail: int, total: int, limit_source: str) -> str:
-    """"1.1 GiB (7% of 16.0 GiB)", with "(cgroup limit)" when the total is a cgroup's."""
+    """ "1.1 GiB (7% of 16.0 GiB)", with "(cgroup limit)" when the total is a cgroup's."""
     where = " (cgroup limit)" if limit_source == "cgroup" else ""
     return f"{format_bytes(avail)} ({share(avail, total)} of {format_bytes(total)}{where})"
 
 
-def below_line(cause: str, have: str, line: int, setting: Threshold,
-               rate: Optional[float]) -> str:
+def below_line(cause: str, have: str, line: int, setting: Threshold, rate: Optional[float]) -> str:
     falling = f", filling at {format_rate(rate)}" if rate else ""
-    return f"available memory {have} is below the {STEP_WORDS[cause]} threshold " \
-           f"{_th_text(line, setting)}{falling}"
+    return (
+        f"available memory {have} is below the {STEP_WORDS[cause]} threshold "
+        f"{_th_text(line, setting)}{falling}"
+    )
 
 
 def just_above_line(have: str, warn: int, setting: Threshold, clears: int) -> str:
-    return f"available memory {have} is just above the warning threshold " \
-           f"{_th_text(warn, setting)}; the warning clears above {format_bytes(clears)}"
+    return (
+        f"available memory {have} is just above the warning threshold "
+        f"{_th_text(warn, setting)}; the warning clears above {format_bytes(clears)}"
+    )
 
 
 def trend_line(rate: float, tte: float, park: int) -> str:
-    return f"memory is filling at {format_rate(rate)}: about {tte:.0f} s until available " \
-           f"memory reaches the park threshold {format_bytes(park)}"
+    return (
+        f"memory is filling at {format_rate(rate)}: about {tte:.0f} s until available "
+        f"memory reaches the park threshold {format_bytes(park)}"
+    )
 
 
 def psi_line(psi: float, threshold: float, seconds: float) -> str:
-    return f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, above " \
-           f"{threshold:g}% for {seconds:.0f} s"
+    return (
+        f"memory pressure: all tasks stalled {psi:.0f}% of the last 10 s, above "
+        f"{threshold:g}% for {seconds:.0f} s"
+    )
 
 
 def budget_line(label: str, vram: bool, used: int, limit: float, budget: int) -> str:
@@ -103,15 +122,21 @@ def budget_line(label: str, vram: bool, used: int, limit: float, budget: int) ->
     what = "VRAM" if vram else "RAM"
     if used >= limit:
         extra = " (raised when you resumed it)" if limit > budget else ""
-        return f"{label} uses {format_bytes(used)} of {what}, over its budget of " \
-               f"{format_bytes(limit)}{extra}"
-    return f"{label} uses {format_bytes(used)} of {what}, {share(used, budget)} of its " \
-           f"budget of {format_bytes(budget)}"
+        return (
+            f"{label} uses {format_bytes(used)} of {what}, over its budget of "
+            f"{format_bytes(limit)}{extra}"
+        )
+    return (
+        f"{label} uses {format_bytes(used)} of {what}, {share(used, budget)} of its "
+        f"budget of {format_bytes(budget)}"
+    )
 
 
 def no_checkpoint_line(label: str, rss: Optional[int]) -> str:
-    return f"{label} holds {format_bytes(rss)} but has no checkpoint folder: parking it " \
-           "would lose its progress, so it stays paused"
+    return (
+        f"{label} holds {format_bytes(rss)} but has no checkpoint folder: parking it "
+        "would lose its progress, so it stays paused"
+    )
 
 
 def rule_line(name: str, pid: int, pattern: str, rss: int, rate: Optional[float]) -> str:
@@ -120,22 +145,28 @@ def rule_line(name: str, pid: int, pattern: str, rss: int, rate: Optional[float]
 
 
 def gpu_holder(who: str, used: Optional[int]) -> str:
-    """"; job a1 (train.py) holds 3.0 GiB": who holds most of a GPU's memory."""
+    """ "; job a1 (train.py) holds 3.0 GiB": who holds most of a GPU's memory."""
     return f"; {who} holds {format_bytes(used)}"
 
 
 def gpu_line(g: GpuReading, used: int, total: int, holder: str) -> str:
     how_full = f"{share(used, total)} ({format_bytes(used)} of {format_bytes(total)})"
     if g.display_active:
-        return f"GPU {g.index} ({g.name}) drives the desktop and {how_full} of its memory " \
-               f"is used{holder}: the desktop may stall"
+        return (
+            f"GPU {g.index} ({g.name}) drives the desktop and {how_full} of its memory "
+            f"is used{holder}: the desktop may stall"
+        )
     return f"GPU {g.index} ({g.name}): {how_full} of its memory is used{holder}"
 
 
 # -- acts and notifications -------------------------------------------------------------------
 
-_PAST: Mapping[str, str] = {A.PAUSE: "paused", A.RESUME: "resumed", A.PARK: "parking",
-                            A.STOP: "stopping"}
+_PAST: Mapping[str, str] = {
+    A.PAUSE: "paused",
+    A.RESUME: "resumed",
+    A.PARK: "parking",
+    A.STOP: "stopping",
+}
 
 
 def act_line(kind: str, label: str, reason: str, dry_run: bool) -> str:
@@ -155,8 +186,9 @@ def park_line(reason: str) -> str:
 
 def smaller_line(reason: str, batch: Optional[int], accumulation: int) -> str:
     micro = f"{batch // accumulation} x {accumulation}" if batch else f"1/{accumulation}"
-    return f"{reason}; relaunched from its checkpoint at micro-batches of {micro} (the same " \
-           "training)"
+    return (
+        f"{reason}; relaunched from its checkpoint at micro-batches of {micro} (the same training)"
+    )
 
 
 def stop_line(reason: str) -> str:
@@ -168,36 +200,46 @@ def falling_line(trend_reason: str) -> str:
 
 
 def resume_line(resume: int, seconds: float, available: int, parked: bool) -> str:
-    line = f"available memory has stayed above {format_bytes(resume)} for {seconds:.0f} s " \
-           f"({format_bytes(available)} now)"
+    line = (
+        f"available memory has stayed above {format_bytes(resume)} for {seconds:.0f} s "
+        f"({format_bytes(available)} now)"
+    )
     return line + "; relaunched from its checkpoint" if parked else line
 
 
 def back_to_normal_line(available: int, total: int) -> str:
-    return f"memory is back to normal: {format_bytes(available)} available " \
-           f"({share(available, total)})"
+    return (
+        f"memory is back to normal: {format_bytes(available)} available ({share(available, total)})"
+    )
 
 
-def held_line(label: str, how: str, parked: bool, by_hand: bool, relapses: int,
-              need: int, resume_after: float) -> str:
+def held_line(
+    label: str, how: str, parked: bool, by_hand: bool, relapses: int, need: int, resume_after: float
+) -> str:
     """Why a job (or process) the guard paused or parked stays so, and what brings it back;
     ``how`` is what resumes it by hand."""
     what = "parked" if parked else "paused"
     if by_hand:
         if relapses:
-            return f"{label} is {what} by the guard; it was stopped again soon after " \
-                   f"{relapses} automatic resumes, so resume it by hand ({how})"
+            return (
+                f"{label} is {what} by the guard; it was stopped again soon after "
+                f"{relapses} automatic resumes, so resume it by hand ({how})"
+            )
         return f"{label} is {what} by the guard; resume it by hand ({how})"
     verb = "is relaunched from its checkpoint" if parked else "resumes"
-    return f"{label} is {what} by the guard; it {verb} when available memory stays above " \
-           f"{format_bytes(need)} for {resume_after:g} s"
+    return (
+        f"{label} is {what} by the guard; it {verb} when available memory stays above "
+        f"{format_bytes(need)} for {resume_after:g} s"
+    )
 
 
 def waits_line(label: str, more: int, free: int) -> str:
     """Why a job the guard suspended mid-step is not resumed yet: the step it is in needs
     more than there is."""
-    return f"{label} waits to resume: it needs about {format_bytes(more)} more and " \
-           f"{format_bytes(free)} is free"
+    return (
+        f"{label} waits to resume: it needs about {format_bytes(more)} more and "
+        f"{format_bytes(free)} is free"
+    )
 
 
 def resume_how(job_id: Optional[str], pid: Optional[int]) -> str:
@@ -220,8 +262,7 @@ def state_line(label: str, state: str) -> str:
 def passed_line(kind: str, cause: str, available: int) -> str:
     if kind == A.RESUME:
         return "memory is short again"
-    return f"on a fresh reading the cause ({cause}) has passed: {format_bytes(available)} " \
-           "available"
+    return f"on a fresh reading the cause ({cause}) has passed: {format_bytes(available)} available"
 
 
 def failed_line(kind: str, label: str, why: str) -> str:
