@@ -34,6 +34,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable, Dict, List, Optional
 
+from trayapp.errors import Refused
 from trayapp.runner.protocol import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("headroom.api")
@@ -74,7 +75,7 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-class ChannelFull(ValueError):
+class ChannelFull(Refused):
     """A subscription refused: the channel keeps its last places for clients that ask."""
 
 

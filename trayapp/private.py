@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Iterator, List, Optional, Tuple
 
+from trayapp.errors import Refused
 from trayapp.text import one_line
 
 POSIX = sys.platform != "win32"
@@ -60,7 +61,7 @@ STATE_FILES = (
 _user_umask: Optional[int] = None
 
 
-class UnsafePath(ValueError):
+class UnsafePath(Refused):
     """A path Headroom will not use. The message (one line) names it, says what is wrong and
     how to fix it."""
 
