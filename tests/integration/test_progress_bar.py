@@ -60,9 +60,12 @@ def test_a_park_inside_an_epoch_leaves_the_bar_where_training_stopped(
     output = job.output
     assert "headroom: parked at batch 306 of 313 (epoch 2 of 2)" in output, output[-3000:]
     counts = bar_counts(output)
-    # Epoch 1 closed at its last batch; epoch 2's bar stays where training stopped.
+    # Epoch 1 closed at its last batch (drawn once or twice, as Keras's bar times its lines);
+    # epoch 2's bar stays where training stopped and never reaches the epoch's end.
     assert "313/313" in counts and counts[-1] == "306/313", counts[-5:]
-    assert counts.count("313/313") == 1, counts
+    closed = max(i for i, c in enumerate(counts) if c == "313/313")
+    epoch2 = counts[closed + 1:]
+    assert epoch2 and all(int(c.split("/")[0]) <= 306 for c in epoch2), (counts, epoch2)
     assert "Traceback" not in output
     # The progress the engine last had says the same: epoch 2, 306 of 313 batches.
     last = [m for m in engine.drain() if m["type"] == protocol.PROGRESS][-1]

@@ -34,6 +34,9 @@ def bar_class(callbacks_module):
                 if (batch + 1) % acc and not last:
                     return  # inside one of the user's batches
                 batch //= acc
+            where = self._run.stopped_at
+            if where is not None and batch + 1 > where[1]:
+                return  # a batch Keras trains after the park or stop landed: not drawn
             super().on_train_batch_end(batch, logs)
 
         def on_epoch_end(self, epoch, logs=None):
