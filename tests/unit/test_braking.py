@@ -225,3 +225,15 @@ def test_with_the_guard_off_or_in_its_dry_run_nothing_holds_the_job(mode: str) -
     assert group.writes == [1350 * MiB, -1]  # the limit lifted, once
     assert group.killed == 0 and job.brake.ended is None  # nothing ended
     assert job.rec.rss_bytes == 1400 * MiB and job.rec.memory_method == "cgroup"
+
+
+def test_a_cgroup_with_nothing_charged_yet_leaves_the_processes_reading() -> None:
+    # Right after its process moved in, its pages are charged where they were made: a count of
+    # 0 is not the job's memory (a scrape once read a running job as 0 bytes).
+    m, job = Manager(), braked_job(rss_bytes=8 * MiB, memory_method="pss")
+    job.cgroup.usage = 0
+    tick(m, job, 0.0)
+    assert (job.rec.rss_bytes, job.rec.memory_method) == (8 * MiB, "pss")
+    job.cgroup.usage = 12 * MiB  # charged from now on: its cgroup's count
+    tick(m, job, 0.1)
+    assert (job.rec.rss_bytes, job.rec.memory_method) == (12 * MiB, "cgroup")

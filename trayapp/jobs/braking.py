@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
@@ -356,6 +356,15 @@ class Brakes(JobTable):
         except CgroupError as e:
             log.warning("job %s: its cgroup was not removed: %s", job_id, e)
 
+    @staticmethod
+    def _cgroup_counted(job: Job, counted: int, shown: Dict[str, Any]) -> None:
+        """The job's memory as its cgroup counts it; none counted yet (its process just moved
+        in, its pages charged where they were made) leaves the reading of its processes."""
+        if counted > 0:
+            job.change(rss_bytes=counted, memory_method="cgroup", cgroup_memory=shown)
+        else:
+            job.change(cgroup_memory=shown)
+
     def _cgroup_bytes(self, job: Job) -> Optional[int]:
         """The job's memory now from its cgroup (``Reading.held``), None without one."""
         group = job.cgroup
@@ -442,7 +451,7 @@ class Brakes(JobTable):
                 # read exactly from its cgroup.
                 if r.limit is not None:
                     group.set_limit(-1)  # "no limit"
-                job.change(rss_bytes=r.held + outside, memory_method="cgroup", cgroup_memory=shown)
+                self._cgroup_counted(job, r.held + outside, shown)
                 return
             raised = False
             limit = self._limit_for(job, r, outside)
@@ -451,7 +460,7 @@ class Brakes(JobTable):
         except CgroupError as e:
             self._cgroup_lost(job, e)
             return
-        job.change(rss_bytes=r.held + outside, memory_method="cgroup", cgroup_memory=shown)
+        self._cgroup_counted(job, r.held + outside, shown)
         if job.rec.pause_mode == SUSPENDED and group.freezer is not None:
             self._kill_through_freezer(job, group)
         if not r.under_oom or job.state == S.STOPPING or st.ended is not None:

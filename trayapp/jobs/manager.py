@@ -152,7 +152,7 @@ class JobManager(KernelJobs):
             meter = job.meter if job is not None else None
         if job is not None and job.cgroup is not None:
             exact = self._cgroup_bytes(job)  # its cgroup's own count, where it has one
-            if exact is not None:
+            if exact:  # 0: nothing charged to it yet (a process just moved in): its RSS
                 return exact
         if meter is None:
             return None
