@@ -368,7 +368,9 @@ def test_empty_job_cgroups_an_engine_left_are_removed(
                                    })["id"]
         assert not any(folder.exists() for folder in stale)
         assert job_cgroup(job_id).is_dir()
-        assert "empty job cgroups an earlier engine left" in engine.stderr
+        # Said in its log (read from its stderr as it comes: the line may follow the removal).
+        wait_for("the engine to say it removed them",
+                 lambda: "empty job cgroups an earlier engine left" in engine.stderr, 20)
     finally:
         (tmp_path / "stop").touch()
         kill_job(client, job_id)
