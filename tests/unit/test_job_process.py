@@ -98,18 +98,26 @@ def test_a_log_within_its_cap_or_its_slack_is_left_alone(tmp_path: Path) -> None
 def test_a_trim_while_a_writer_appends_leaves_whole_lines_in_order(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.write_bytes(b"")
+    done = tmp_path / "lines-written"
+    # Its last line comes once the trims have stopped: one written inside a trim's window
+    # (between its last read and its truncation) is lost without the runner's lock.
     writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, sys
         fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
         for i in range(200000):
             os.write(fd, b"line %08d %s\\n" % (i, b"z" * 40))
+        open(sys.argv[2], "w").close()
+        sys.stdin.read()
         os.write(fd, b"THE END\\n")
-    """), str(log)])
+    """), str(log), str(done)], stdin=subprocess.PIPE)
     cap = 128 * KiB
     trims = 0
     try:
-        while writer.poll() is None:
+        while not done.exists() and writer.poll() is None:
             trims += bool(joblog.trim(str(log), cap))
+        assert writer.stdin is not None
+        writer.stdin.close()
+        writer.wait(60)
     finally:
         writer.kill()
         writer.wait()
