@@ -50,6 +50,18 @@ WRITE_STEP_BYTES = 1 * MiB
 UNLIMITED = 1 << 62  # v1 reads "no limit" as PAGE_COUNTER_MAX pages: anything this large
 
 
+def stop_each(pids: List[int]) -> int:
+    """SIGSTOP each of ``pids``; how many were stopped (one gone meanwhile is not counted)."""
+    count = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            count += 1
+        except OSError:
+            pass
+    return count
+
+
 class CgroupError(Exception):
     """A cgroup that cannot be made, read or written: the message says why, in one line."""
 
@@ -580,13 +592,7 @@ class JobCgroup:
         CgroupError."""
         if self.freezer_state() not in ("FROZEN", "FREEZING"):
             return 0
-        count = 0
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                count += 1
-            except OSError:
-                pass
+        count = stop_each(self.pids())
         self.thaw()
         return count
 

@@ -26,7 +26,17 @@ import time
 from typing import Any, Callable, List, Optional
 
 from trayapp.jobs import cgroups_v2 as v2
-from trayapp.jobs.cgroups import PREFIX, V2, CgroupError, Offer, Reading, _below, _why, own_cgroups
+from trayapp.jobs.cgroups import (
+    PREFIX,
+    V2,
+    CgroupError,
+    Offer,
+    Reading,
+    _below,
+    _why,
+    own_cgroups,
+    stop_each,
+)
 from trayapp.jobs.cgroups import parse_keyed as _keyed
 from trayapp.text import one_line
 
@@ -311,13 +321,7 @@ class ScopeCgroup:
         many were stopped; raises CgroupError."""
         if self.freezer_state() not in ("FROZEN", "FREEZING"):
             return 0
-        count = 0
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                count += 1
-            except OSError:
-                pass
+        count = stop_each(self.pids())
         self.thaw()
         return count
 
