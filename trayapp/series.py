@@ -134,7 +134,7 @@ def process_values(
     gpus: Iterable[Any], jobs: Iterable[Any], consumers: Iterable[Any] = ()
 ) -> Dict[str, float]:
     """The per-name series of one sample (the module docstring): ``consumers`` are the RAM
-    consumers (``probes.consumers.Consumer`` or their JSON), the GPUs' processes outside the
+    consumers (``readings.Consumer`` or their JSON), the GPUs' processes outside the
     guard's jobs summed by name. A GPU process whose memory the driver does not tell (WDDM)
     has no series."""
     values: Dict[str, float] = {}

@@ -17,7 +17,7 @@ import pytest
 
 from trayapp.probes.gpu import NvmlBackend, make_backend
 from trayapp.probes.processes import tree_memory
-from trayapp.probes.snapshot import GpuProcess
+from trayapp.readings import GpuProcess
 
 MiB = 1024**2
 GiB = 1024**3

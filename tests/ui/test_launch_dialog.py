@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QDialog
 from trayapp.engine.client import EngineClient
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError, validate
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.ui.launch import LaunchDialog
 from trayapp.ui.launch_form import AUTO_PYTHON, select
 from trayapp.ui.launch_plan import RecentLaunches, form_row, gpu_views, summary_text

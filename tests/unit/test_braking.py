@@ -15,7 +15,7 @@ from trayapp.jobs.braking import STALL, STALL_SECONDS, Brakes, BrakeState
 from trayapp.jobs.cgroups import CgroupError, Reading
 from trayapp.jobs.job import Event, Job
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuStatus, MemoryReading, Snapshot
+from trayapp.readings import GpuStatus, MemoryReading, Snapshot
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 

@@ -17,7 +17,7 @@ from trayapp.jobs.doctor import (
     verdict,
 )
 from trayapp.jobs.interpreters import Interpreter
-from trayapp.probes.snapshot import GpuReading, GpuStatus
+from trayapp.readings import GpuReading, GpuStatus
 
 GIB = 1024**3
 NVML = GpuStatus(backend="nvml", driver_version="550.54.14", cuda_driver_version="12.4")

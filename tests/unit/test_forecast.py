@@ -13,7 +13,7 @@ import pytest
 
 from trayapp.jobs import forecasts, messages
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuProcess, GpuReading, GpuStatus, MemoryReading, Snapshot
+from trayapp.readings import GpuProcess, GpuReading, GpuStatus, MemoryReading, Snapshot
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 

@@ -20,7 +20,7 @@ from trayapp.probes.gpu import (
     make_backend,
 )
 from trayapp.probes.names import person_name
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MiB = 1024**2

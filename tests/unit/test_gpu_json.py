@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from trayapp.probes.gpu import SimulatedBackend
-from trayapp.probes.snapshot import GpuProcess, GpuReading, GpuStatus, gpu_readings
+from trayapp.readings import GpuProcess, GpuReading, GpuStatus, gpu_readings
 
 
 def test_a_reading_comes_back_as_it_went() -> None:

@@ -30,7 +30,7 @@ from trayapp.engine.service import Engine
 from trayapp.engine.store import Store
 from trayapp.probes.gpu import NoGpuBackend
 from trayapp.probes.memory import MemoryProbe
-from trayapp.probes.snapshot import GpuProcess, GpuReading, MemoryReading
+from trayapp.readings import GpuProcess, GpuReading, MemoryReading
 
 MiB = 1 << 20
 GiB = 1 << 30

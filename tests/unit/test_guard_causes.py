@@ -24,7 +24,7 @@ from trayapp.engine.guard import (
     decide,
     still_holds,
 )
-from trayapp.probes.snapshot import MemoryReading
+from trayapp.readings import MemoryReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C
 from trayapp.vocab import GuardLevel as L

@@ -20,7 +20,7 @@ from trayapp.engine.guard import (
     next_interval,
     wants_gpus,
 )
-from trayapp.probes.snapshot import GpuReading, MemoryReading
+from trayapp.readings import GpuReading, MemoryReading
 
 MiB = 1 << 20
 GiB = 1 << 30

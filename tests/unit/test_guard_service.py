@@ -18,7 +18,7 @@ from trayapp.engine.service import Engine
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import NoGpuBackend
 from trayapp.probes.processes import ProcessSampler
-from trayapp.probes.snapshot import GpuStatus, MemoryReading, Snapshot
+from trayapp.readings import GpuStatus, MemoryReading, Snapshot
 
 GiB = 1 << 30
 TOTAL = 16 * GiB

@@ -18,7 +18,7 @@ from trayapp.cli.parser import build_parser
 from trayapp.jobs import kernelspec as ks
 from trayapp.jobs.options import JobSpec, SpecError, spec_from_cli
 from trayapp.jobs.plan import JobProcess, build_launch, default_runner_dir
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.runner import protocol
 
 MIB = 1024 * 1024

@@ -19,7 +19,7 @@ from trayapp import config as cfg
 from trayapp.engine.metrics import ActionTally, MetricsService
 from trayapp.engine.metrics_export import JOBS_MAX, LABEL_MAX, Held, HeldCollector
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuReading, GpuStatus, MemoryReading, Snapshot
+from trayapp.readings import GpuReading, GpuStatus, MemoryReading, Snapshot
 
 GIB = 1024**3
 

@@ -27,7 +27,7 @@ from trayapp.jobs.options import (
     spec_from_cli,
     validate,
 )
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 
 GIB = 1024 * MIB
 

@@ -14,7 +14,7 @@ import trayapp
 from trayapp.jobs.interpreters import REMOVED
 from trayapp.jobs.options import MIB, JobSpec, MemoryOptions, SpecError
 from trayapp.jobs.plan import build_launch, default_runner_dir, format_plan, runner_steps
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.runner import protocol
 
 BASE = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8"}

@@ -23,7 +23,7 @@ from trayapp.probes.processes import (
     tree_pids,
     tree_vram,
 )
-from trayapp.probes.snapshot import GpuProcess, GpuReading
+from trayapp.readings import GpuProcess, GpuReading
 
 MiB = 1024**2
 

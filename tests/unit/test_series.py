@@ -6,7 +6,7 @@ from __future__ import annotations
 from trayapp import series
 from trayapp.engine.service import sample_values
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuProcess, GpuReading, GpuStatus, MemoryReading, Snapshot
+from trayapp.readings import GpuProcess, GpuReading, GpuStatus, MemoryReading, Snapshot
 
 GiB = 1024**3
 

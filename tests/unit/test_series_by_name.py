@@ -7,8 +7,8 @@ from typing import Any, List
 
 from trayapp import series
 from trayapp.engine.history import ConsumerScan
-from trayapp.probes.consumers import Consumer
-from trayapp.probes.snapshot import GpuProcess, GpuReading
+from trayapp.readings import Consumer
+from trayapp.readings import GpuProcess, GpuReading
 
 GiB = 1024**3
 

@@ -14,7 +14,7 @@ from trayapp.engine.client import EngineClient, EngineUnavailable
 from trayapp.jobs import doctor, interpreters
 from trayapp.jobs.options import SpecError, resolve_python
 from trayapp.probes.gpu import make_backend
-from trayapp.probes.snapshot import GpuReading, GpuStatus, gpu_readings
+from trayapp.readings import GpuReading, GpuStatus
 from trayapp.text import one_line
 
 ENGINE_TIMEOUT_SECONDS = 5.0
@@ -25,7 +25,7 @@ def machine_gpus(paths: Paths, demo: bool) -> Tuple[GpuStatus, Tuple[GpuReading,
     try:
         with EngineClient(paths, timeout=ENGINE_TIMEOUT_SECONDS) as client:
             status = client.status()
-        return GpuStatus.from_json(status.get("gpu_status")), gpu_readings(status.get("gpus"))
+        return status.gpu_status, status.gpus
     except EngineUnavailable:
         pass
     backend = make_backend(demo=demo)

@@ -14,7 +14,7 @@ from trayapp.config import Paths
 from trayapp.engine.client import connect
 from trayapp.jobs.cgroups import tag_of
 from trayapp.jobs.job import COOPERATIVE, SUSPENDED, who
-from trayapp.jobs.record import JobRecord, records
+from trayapp.jobs.record import JobRecord
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.text import one_line
 from trayapp.vocab import JobState as S
@@ -178,7 +178,7 @@ def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
     finally:
         client.close()
     if args.json:
-        print(json.dumps(jobs, indent=None))  # as the engine sent it: the contract of DESIGN.md
+        print(json.dumps([j.to_json() for j in jobs], indent=None))  # DESIGN.md's records
     elif not jobs and not args.all:
         # Where a job that just ended went, a stopped one that 'headroom resume' continues too.
         print(
@@ -186,7 +186,7 @@ def cmd_jobs(args: argparse.Namespace, paths: Paths) -> int:
             "stopped included)"
         )
     else:
-        show(format_jobs(records(jobs)))
+        show(format_jobs(jobs))
     return EXIT_OK
 
 

@@ -20,7 +20,7 @@ from trayapp.jobs.plan import JobProcess, build_launch, format_plan, guard_lines
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import make_backend
 from trayapp.probes.memory import make_memory_probe
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.text import one_line
 
 DRY_RUN_ID = "dry-run"
@@ -40,12 +40,12 @@ def engine_rlimits(paths: Paths) -> Optional[Dict[str, Any]]:
     that ``headroom run`` starts takes them from here); None when they cannot be told."""
     try:
         with EngineClient(paths, timeout=2.0) as c:
-            limits = (c.status().get("engine") or {}).get("rlimits")
+            limits = c.status().engine.rlimits
     except EngineUnavailable:
         return {name: [soft, hard] for name, soft, hard in sv.own_rlimits()}
     except EngineError:
         return None
-    return limits if isinstance(limits, dict) else None
+    return dict(limits) if limits is not None else None
 
 
 def cmd_run(args: argparse.Namespace, paths: Paths) -> int:

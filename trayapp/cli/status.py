@@ -7,20 +7,20 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from trayapp import __version__, formats
 from trayapp.cli.base import EXIT_OK, demo, say, show
 from trayapp.cli.jobs import exit_text, progress_text
 from trayapp.config import Paths
 from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable, UnsafeState
-from trayapp.jobs.record import JobRecord, records
+from trayapp.engine.status_record import EngineView, GuardView, Status
+from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import make_backend
 from trayapp.probes.memory import make_memory_probe
-from trayapp.probes.snapshot import GpuStatus, Snapshot, gpu_readings
+from trayapp.readings import MemoryReading
 from trayapp.text import lines as escaped_lines
 from trayapp.text import one_line
-from trayapp.vocab import GuardLevel
 
 STATUS_TIMEOUT_SECONDS = 5.0
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -28,47 +28,41 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 _fmt = formats.format_bytes
 
 
-def format_status(st: Dict[str, Any]) -> str:
-    """The status object as a compact, glanceable text (one block per part), each line
-    escaped as ``text.one_line`` does."""
-    lines = _head_lines(st.get("engine") or {}, st.get("guard") or {})
-    lines += _memory_lines(st.get("memory") or {})
+def format_status(st: Status) -> str:
+    """The status as a compact, glanceable text (one block per part), each line escaped as
+    ``text.one_line`` does."""
+    lines = _head_lines(st.engine, st.guard)
+    lines += _memory_lines(st.memory)
     lines += _gpu_lines(st)
-    lines += _metrics_lines(st.get("engine") or {})
-    protection = (st.get("engine") or {}).get("protection")
-    if isinstance(protection, dict) and protection.get("words"):
-        lines.append(f"Protection {one_line(str(protection['words']))}")
-    jobs = records(st.get("jobs"))
-    if not jobs:
+    lines += _metrics_lines(st.engine)
+    words = st.engine.protection.get("words")
+    if words:
+        lines.append(f"Protection {one_line(str(words))}")
+    if not st.jobs:
         lines.append("Jobs   none")
-    for jb in jobs:
+    for jb in st.jobs:
         lines.append("Job    " + format_job_line(jb))
     # Each line escaped: jobs' names, GPU processes' names and the guard's reasons are shown.
     return escaped_lines("\n".join(lines))
 
 
-def _head_lines(eng: Dict[str, Any], guard: Dict[str, Any]) -> List[str]:
-    if eng.get("running"):
-        head = f"engine running (pid {eng.get('pid')})"
-        state = guard.get("state") or GuardLevel.OK
-        mode = guard.get("mode")
-        head += f" · guard {state}" + (f" ({mode})" if mode and mode != "act" else "")
-        runs_out = formats.exhaustion_words(guard)
+def _head_lines(eng: EngineView, guard: GuardView) -> List[str]:
+    if eng.running:
+        head = f"engine running (pid {eng.pid}) · guard {guard.state_words()}"
+        runs_out = guard.runs_out()
         if runs_out:
             head += f" · {runs_out}"
     else:
         head = "no engine is running: readings taken now; the guard is not watching"
     lines = [f"Headroom {__version__} · {head}"]
-    lines += [f"  ! {reason}" for reason in guard.get("reasons") or []]
-    lines += [f"  ! {one_line(str(problem))}" for problem in eng.get("config_problems") or []]
+    lines += [f"  ! {reason}" for reason in guard.reasons]
+    lines += [f"  ! {one_line(problem)}" for problem in eng.config_problems]
     return lines
 
 
-def _metrics_lines(eng: Dict[str, Any]) -> List[str]:
+def _metrics_lines(eng: EngineView) -> List[str]:
     """Where the Prometheus exporter serves, or why it does not; nothing when it is off."""
-    metrics = eng.get("metrics")
-    if not isinstance(metrics, dict):
-        return []
+    metrics = eng.metrics
     if metrics.get("error"):
         return [f"Metrics ! {one_line(str(metrics['error']))}"]
     if metrics.get("listen"):
@@ -77,36 +71,33 @@ def _metrics_lines(eng: Dict[str, Any]) -> List[str]:
     return []
 
 
-def _memory_lines(m: Dict[str, Any]) -> List[str]:
-    limit = "cgroup limit" if m.get("limit_source", "host") == "cgroup" else "host"
+def _memory_lines(m: Optional[MemoryReading]) -> List[str]:
+    if m is None:
+        return ["RAM    n/a"]
+    limit = "cgroup limit" if m.limit_source == "cgroup" else "host"
     lines = [
-        f"RAM    {_fmt(m.get('available_bytes'))} available of "
-        f"{_fmt(m.get('total_bytes'))} ({limit}), "
-        f"{formats.percent(m.get('used_bytes'), m.get('total_bytes'))} used"
+        f"RAM    {_fmt(m.available_bytes)} available of {_fmt(m.total_bytes)} ({limit}), "
+        f"{formats.percent(m.used_bytes, m.total_bytes)} used"
     ]
-    if m.get("swap_total_bytes"):
-        lines.append(
-            f"Swap   {_fmt(m.get('swap_used_bytes'))} used of {_fmt(m.get('swap_total_bytes'))}"
-        )
+    if m.swap_total_bytes:
+        lines.append(f"Swap   {_fmt(m.swap_used_bytes)} used of {_fmt(m.swap_total_bytes)}")
     else:
         lines.append("Swap   none")
-    if m.get("psi_some_avg10") is None:
+    if m.psi_some_avg10 is None:
         lines.append("Pressure n/a (this kernel does not report memory pressure)")
     else:
         lines.append(
-            f"Pressure some {m['psi_some_avg10']:.1f}%  full "
-            f"{m.get('psi_full_avg10') or 0:.1f}%  (avg10)"
+            f"Pressure some {m.psi_some_avg10:.1f}%  full {m.psi_full_avg10 or 0:.1f}%  (avg10)"
         )
     return lines
 
 
-def _gpu_lines(st: Dict[str, Any]) -> List[str]:
-    gpu_status = GpuStatus.from_json(st.get("gpu_status") or {})
-    gpus = gpu_readings(st.get("gpus"))
+def _gpu_lines(st: Status) -> List[str]:
+    gpu_status = st.gpu_status
     lines = []
-    if not gpus:
+    if not st.gpus:
         lines.append(f"GPU    {gpu_status.message or 'no NVIDIA GPU found'}")
-    for g in gpus:
+    for g in st.gpus:
         sim = " [simulated]" if g.simulated else ""
         lines.append(
             f"GPU {g.index}  {g.name}{sim} | {_fmt(g.memory_used_bytes)} / "
@@ -133,33 +124,25 @@ def format_job_line(jb: JobRecord) -> str:
     return text + f" · {status}" if status else text
 
 
-def local_status(demo: bool) -> Dict[str, Any]:
+def local_status(demo: bool) -> Status:
     """The status read from the probes directly, for when no engine runs."""
     backend = make_backend(demo=demo)
     try:
         memory = make_memory_probe().read()
-        snap = Snapshot(memory.time, memory, tuple(backend.read()), backend.status)
+        return Status(
+            memory.time,
+            memory,
+            tuple(backend.read()),
+            backend.status,
+            guard=GuardView(state=None, mode=None, reasons=("no engine is running",)),
+            engine=EngineView(running=False),
+            guard_json={"state": None, "mode": None, "reasons": ["no engine is running"]},
+        )
     finally:
         backend.close()
-    mem = snap.memory.to_json()
-    mem.pop("time", None)
-    return {
-        "time": snap.time,
-        "memory": mem,
-        "gpus": [g.to_json() for g in snap.gpus],
-        "gpu_status": snap.gpu_status.to_json(),
-        "guard": {
-            "state": None,
-            "mode": None,
-            "reasons": ["no engine is running"],
-            "seconds_to_exhaustion": None,
-        },
-        "jobs": [],
-        "engine": {"running": False},
-    }
 
 
-def _read_status(client: EngineClient, args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+def _read_status(client: EngineClient, args: argparse.Namespace) -> Optional[Status]:
     """The engine's status, the probes' when no engine runs; None when a busy engine did not
     answer while watching (said on stderr)."""
     try:
@@ -186,7 +169,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
             if st is None:
                 pass
             elif args.json:
-                print(json.dumps(st), flush=True)
+                print(json.dumps(st.to_json()), flush=True)
             else:
                 text = format_status(st)
                 if args.watch and tty:

@@ -20,6 +20,8 @@ from typing import Any, Dict, List, Optional
 from trayapp import private
 from trayapp.config import Paths
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
+from trayapp.engine.status_record import Status
+from trayapp.jobs.record import JobRecord, records
 
 WINDOWS = sys.platform == "win32"
 
@@ -241,8 +243,9 @@ class EngineClient:
     def ping(self) -> Dict[str, Any]:
         return self.request("ping")
 
-    def status(self) -> Dict[str, Any]:
-        return self.request("status")
+    def status(self) -> Status:
+        """The engine's status, read into a record (``status_record.Status``)."""
+        return Status.from_json(self.request("status"))
 
     def history(
         self,
@@ -283,8 +286,9 @@ class EngineClient:
     def shutdown(self, force: bool = False) -> Any:
         return self.request("shutdown", force=force)
 
-    def jobs(self, all: bool = False) -> List[Dict[str, Any]]:
-        return self.request("jobs", all=all)
+    def jobs(self, all: bool = False) -> List[JobRecord]:
+        """The engine's jobs (with ``all``, the ended ones too), as records."""
+        return records(self.request("jobs", all=all))
 
     def job_get(self, job: str, curves: bool = False) -> Dict[str, Any]:
         """The job's dict; with ``curves`` its loss and metric curves too (``"curves"``)."""

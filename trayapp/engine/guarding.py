@@ -52,7 +52,7 @@ from trayapp.probes.processes import (
     same_process,
     tree_vram,
 )
-from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.readings import GpuReading, Snapshot
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C

@@ -19,7 +19,7 @@ from trayapp import __version__
 from trayapp.config import Config, ConfigError
 from trayapp.config.net import Listen, parse_listen
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import Snapshot
+from trayapp.readings import Snapshot
 from trayapp.text import one_line
 from trayapp.vocab import GUARD_EVENTS
 

@@ -25,7 +25,7 @@ from trayapp.config.net import Listen
 from trayapp.jobs.cgroups import tag_of
 from trayapp.jobs.eta import progress_units
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import Snapshot
+from trayapp.readings import Snapshot
 from trayapp.text import one_line
 from trayapp.vocab import GUARD_EVENTS, GuardLevel, GuardMode, JobState
 

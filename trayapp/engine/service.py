@@ -37,7 +37,7 @@ from trayapp.probes.consumers import ram_by_name
 from trayapp.probes.gpu import GpuBackend, make_backend
 from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
 from trayapp.probes.processes import ProcessSampler
-from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.readings import GpuReading, Snapshot
 from trayapp.series import memory_only, pid_owners, process_values
 from trayapp.series import sample_values as series_values
 from trayapp.text import one_line

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from trayapp import config as configmod
 from trayapp.jobs import cgroups
 from trayapp.jobs.interpreters import Interpreter
-from trayapp.probes.snapshot import GpuReading, GpuStatus
+from trayapp.readings import GpuReading, GpuStatus
 
 VERDICTS = ("ok", "warn", "fail", "unknown")
 

@@ -21,7 +21,7 @@ from trayapp.jobs.gpu_choice import selected_gpus
 from trayapp.jobs.messages import Forecast
 from trayapp.jobs.options import JobSpec, SpecError
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.readings import GpuReading, Snapshot
 from trayapp.runner import forecast as rf
 from trayapp.text import one_line
 

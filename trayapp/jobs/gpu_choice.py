@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Protocol, Sequence, Tuple
 
 from trayapp.jobs.spec_values import MIB
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 
 
 class GpuChoice(Protocol):

@@ -50,7 +50,7 @@ from trayapp.jobs.options import (
     validate,
 )
 from trayapp.jobs.plan import JobProcess, build_launch, default_runner_dir
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.runner import protocol
 from trayapp.text import one_line
 

@@ -46,7 +46,7 @@ from trayapp.jobs.ladder import Stage
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.runner_link import Rate
-from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.readings import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E

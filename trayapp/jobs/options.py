@@ -40,7 +40,7 @@ from trayapp.jobs.spec_values import (  # the flags and choices, where they were
 from trayapp.jobs.spec_values import (
     add_run_arguments as add_run_arguments,
 )
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.runner import protocol
 
 DESKTOP_RESERVE_MB = 1024

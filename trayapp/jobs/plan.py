@@ -32,7 +32,7 @@ from trayapp.jobs.options import (
     total_mb,
     validate,
 )
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.runner import joblog, protocol
 
 __all__ = [

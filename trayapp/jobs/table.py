@@ -21,7 +21,7 @@ from trayapp.errors import Refused, Unknown
 from trayapp.jobs import messages, trees
 from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now, who
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.snapshot import GpuReading, Snapshot
+from trayapp.readings import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E

@@ -18,7 +18,7 @@ from trayapp.jobs.cgroups import CgroupError
 from trayapp.jobs.job import Job
 from trayapp.jobs.ladder import Stage
 from trayapp.probes.processes import SAME_PROCESS_TOLERANCE_S, TreeMeter, tree_memory
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 
 log = logging.getLogger("headroom.jobs")
 

@@ -10,27 +10,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Collection, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Collection, Dict, Iterator, List, Optional, Tuple
 
 import psutil
 
 from trayapp.probes.names import Namer
+from trayapp.readings import Consumer
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _RSS_FIELD = 21  # /proc/<pid>/stat's 24th field, counted after the name's closing ")"
 _START_FIELD = 19  # its 22nd, the start time (a pid reused by a new process is told apart)
 _NAMER = Namer()
-
-
-class Consumer(NamedTuple):
-    """The processes of one name, outside the guard's jobs."""
-
-    name: str
-    rss_bytes: int
-    processes: int
-
-    def to_json(self) -> Dict[str, Any]:
-        return self._asdict()
 
 
 def _proc_stat(proc_root: str) -> Iterator[Tuple[int, str, object, int]]:

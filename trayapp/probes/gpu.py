@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from trayapp.probes import processes
 from trayapp.probes.nvml import NVML_ERROR_FUNCTION_NOT_FOUND, NVML_VALUE_NOT_AVAILABLE, Nvml
-from trayapp.probes.snapshot import GpuProcess, GpuReading, GpuStatus
+from trayapp.readings import GpuProcess, GpuReading, GpuStatus
 
 MiB = 1024**2
 GiB = 1024**3

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Tuple, Union
 
 import psutil
 
-from trayapp.probes.snapshot import MemoryReading
+from trayapp.readings import MemoryReading
 
 _READ_SIZE = 16384
 

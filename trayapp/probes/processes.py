@@ -26,7 +26,7 @@ from typing import (
 import psutil
 
 from trayapp.probes.names import Namer
-from trayapp.probes.snapshot import GpuReading, ProcessMemory
+from trayapp.readings import GpuReading, ProcessMemory
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)
 

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidge
 from trayapp import private
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.engine.status_record import Status
 from trayapp.jobs.record import JobRecord
 from trayapp.logformat import LogFormatter
 from trayapp.private import UnsafePath
@@ -94,7 +95,7 @@ class HeadroomApp(QObject):
         self.tray_available = tray_available
         self.no_tray_reason = None if tray_available else no_tray_reason()
         self.settings = QSettings(str(paths.data_dir / "ui.ini"), QSettings.Format.IniFormat)
-        self.status: Optional[Dict[str, Any]] = None
+        self.status: Optional[Status] = None
         self.reachable = False
         self.reason: Optional[str] = "connecting to the engine"
         self.config: Optional[Dict[str, Any]] = None
@@ -269,7 +270,7 @@ class HeadroomApp(QObject):
             if method is not None:
                 method(*args)
 
-    def _on_snapshot(self, status: Dict[str, Any]) -> None:
+    def _on_snapshot(self, status: Status) -> None:
         came_back = not self.reachable
         self.status = status
         self.reachable = True
@@ -316,7 +317,7 @@ class HeadroomApp(QObject):
 
     def _fetch_history(self, seconds: float, gpus: List[int]) -> None:
         d = self._dashboard
-        now = float((self.status or {}).get("time") or 0) or None
+        now = (self.status.time or None) if self.status is not None else None
 
         def failed(message: str) -> None:
             log.info("could not load the history: %s", message)

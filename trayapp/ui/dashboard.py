@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from trayapp import formats
 from trayapp.config import ConfigError, Threshold, format_bytes
+from trayapp.engine.status_record import Status
 from trayapp.ui.dashboard_charts import DashboardPlots
 from trayapp.ui.dashboard_now import NowBars
 from trayapp.ui.dashboard_parts import (
@@ -68,7 +69,7 @@ class Dashboard(DashboardPlots):
         self.settings = settings
         self.demo = demo
         self.close_handler: Optional[Callable[[], bool]] = None
-        self.status: Optional[Dict[str, Any]] = None
+        self.status: Optional[Status] = None
         # Job id -> name, of every job seen in a status or the history: the markers' names.
         self.job_names: Dict[str, str] = {}
         self.reachable = False
@@ -81,7 +82,7 @@ class Dashboard(DashboardPlots):
             maxlen=int(LIVE_RATE_HZ * 180)
         )
         self._totals: Dict[str, float] = {}
-        self.updates = 0  # status dicts applied
+        self.updates = 0  # statuses applied
         # The plots follow live data at most this often (status time, seconds): the tray sets
         # 2 s, which halves what an open dashboard costs; 0 redraws on every status.
         self.live_redraw_seconds = 0.0
@@ -177,25 +178,27 @@ class Dashboard(DashboardPlots):
         )
         return Table(history_rows + live_rows + 16, low=LOW_SERIES)
 
-    def apply_snapshot(self, status: Dict[str, Any]) -> None:
-        """One status dict from the engine: a live row, the banner, the jobs strip."""
+    def apply_snapshot(self, status: Status) -> None:
+        """One status from the engine: a live row, the banner, the jobs strip."""
         self.status = status
         self._learn_names(job_names(status))
         self.reachable = True
         self.reason = None
-        t = float(status.get("time") or time.time())
+        t = status.time or time.time()
         values = snapshot_values(status)
         self._live.append((t, values))
         self.table.append(t, values, LIVE_STEP.get(self.range_seconds, 0.0))
-        gpus = sorted(int(g.get("index") or 0) for g in status.get("gpus") or [])
+        gpus = sorted(g.index for g in status.gpus)
         self._ensure_gpus(gpus)
         self._note_gpus(status)
-        self._note_gpus_memory(status.get("gpus") or [])
-        m = status.get("memory") or {}
-        self._set_totals(m.get("total_bytes"), m.get("limit_source"), status)
-        guard = status.get("guard") or {}
+        self._note_gpus_memory(status.gpus)
+        m = status.memory
+        if m is None:
+            self._set_totals(None, None, status)
+        else:
+            self._set_totals(m.total_bytes, m.limit_source, status)
         if self._open_span is not None:
-            if guard.get("state") not in SPAN_COLOURS:
+            if status.guard.state not in SPAN_COLOURS:
                 self._close_span(t)
             else:
                 self._open_span["end"] = t
@@ -215,23 +218,18 @@ class Dashboard(DashboardPlots):
         elif tuple(gpus) != self._requested[1]:
             self.request_history()
 
-    def _note_gpus(self, status: Dict[str, Any]) -> None:
-        if status.get("gpus"):
-            text = ""
-        else:
-            text = "No GPU: " + ((status.get("gpu_status") or {}).get("message") or "none found")
+    def _note_gpus(self, status: Status) -> None:
+        text = "" if status.gpus else "No GPU: " + (status.gpu_status.message or "none found")
         if text != self.gpu_note.text():
             self.gpu_note.setText(text)
 
-    def _set_totals(
-        self, total: Optional[float], source: Optional[str], status: Dict[str, Any]
-    ) -> None:
+    def _set_totals(self, total: Optional[float], source: Optional[str], status: Status) -> None:
         totals: Dict[str, float] = {}
         if total:
             totals["ram"] = float(total)
-        for g in status.get("gpus") or []:
-            if g.get("memory_total_bytes"):
-                totals[f"gpu{g.get('index')}"] = float(g["memory_total_bytes"])
+        for g in status.gpus:
+            if g.memory_total_bytes:
+                totals[f"gpu{g.index}"] = float(g.memory_total_bytes)
         if totals == self._totals:
             return
         self._totals = totals
@@ -349,9 +347,7 @@ class Dashboard(DashboardPlots):
             self.table.append(t, values, step)
 
     def request_history(self) -> None:
-        gpus = tuple(
-            sorted(int(g.get("index") or 0) for g in (self.status or {}).get("gpus") or [])
-        )
+        gpus = tuple(sorted(g.index for g in self.status.gpus)) if self.status else ()
         self._requested = (self.range_seconds, gpus)
         self.historyRequested.emit(float(self.range_seconds), list(gpus))
 

@@ -20,6 +20,8 @@ from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
 from trayapp import formats, series
+from trayapp.engine.status_record import Status
+from trayapp.readings import GpuReading
 from trayapp.ui import data as datamod
 from trayapp.ui.dashboard_labels import LabelLayer
 from trayapp.ui.dashboard_now import Segment
@@ -56,7 +58,7 @@ class DashboardPlots(QWidget):
     # Kept by the dashboard window, drawn here.
     table: Table
     job_names: Dict[str, str]
-    status: Optional[Dict[str, Any]]
+    status: Optional[Status]
     range_seconds: int
     following: bool
     plots: Any  # pg.GraphicsLayoutWidget
@@ -271,11 +273,11 @@ class DashboardPlots(QWidget):
             self._place_annotations()
         return bool(new)
 
-    def _note_gpus_memory(self, gpus: Sequence[Dict[str, Any]]) -> None:
+    def _note_gpus_memory(self, gpus: Sequence[GpuReading]) -> None:
         """Say on a GPU's plot what its breakdown cannot show: a driver that does not tell
         the memory of each process (Windows WDDM), and simulated GPUs (``--demo``)."""
         for g in gpus:
-            plot = self.vram_plots.get(int(g.get("index") or 0))
+            plot = self.vram_plots.get(g.index)
             if plot is None:
                 continue
             notes = []
@@ -284,7 +286,7 @@ class DashboardPlots(QWidget):
                     "this driver does not report memory per process (Windows WDDM): "
                     "only the GPU's total use is shown"
                 )
-            if g.get("simulated"):
+            if g.simulated:
                 notes.append("simulated (demo)")
             self.set_note(plot, "; ".join(notes))
 
@@ -297,7 +299,7 @@ class DashboardPlots(QWidget):
             self._set_keys(stack.plot, stack.legend(self.table, start, end))
 
     def _now(self) -> float:
-        return float((self.status or {}).get("time") or time.time())
+        return (self.status.time if self.status is not None else 0.0) or time.time()
 
     # -- events: markers and shaded spans --------------------------------------------------
 

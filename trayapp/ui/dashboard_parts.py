@@ -13,9 +13,10 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
 from trayapp import formats, series
 from trayapp.config import format_bytes
+from trayapp.engine.status_record import Status
 from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
-from trayapp.ui.model import format_duration, status_jobs
+from trayapp.ui.model import format_duration
 from trayapp.ui.timeline import Table
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardLevel as L
@@ -78,12 +79,12 @@ NO_TRAY_TEXT = (
 )
 
 
-def snapshot_values(status: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    """A status dict as the history's series (``trayapp.series``: ``mem.used``,
+def snapshot_values(status: Status) -> Dict[str, Optional[float]]:
+    """A status as the history's series (``trayapp.series``: ``mem.used``,
     ``gpu0.job.<id>``, ``ram.proc.<name>``...), as the engine records them."""
-    jobs, gpus = status_jobs(status), status.get("gpus") or []
-    values = series.sample_values(status.get("memory") or {}, gpus, jobs)
-    values.update(series.process_values(gpus, jobs, status.get("consumers") or ()))
+    jobs, gpus = status.jobs, status.gpus
+    values = series.sample_values(status.memory or {}, gpus, jobs)
+    values.update(series.process_values(gpus, jobs, status.consumers))
     return values
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from trayapp import series
-from trayapp.jobs.record import records
 from trayapp.series import memory_only
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import words
@@ -134,7 +133,7 @@ def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
 def job_names(client: Any) -> Dict[str, str]:
     """Job id -> name of every job the engine knows (ended ones too): the names of the
     events' jobs."""
-    return {job.id: job.name or job.id for job in records(client.jobs(all=True))}
+    return {job.id: job.name or job.id for job in client.jobs(all=True)}
 
 
 def load_range(

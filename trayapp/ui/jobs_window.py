@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from trayapp.config import format_bytes
 from trayapp.engine.client import EngineClient
+from trayapp.engine.status_record import Status
 from trayapp.jobs.options import holds_checkpoint
 from trayapp.jobs.record import JobRecord, records
 from trayapp.text import one_line as printable
@@ -336,11 +337,10 @@ class JobsWindow(QWidget):
 
     # -- the app's hooks ---------------------------------------------------------------------------
 
-    def apply_snapshot(self, status: Dict[str, Any]) -> None:
+    def apply_snapshot(self, status: Status) -> None:
         """Live jobs from a status push (4 a second at most): progress moves between polls."""
-        jobs = status.get("jobs")
-        if isinstance(jobs, list) and self.loaded:
-            self.model.update_jobs(records(jobs), complete=False)
+        if self.loaded:
+            self.model.update_jobs(list(status.jobs), complete=False)
             self._selection_changed_data()
 
     def add_event(self, event: Dict[str, Any]) -> None:
@@ -406,11 +406,11 @@ class JobsWindow(QWidget):
         if tab == CHECKPOINTS_TAB and now >= self._checkpoints_due:
             self._poll_checkpoints(job_id)
 
-    def _got_jobs(self, jobs: List[Dict[str, Any]]) -> None:
+    def _got_jobs(self, jobs: List[JobRecord]) -> None:
         first = not self.loaded
         self.loaded = True
         set_message(self.banner, None)
-        self.model.update_jobs(records(jobs), complete=True)
+        self.model.update_jobs(jobs, complete=True)
         self.empty_label.setVisible(self.model.rowCount() == 0)
         if first and self.selected_id is None and self.proxy.rowCount() > 0:
             self.table.selectRow(0)

@@ -24,11 +24,13 @@ from PySide6.QtWidgets import QFileDialog, QLineEdit, QWidget
 from trayapp.config import get_paths
 from trayapp.config import load as load_config
 from trayapp.engine.client import EngineClient
+from trayapp.engine.status_record import Status
 from trayapp.jobs import kernelspec as ks
 from trayapp.jobs import options as opts
 from trayapp.jobs import plan as planmod
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
+from trayapp.readings import GpuReading
 from trayapp.ui.background import Background
 from trayapp.ui.forms import ERROR_STYLE, one_line, set_message, window_title
 from trayapp.ui.launch_form import AUTO_PYTHON, KERNEL_BUTTON, LaunchForm, select
@@ -36,7 +38,6 @@ from trayapp.ui.launch_plan import (
     RecentLaunches,
     form_row,
     gpu_choices,
-    gpu_views,
     mib_text,
     summary_text,
 )
@@ -82,7 +83,7 @@ class LaunchDialog(LaunchForm):
         self._background = Background(self)
         self.destroyed.connect(self._runner.close)
         self.destroyed.connect(self._background.close)
-        self.status: Dict[str, Any] = {}
+        self.status: Status = Status(0.0, None)
         self.status_loaded = False
         self.spec: Optional[JobSpec] = None  # the valid spec, or None
         self.warnings: List[str] = []
@@ -194,7 +195,7 @@ class LaunchDialog(LaunchForm):
 
     # -- the engine's status ------------------------------------------------------------------
 
-    def _got_status(self, status: Dict[str, Any]) -> None:
+    def _got_status(self, status: Status) -> None:
         self.apply_snapshot(status)
 
     def _status_failed(self, message: str) -> None:
@@ -203,10 +204,10 @@ class LaunchDialog(LaunchForm):
         set_message(self.engine_label, f"The engine is not reachable: {one_line(message)}")
         self._update_launch_button()
 
-    def apply_snapshot(self, status: Dict[str, Any]) -> None:
-        """Take the GPUs (with their free memory) and the RAM total from a status dict."""
+    def apply_snapshot(self, status: Status) -> None:
+        """Take the GPUs (with their free memory) and the RAM total from a status."""
         first = not self.status_loaded
-        self.status = status or {}
+        self.status = status
         self.status_loaded = True
         self._fill_gpus()
         if first:
@@ -230,17 +231,16 @@ class LaunchDialog(LaunchForm):
             set_message(self.engine_label, None)
         self._update_launch_button()
 
-    def gpus(self) -> List[Dict[str, Any]]:
-        return [g for g in self.status.get("gpus") or [] if isinstance(g, dict)]
+    def gpus(self) -> Tuple[GpuReading, ...]:
+        return self.status.gpus
 
     def ram_total(self) -> Optional[int]:
-        return (self.status.get("memory") or {}).get("total_bytes")
+        return self.status.memory.total_bytes if self.status.memory is not None else None
 
     def _fill_gpus(self) -> None:
         combo = self.gpu_combo
         current = combo.currentData()
-        gpus = self.gpus()
-        items = gpu_choices(gpus, self.status)
+        items = gpu_choices(self.status)
         self._filling = True
         try:
             same = [combo.itemData(i) for i in range(combo.count())] == [d for _, d in items]
@@ -255,9 +255,9 @@ class LaunchDialog(LaunchForm):
                     select(combo, self._wanted_gpu)
                 elif current is not None and combo.findData(current) >= 0:
                     select(combo, current)
-                elif gpus and len(gpus) == 1:
-                    select(combo, int(gpus[0]["index"]))
-                if gpus:
+                elif len(self.gpus()) == 1:
+                    select(combo, self.gpus()[0].index)
+                if self.gpus():
                     self._wanted_gpu = None
         finally:
             self._filling = False
@@ -384,7 +384,7 @@ class LaunchDialog(LaunchForm):
                 options=MemoryOptions(gpus=None if name == "cpu-only" else self._gpu_choice()[0]),
             )
             try:
-                result = opts.apply_preset(base, name, gpu_views(self.gpus()), self.ram_total())
+                result = opts.apply_preset(base, name, self.gpus(), self.ram_total())
             except SpecError as e:
                 set_message(self.row_errors["preset"], one_line(e))
                 return
@@ -470,7 +470,7 @@ class LaunchDialog(LaunchForm):
         self.spec, self.warnings, self.error = None, [], None
         try:
             spec = self.form_spec()
-            warnings = opts.validate(spec, gpu_views(self.gpus()), check_paths=True)
+            warnings = opts.validate(spec, self.gpus(), check_paths=True)
         except SpecError as e:
             self._show_error(e)
         else:
@@ -544,7 +544,7 @@ class LaunchDialog(LaunchForm):
             job_id="new",
             address=self.paths.job_address("new"),
             keyfile=str(self.paths.jobs_dir / "new" / "key"),
-            gpus=tuple(gpu_views(self.gpus())),
+            gpus=tuple(self.gpus()),
             base_env=self.environ,
             process=process,
             log_path=str(self.paths.jobs_dir / "new" / "log"),
@@ -590,7 +590,7 @@ class LaunchDialog(LaunchForm):
         except SpecError as e:
             self._kernel_done((False, f"Not installed: {one_line(e)}"))
             return
-        gpus = tuple(gpu_views(self.gpus()))
+        gpus = tuple(self.gpus())
         ram_total = self.ram_total()
         process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
         environ = dict(self.environ)

@@ -8,13 +8,14 @@ import json
 import logging
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from trayapp.config import atomic_write, format_bytes
+from trayapp.engine.status_record import Status
 from trayapp.jobs import options as opts
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
+from trayapp.readings import GpuReading
 
 log = logging.getLogger("headroom.ui")
 
@@ -53,46 +54,27 @@ FORM_ROWS: Dict[str, str] = {
 }
 
 
-def gpu_views(gpus: Sequence[Dict[str, Any]]) -> List[Any]:
-    """The engine's GPU dicts as objects with the reading's attribute names (``index``,
-    ``memory_total_bytes``, ``display_active``...), for ``options.validate`` and friends."""
-    views = []
-    for g in gpus or ():
-        if isinstance(g, dict) and isinstance(g.get("index"), int):
-            d = dict(g)
-            d.setdefault("display_active", None)
-            d.setdefault("memory_total_bytes", None)
-            views.append(SimpleNamespace(**d))
-    return views
-
-
-def gpu_status_view(status: Dict[str, Any]) -> Any:
-    """The engine's ``gpu_status`` dict as an object with the reading's attribute names."""
-    d = {"backend": "none", "message": None, "driver_version": None, "cuda_driver_version": None}
-    d.update(status.get("gpu_status") or {})
-    return SimpleNamespace(**d)
-
-
-def gpu_choices(gpus: Sequence[Dict[str, Any]], status: Dict[str, Any]) -> List[Tuple[str, Any]]:
+def gpu_choices(status: Status) -> List[Tuple[str, Any]]:
     """The GPU combo's (text, data): all GPUs (when there are several), each GPU with its free
     memory, else any GPU TensorFlow finds, and the CPU only."""
     items: List[Tuple[str, Any]] = []
+    gpus = status.gpus
     if gpus:
         if len(gpus) > 1:
             items.append((f"All {len(gpus)} GPUs", "all"))
         for g in gpus:
-            free, total = g.get("memory_free_bytes"), g.get("memory_total_bytes")
-            text = f"GPU {g.get('index')}: {g.get('name') or 'GPU'} — "
+            free, total = g.memory_free_bytes, g.memory_total_bytes
+            text = f"GPU {g.index}: {g.name or 'GPU'} — "
             text += (
                 f"{format_bytes(free)} free of {format_bytes(total)}"
                 if total is not None
                 else "memory n/a"
             )
-            if g.get("simulated"):
+            if g.simulated:
                 text += " (simulated)"
-            items.append((text, int(g["index"])))
+            items.append((text, g.index))
     else:
-        why = (status.get("gpu_status") or {}).get("message") or "no NVIDIA GPU found"
+        why = status.gpu_status.message or "no NVIDIA GPU found"
         items.append((f"Any GPU TensorFlow finds (the engine sees none: {why})", "all"))
     items.append(("CPU only", "cpu"))
     return items
@@ -201,7 +183,7 @@ def _checkpoint_sentence(spec: JobSpec) -> str:
 
 def summary_text(
     spec: JobSpec,
-    gpus: Sequence[Dict[str, Any]],
+    gpus: Sequence[GpuReading],
     ram_total_bytes: Optional[int] = None,
     cpu_tensorflow: bool = False,
 ) -> str:
@@ -209,7 +191,7 @@ def summary_text(
     GPU 0, leaving 2.0 GiB for the desktop; the guard pauses the job above 12.0 GiB of RAM.".
     ``cpu_tensorflow``: the interpreter's TensorFlow cannot use a GPU, so no GPU clause is
     promised."""
-    gpu = _gpu_part(spec.options, gpu_views(gpus))
+    gpu = _gpu_part(spec.options, gpus)
     if cpu_tensorflow and not spec.options.cpu_only:
         gpu = "this interpreter's TensorFlow runs on the CPU only, so the GPU options do nothing"
     parts = [gpu, _extras_part(spec.options), _guard_part(spec, ram_total_bytes)]

@@ -12,12 +12,12 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from PySide6.QtWidgets import QComboBox, QLabel, QWidget
 
+from trayapp.engine.status_record import Status
 from trayapp.jobs import doctor, interpreters
 from trayapp.jobs.interpreters import Interpreter
 from trayapp.ui.background import Background
 from trayapp.ui.forms import one_line, set_message
 from trayapp.ui.launch_form import AUTO_PYTHON, select
-from trayapp.ui.launch_plan import gpu_status_view, gpu_views
 
 log = logging.getLogger("headroom.ui")
 
@@ -49,7 +49,7 @@ class InterpreterChoice:
         cache: Path,
         timeout: float,
         on_change: Callable[[], None],
-        status: Callable[[], Dict[str, Any]],
+        status: Callable[[], Status],
     ):
         self.combo, self.info, self.doctor_label = combo, info, doctor_label
         self.busy_row, self.busy_label = busy_row, busy_label
@@ -207,9 +207,7 @@ class InterpreterChoice:
     def gpu_warnings(self, interp: Interpreter) -> List[str]:
         """A line when this interpreter's TensorFlow cannot use a GPU (a CPU build, or one
         that sees none) while the engine sees GPUs: the GPU options would do nothing."""
-        return (
-            [gpu_warning(interp)] if cpu_tensorflow(interp) and self._status().get("gpus") else []
-        )
+        return [gpu_warning(interp)] if cpu_tensorflow(interp) and self._status().gpus else []
 
     def chosen(self) -> Optional[Interpreter]:
         """The probe of the chosen interpreter, once it is known."""
@@ -220,9 +218,8 @@ class InterpreterChoice:
         """Lines about what keeps this interpreter from training on this machine: the doctor's
         failed and doubtful checks, with their fixes."""
         status = self._status()
-        gpus = [g for g in status.get("gpus") or [] if isinstance(g, dict)]
         try:
-            checks = doctor.diagnose(interp, gpu_status_view(status), gpu_views(gpus))
+            checks = doctor.diagnose(interp, status.gpu_status, status.gpus)
         except Exception as e:  # the doctor's trouble must not keep the dialog from working
             log.exception("the interpreter check failed")
             return [f"the interpreter check failed: {one_line(e)}"]

@@ -1,7 +1,8 @@
-"""What the tray shows, worked out from the engine's status dict: no Qt, no I/O.
+"""What the tray shows, worked out from the engine's status record: no Qt, no I/O.
 
 The icon's state, the tooltip, the menu's entries and the notifications are pure functions of
-the status (and of the events), so they are tested with recorded status dicts.
+the status (``engine.status_record.Status``) and of the events, so they are tested with
+recorded statuses.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp import formats, series, vocab
 from trayapp.config import format_bytes
-from trayapp.jobs.record import JobRecord, records
+from trayapp.engine.status_record import Status
+from trayapp.jobs.record import JobRecord
 from trayapp.text import lines as escaped_lines
 from trayapp.text import notice, one_line
 from trayapp.vocab import EventKind as E
@@ -57,24 +59,18 @@ def is_active_job(job: JobRecord) -> bool:
     return job.state not in ENDED_STATES
 
 
-def status_jobs(status: Optional[Dict[str, Any]]) -> List[JobRecord]:
-    """The jobs of a status, as records (one that cannot be read is left out)."""
-    return records((status or {}).get("jobs"))
+def status_jobs(status: Optional[Status]) -> Tuple[JobRecord, ...]:
+    """The jobs of a status (none without one)."""
+    return status.jobs if status is not None else ()
 
 
-def active_jobs(status: Optional[Dict[str, Any]]) -> List[JobRecord]:
+def active_jobs(status: Optional[Status]) -> List[JobRecord]:
     return [j for j in status_jobs(status) if is_active_job(j)]
 
 
-def is_demo(status: Optional[Dict[str, Any]]) -> bool:
+def is_demo(status: Optional[Status]) -> bool:
     """True when the engine runs on simulated GPUs (``--demo``)."""
-    if not status:
-        return False
-    if (status.get("engine") or {}).get("demo"):
-        return True
-    if (status.get("gpu_status") or {}).get("backend") == "simulated":
-        return True
-    return any(g.get("simulated") for g in status.get("gpus") or [])
+    return status is not None and status.demo
 
 
 # -- levels and the icon ------------------------------------------------------------------------
@@ -87,35 +83,6 @@ def quantise(fraction: Optional[float], levels: int = LEVELS) -> Optional[int]:
     return max(0, min(levels, int(round(float(fraction) * levels))))
 
 
-def ram_fraction(status: Dict[str, Any]) -> Optional[float]:
-    """Share of memory in use as the guard sees it: 1 - available / total (cgroup-aware)."""
-    m = status.get("memory") or {}
-    total, avail = m.get("total_bytes"), m.get("available_bytes")
-    if not total or avail is None:
-        return None
-    return max(0.0, min(1.0, 1.0 - float(avail) / float(total)))
-
-
-def fullest_gpu(status: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The GPU whose memory is the most full, or None when no GPU reports its memory."""
-    best, best_frac = None, -1.0
-    for g in status.get("gpus") or []:
-        total, used = g.get("memory_total_bytes"), g.get("memory_used_bytes")
-        if not total or used is None:
-            continue
-        frac = float(used) / float(total)
-        if frac > best_frac:
-            best, best_frac = g, frac
-    return best
-
-
-def vram_fraction(status: Dict[str, Any]) -> Optional[float]:
-    g = fullest_gpu(status)
-    if g is None:
-        return None
-    return max(0.0, min(1.0, float(g["memory_used_bytes"]) / float(g["memory_total_bytes"])))
-
-
 @dataclass(frozen=True)
 class IconState:
     """Everything the tray icon shows; equal states draw the same pixels."""
@@ -125,20 +92,20 @@ class IconState:
     vram_level: Optional[int] = None  # None: no GPU (or its memory is not known)
 
 
-def guard_state(status: Optional[Dict[str, Any]]) -> str:
+def guard_state(status: Optional[Status]) -> str:
     """The guard's state, or "unreachable" when there is no engine's answer."""
-    if not status or not (status.get("engine") or {}).get("running", True):
+    if status is None or not status.engine.running:
         return UNREACHABLE
-    state = (status.get("guard") or {}).get("state")
+    state = status.guard.state
     return state if state in GUARD_STATES else L.OK
 
 
-def icon_state(status: Optional[Dict[str, Any]], reachable: bool = True) -> IconState:
-    """The icon for a status dict. Unreachable keeps the last levels, drawn grey."""
+def icon_state(status: Optional[Status], reachable: bool = True) -> IconState:
+    """The icon for a status. Unreachable keeps the last levels, drawn grey."""
     if status is None:
         return IconState()
     state = guard_state(status) if reachable else UNREACHABLE
-    return IconState(state, quantise(ram_fraction(status)), quantise(vram_fraction(status)))
+    return IconState(state, quantise(status.ram_fraction), quantise(status.vram_fraction))
 
 
 # -- text ----------------------------------------------------------------------------------------
@@ -149,40 +116,34 @@ format_duration = formats.duration
 percent = formats.percent
 
 
-def job_progress(job: Dict[str, Any]) -> str:
+def job_progress(job: JobRecord) -> str:
     """``"epoch 2/10, step 120/500"`` or "" when the job reports no progress."""
-    return formats.progress(job.get("epoch"), job.get("epochs"), job.get("step"), job.get("steps"))
+    return formats.progress(job.epoch, job.epochs, job.step, job.steps)
 
 
-def job_label(job: Dict[str, Any]) -> str:
+def job_label(job: JobRecord) -> str:
     """One line for a job in the menu: name, state and progress (escaped: the job named
     itself)."""
-    name = job.get("name") or job.get("id") or "job"
-    text = f"{name} — {job.get('state') or 'unknown'}"
+    text = f"{job.name or job.id or 'job'} — {job.state or 'unknown'}"
     progress = job_progress(job)
     return one_line(f"{text}, {progress}" if progress else text)
 
 
-def guard_line(status: Dict[str, Any]) -> str:
+def guard_line(status: Status) -> str:
     """The guard's state and first reason, and when memory runs out if it is predicted (one
     line, escaped: a reason may name a job)."""
-    guard = status.get("guard") or {}
-    state = guard.get("state") or L.OK
-    mode = guard.get("mode")
-    text = f"Guard: {state}"
-    if mode and mode != "act":
-        text += f" ({mode})"
-    reasons = [str(r) for r in guard.get("reasons") or [] if r]
-    if reasons:
-        text += f" — {reasons[0]}"
-    runs_out = formats.exhaustion_words(guard)
+    guard = status.guard
+    text = f"Guard: {guard.state_words()}"
+    if guard.reasons:
+        text += f" — {guard.reasons[0]}"
+    runs_out = guard.runs_out()
     if runs_out:
         text += f"; {runs_out}"
     return one_line(text)
 
 
 def tooltip_text(
-    status: Optional[Dict[str, Any]],
+    status: Optional[Status],
     reachable: bool = True,
     reason: Optional[str] = None,
     demo: bool = False,
@@ -190,7 +151,7 @@ def tooltip_text(
     """The tray icon's tooltip: RAM, VRAM, the guard (state, reason, time left), the jobs;
     each line escaped as ``text.one_line`` does."""
     title = "Headroom"
-    if demo or (status is not None and is_demo(status)):
+    if demo or is_demo(status):
         title += " (simulated GPUs)"
     lines = [title]
     if not reachable or status is None:
@@ -198,27 +159,24 @@ def tooltip_text(
         if status is None:
             return escaped_lines("\n".join(lines))
         lines.append("Last known:")
-    m = status.get("memory") or {}
+    m = status.memory
     # The icon's two bars, said by name: the left one RAM, the right one the fullest GPU's.
-    lines.append(
-        f"RAM (left bar) {format_bytes(m.get('used_bytes'))} used of "
-        f"{format_bytes(m.get('total_bytes'))}, "
-        f"{format_bytes(m.get('available_bytes'))} available"
-    )
-    gpus = status.get("gpus") or []
-    if not gpus:
+    if m is None:
+        lines.append("RAM (left bar) n/a")
+    else:
         lines.append(
-            "VRAM n/a ("
-            + ((status.get("gpu_status") or {}).get("message") or "no GPU")
-            + "; the right bar is empty)"
+            f"RAM (left bar) {format_bytes(m.used_bytes)} used of {format_bytes(m.total_bytes)},"
+            f" {format_bytes(m.available_bytes)} available"
         )
-    shown = fullest_gpu(status)
-    for g in gpus:
+    if not status.gpus:
+        lines.append(f"VRAM n/a ({status.gpu_status.message or 'no GPU'}; the right bar is empty)")
+    shown = status.fullest_gpu
+    for g in status.gpus:
         bar = " (right bar)" if g is shown else ""
         lines.append(
-            f"GPU{g.get('index')} VRAM{bar} {format_bytes(g.get('memory_used_bytes'))}"
-            f" of {format_bytes(g.get('memory_total_bytes'))} "
-            f"({percent(g.get('memory_used_bytes'), g.get('memory_total_bytes'))})"
+            f"GPU{g.index} VRAM{bar} {format_bytes(g.memory_used_bytes)}"
+            f" of {format_bytes(g.memory_total_bytes)} "
+            f"({percent(g.memory_used_bytes, g.memory_total_bytes)})"
         )
     if reachable:
         lines.append(guard_line(status))
@@ -226,7 +184,7 @@ def tooltip_text(
     if jobs:
         lines.append(
             "Jobs: "
-            + "; ".join(job_label(j.to_json()) for j in jobs[:4])
+            + "; ".join(job_label(j) for j in jobs[:4])
             + (f" and {len(jobs) - 4} more" if len(jobs) > 4 else "")
         )
     else:
@@ -254,7 +212,7 @@ def _sep() -> MenuEntry:
     return MenuEntry(kind="separator")
 
 
-def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[MenuEntry]:
+def menu_entries(status: Optional[Status], reachable: bool) -> List[MenuEntry]:
     """The tray menu for this status. With no engine, the engine's entries are disabled."""
     live = reachable and status is not None
     jobs = active_jobs(status) if live else []
@@ -269,7 +227,7 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
         job_menu.children.append(MenuEntry("No jobs running", kind="label", enabled=False))
     for job in jobs:
         jid = job.id
-        sub = MenuEntry(job_label(job.to_json()), f"job:{jid}", kind="submenu")
+        sub = MenuEntry(job_label(job), f"job:{jid}", kind="submenu")
         actions = JOB_ACTIONS.get(job.state, ())
         for action in (A.PAUSE, A.RESUME, A.PARK, A.STOP):
             enabled = action in actions
@@ -287,7 +245,7 @@ def menu_entries(status: Optional[Dict[str, Any]], reachable: bool) -> List[Menu
             enabled=live and any(A.PAUSE in JOB_ACTIONS.get(j.state, ()) for j in jobs),
         )
     )
-    mode = ((status or {}).get("guard") or {}).get("mode") if live else None
+    mode = status.guard.mode if live and status is not None else None
     guard = MenuEntry("Guard", "guard", kind="submenu", enabled=live)
     for m in GUARD_MODES:
         guard.children.append(MenuEntry(GUARD_MODE_LABELS[m], f"guard:{m}", checked=mode == m))
@@ -346,7 +304,7 @@ def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
 
 
 def banner_text(
-    status: Optional[Dict[str, Any]], reachable: bool, reason: Optional[str] = None
+    status: Optional[Status], reachable: bool, reason: Optional[str] = None
 ) -> Tuple[str, str]:
     """The dashboard's banner: (level, text); level "" means no banner. An active warning is
     always shown here, since desktop notifications can be suppressed. The text is one line,
@@ -359,22 +317,17 @@ def banner_text(
         )
     if status is None:
         return "", ""
-    guard = status.get("guard") or {}
-    state = guard.get("state")
+    guard = status.guard
+    state = guard.state
     if state not in BANNER_WORDS:
-        if guard.get("mode") == "off":
+        if guard.mode == "off":
             return "info", "The guard is off: Headroom only watches."
         return "", ""
-    words = BANNER_WORDS[state]
-    text = (
-        words
-        + ": "
-        + ("; ".join(str(r) for r in guard.get("reasons") or []) or "memory is running low")
-    )
-    runs_out = formats.exhaustion_words(guard)
+    text = BANNER_WORDS[state] + ": " + ("; ".join(guard.reasons) or "memory is running low")
+    runs_out = guard.runs_out()
     if runs_out:
         text += f". M{runs_out[1:]}"
-    if guard.get("mode") == "dry-run":
+    if guard.mode == "dry-run":
         text += " (dry run: the guard records and does nothing)"
     return state, one_line(text)
 
@@ -382,16 +335,14 @@ def banner_text(
 # -- VRAM per process ----------------------------------------------------------------------------
 
 
-def vram_split(status: Dict[str, Any]) -> Dict[int, Dict[str, float]]:
+def vram_split(status: Status) -> Dict[int, Dict[str, float]]:
     """Per GPU index, VRAM by the guard's jobs (``"job.<id>"``) and the rest (``"other"``),
     as the engine splits it for the history (``trayapp.series``)."""
-    owners = series.pid_owners(status_jobs(status))
-    return {
-        int(g.get("index") or 0): series.vram_layers(g, owners) for g in status.get("gpus") or []
-    }
+    owners = series.pid_owners(status.jobs)
+    return {g.index: series.vram_layers(g, owners) for g in status.gpus}
 
 
-def job_names(status: Optional[Dict[str, Any]]) -> Dict[str, str]:
+def job_names(status: Optional[Status]) -> Dict[str, str]:
     """Job id -> name (escaped), for the legend of the VRAM stack and the markers."""
     return {j.id: one_line(j.name or j.id) for j in status_jobs(status)}
 

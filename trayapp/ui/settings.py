@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 from trayapp import config as configmod
 from trayapp.config import SETTINGS, ConfigError, Setting, Threshold
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.engine.status_record import Status
 from trayapp.ui import autostart
 from trayapp.ui.forms import (
     NOTE_STYLE,
@@ -252,7 +253,7 @@ class SettingsDialog(QDialog):
         self.status_label.setStyleSheet("")
         self._runner.submit(lambda c: (c.config_get(), c.status()), self._loaded, self._load_failed)
 
-    def _loaded(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
+    def _loaded(self, result: Tuple[Dict[str, Any], Status]) -> None:
         config, status = result
         self._loading = False
         self.apply_config(config)
@@ -306,16 +307,16 @@ class SettingsDialog(QDialog):
             set_message(self.fields["ui.start_at_login"].error, str(e))
             return configured
 
-    def apply_status(self, status: Dict[str, Any]) -> None:
-        """Take the current RAM from a status dict for the thresholds' preview."""
-        memory = status.get("memory") or {}
-        self.total_bytes = memory.get("total_bytes")
-        self.available_bytes = memory.get("available_bytes")
+    def apply_status(self, status: Status) -> None:
+        """Take the current RAM from a status for the thresholds' preview."""
+        memory = status.memory
+        self.total_bytes = memory.total_bytes if memory is not None else None
+        self.available_bytes = memory.available_bytes if memory is not None else None
         self._update_previews()
 
     # The app's hooks: its status pushes, a settings change made elsewhere, the engine's state.
 
-    def apply_snapshot(self, status: Dict[str, Any]) -> None:
+    def apply_snapshot(self, status: Status) -> None:
         self._snapshot_at = time.monotonic()
         if self.loaded_ok:
             self.apply_status(status)
@@ -386,7 +387,7 @@ class SettingsDialog(QDialog):
                 lambda c: (c.status(), c.config_get()), self._refreshed, lambda _m: None
             )
 
-    def _refreshed(self, result: Tuple[Dict[str, Any], Dict[str, Any]]) -> None:
+    def _refreshed(self, result: Tuple[Status, Dict[str, Any]]) -> None:
         status, config = result
         self.apply_status(status)
         if str(config.get("version") or "") != self.version:  # the same bytes, the same values

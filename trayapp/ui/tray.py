@@ -8,6 +8,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QActionGroup, QIcon
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
+from trayapp.engine.status_record import Status
 from trayapp.text import notice as notice_text
 from trayapp.ui.icon import make_icon
 from trayapp.ui.model import (
@@ -47,7 +48,7 @@ class TrayController(QObject):
     def __init__(self, demo: bool = False, parent: Optional[QObject] = None):
         super().__init__(parent)
         self.demo = demo
-        self.status: Optional[Dict[str, Any]] = None
+        self.status: Optional[Status] = None
         self.reachable = False
         self.reason: Optional[str] = "connecting to the engine"
         self.icon_state: Optional[IconState] = None
@@ -72,7 +73,7 @@ class TrayController(QObject):
     # -- state -----------------------------------------------------------------------------
 
     def update(
-        self, status: Optional[Dict[str, Any]], reachable: bool, reason: Optional[str] = None
+        self, status: Optional[Status], reachable: bool, reason: Optional[str] = None
     ) -> bool:
         """Show a new status (or the loss of the engine); returns whether the icon was redrawn
         (only when what it shows changed)."""

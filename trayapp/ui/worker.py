@@ -26,6 +26,7 @@ from trayapp.engine.client import (
     Subscription,
     start_and_wait,
 )
+from trayapp.engine.status_record import Status
 
 log = logging.getLogger("headroom.ui")
 
@@ -63,7 +64,8 @@ def collect_garbage_on_gui_thread(parent: QObject, interval_ms: int = 1000) -> Q
 class EngineWorker(QThread):
     """Owns the engine subscription. Signals carry plain Python objects.
 
-    ``snapshot(dict)``: a whole status dict (at most what the engine pushes, 4 Hz).
+    ``snapshot(Status)``: a whole status, read into its record (at most what the engine
+    pushes, 4 Hz).
     ``event_received(dict)``: an engine event, in order.
     ``connected(dict)``: ``{"started_engine": bool, "config": dict or None}`` after each
     (re)connection.
@@ -158,7 +160,7 @@ class EngineWorker(QThread):
                     self.config.emit(config)
                 initial = sub.initial.get("status")
                 if isinstance(initial, dict):
-                    self.snapshot.emit(initial)
+                    self.snapshot.emit(Status.from_json(initial))
                 self._pump(sub, client)
             finally:
                 sub.close()
@@ -202,7 +204,7 @@ class EngineWorker(QThread):
                     break
                 msg = nxt
             if latest is not None:
-                self.snapshot.emit(latest)
+                self.snapshot.emit(Status.from_json(latest))
 
 
 class CallRunner(QObject):

@@ -60,7 +60,7 @@ from trayapp.engine.guard.model import (
     Watch,
 )
 from trayapp.engine.guard.rate import NOISE_RATE_BYTES_PER_S, FillHistory, fill_rate
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C
 from trayapp.vocab import GuardLevel as L

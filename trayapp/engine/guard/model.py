@@ -14,7 +14,7 @@ from trayapp import vocab
 from trayapp.config import GUARD_SETTINGS, Setting, Threshold
 from trayapp.engine.guard import text
 from trayapp.jobs.record import JobRecord, smaller_accumulation
-from trayapp.probes.snapshot import GpuReading, MemoryReading
+from trayapp.readings import GpuReading, MemoryReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardLevel as L
 

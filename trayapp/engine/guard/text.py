@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Optional, Tuple
 
 from trayapp.config import Threshold, format_bytes
-from trayapp.probes.snapshot import GpuReading
+from trayapp.readings import GpuReading
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C
 

@@ -1,14 +1,17 @@
 """Immutable readings of the machine, with the unit in every field name.
 
 A value the hardware cannot give is ``None`` (``null`` in JSON), never a made-up number;
-the UI shows it as "n/a".
+the UI shows it as "n/a". Stdlib only: the probes make these, the engine sends them as JSON,
+and the UI and the CLI read them back (``from_json``) without importing any probe.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,45 @@ class MemoryReading:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, time: float = 0.0) -> Optional[MemoryReading]:
+        """A reading from its JSON (a status object's ``memory``, which has no ``time``: it
+        is the status's); None when the sizes are not there to read."""
+        if not isinstance(data, Mapping):
+            return None
+        values = _read(cls, data, _MEMORY_TYPES)
+        if not all(k in values for k in ("total_bytes", "available_bytes")):
+            return None
+        base: Dict[str, Any] = {
+            "time": time,
+            "used_bytes": max(0, values["total_bytes"] - values["available_bytes"]),
+            "swap_total_bytes": 0,
+            "swap_used_bytes": 0,
+            "psi_some_avg10": None,
+            "psi_full_avg10": None,
+        }
+        return cls(**{**base, **values, "time": values.get("time", time)})
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """The processes of one name outside the guard's jobs, summed (``probes.consumers``)."""
+
+    name: str
+    rss_bytes: int
+    processes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Consumer:
+        """A consumer from its JSON; raises ValueError without a name and a size."""
+        values = _read(cls, data, _CONSUMER_TYPES)
+        if "name" not in values or "rss_bytes" not in values:
+            raise ValueError("a consumer needs a name and a size")
+        return cls(**{"processes": 0, **values})
 
 
 @dataclass(frozen=True)
@@ -158,10 +200,15 @@ class Snapshot:
 def gpu_readings(items: Any) -> Tuple[GpuReading, ...]:
     """The readable GPU readings among ``items`` (a status object's ``gpus``); the others are
     left out."""
+    return readable(GpuReading.from_json, items)
+
+
+def readable(parse: Callable[[Any], T], items: Any) -> Tuple[T, ...]:
+    """``parse`` of each of ``items`` (a JSON list) that it can read (ValueError: left out)."""
     out = []
     for item in items if isinstance(items, (list, tuple)) else ():
         try:
-            out.append(GpuReading.from_json(item))
+            out.append(parse(item))
         except ValueError:
             continue
     return tuple(out)
@@ -170,6 +217,28 @@ def gpu_readings(items: Any) -> Tuple[GpuReading, ...]:
 # -- reading JSON back ----------------------------------------------------------------------------
 
 _NUMBER = (int, float)
+_MEMORY_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "time": _NUMBER,
+    "total_bytes": (int,),
+    "available_bytes": (int,),
+    "used_bytes": (int,),
+    "swap_total_bytes": (int,),
+    "swap_used_bytes": (int,),
+    "psi_some_avg10": _NUMBER,
+    "psi_full_avg10": _NUMBER,
+    "limit_source": (str,),
+    "host_total_bytes": (int,),
+    "host_available_bytes": (int,),
+    "cgroup_limit_bytes": (int,),
+    "cgroup_used_bytes": (int,),
+    "cgroup_version": (int,),
+    "psi_full_total_us": (int,),
+}
+_CONSUMER_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "name": (str,),
+    "rss_bytes": (int,),
+    "processes": (int,),
+}
 _PROCESS_TYPES: Mapping[str, Tuple[type, ...]] = {
     "pid": (int,),
     "name": (str,),
@@ -222,11 +291,14 @@ def _read(cls: Any, data: Any, types: Mapping[str, Tuple[type, ...]]) -> Dict[st
 
 def _check_types() -> None:  # pragma: no cover - caught by any import
     for cls, types in (
+        (MemoryReading, _MEMORY_TYPES),
+        (Consumer, _CONSUMER_TYPES),
         (GpuProcess, _PROCESS_TYPES),
         (GpuReading, _GPU_TYPES),
         (GpuStatus, _STATUS_TYPES),
     ):
-        if set(types) != {f.name for f in fields(cls)} - {"processes"}:
+        read_apart = {"processes"} if cls is GpuReading else set()  # read one by one
+        if set(types) != {f.name for f in fields(cls)} - read_apart:
             raise ImportError(f"every field of {cls.__name__} needs a type to read it by")
 
 

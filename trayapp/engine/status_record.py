@@ -1,0 +1,256 @@
+"""The engine's status as one typed record, from the engine to every view.
+
+The engine builds a ``Status`` (``Engine.status``) and sends its JSON (``to_json``, the status
+object of DESIGN.md, ``headroom status --json``); ``EngineClient.status`` and the tray's
+worker read it back with ``from_json``, which takes anything (an older engine's answer, a
+garbled push) and gives a record whose fields have their types: a part that cannot be read is
+not known (None, empty), never a made-up value. The tray, the dashboard, the launch dialog and
+the command line then read attributes, not keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from trayapp import formats
+from trayapp.jobs.record import JobRecord, records
+from trayapp.readings import Consumer, GpuReading, GpuStatus, MemoryReading, readable
+from trayapp.vocab import LEVELS, GuardLevel
+
+NO_GPU = GpuStatus("none", "no NVIDIA GPU found")
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _texts(value: Any) -> Tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(str(v) for v in value if isinstance(v, (str, int, float)) and str(v))
+
+
+@dataclass(frozen=True)
+class TopProcess:
+    """One of the processes that hold the most memory, as the guard saw them last."""
+
+    pid: int
+    name: str
+    rss_bytes: Optional[int] = None
+    rate_bytes_per_s: Optional[float] = None
+    job_id: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> TopProcess:
+        if not isinstance(data, Mapping) or _int(data.get("pid")) is None:
+            raise ValueError("a process needs a pid")
+        return cls(
+            int(data["pid"]),
+            _text(data.get("name")) or "",
+            _int(data.get("rss_bytes")),
+            _number(data.get("rate_bytes_per_s")),
+            _text(data.get("job_id")),
+        )
+
+
+@dataclass(frozen=True)
+class GuardView:
+    """The guard's part of the status (``GuardService.state_json``). ``state`` is None where
+    no guard watches (no engine runs: the readings were taken by the CLI itself)."""
+
+    state: Optional[str] = GuardLevel.OK.value
+    mode: Optional[str] = "act"
+    reasons: Tuple[str, ...] = ()
+    seconds_to_exhaustion: Optional[float] = None
+    fill_rate_bytes_per_s: Optional[float] = None
+    available_bytes: Optional[int] = None
+    total_bytes: Optional[int] = None
+    psi_full_avg10: Optional[float] = None
+    interval_seconds: Optional[float] = None
+    thresholds: Mapping[str, Any] = field(default_factory=dict)
+    top_processes: Tuple[TopProcess, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Any) -> GuardView:
+        if not isinstance(data, Mapping):
+            return cls()
+        state = data.get("state")
+        return cls(
+            state=state if state in LEVELS or state is None else GuardLevel.OK.value,
+            mode=_text(data.get("mode")),
+            reasons=_texts(data.get("reasons")),
+            seconds_to_exhaustion=_number(data.get("seconds_to_exhaustion")),
+            fill_rate_bytes_per_s=_number(data.get("fill_rate_bytes_per_s")),
+            available_bytes=_int(data.get("available_bytes")),
+            total_bytes=_int(data.get("total_bytes")),
+            psi_full_avg10=_number(data.get("psi_full_avg10")),
+            interval_seconds=_number(data.get("interval_seconds")),
+            thresholds=_mapping(data.get("thresholds")),
+            top_processes=readable(TopProcess.from_json, data.get("top_processes")),
+        )
+
+    def state_words(self) -> str:
+        """``"warn"``, ``"ok (dry-run)"``: the level, and the mode where it is not "act"."""
+        state = self.state or GuardLevel.OK.value
+        return state + (f" ({self.mode})" if self.mode and self.mode != "act" else "")
+
+    def runs_out(self) -> str:
+        """ "memory runs out in ~9 min 39 s" where the guard predicts it and is not at ease;
+        "" otherwise (``formats.exhaustion_words``)."""
+        return formats.exhaustion_words(
+            {"state": self.state, "seconds_to_exhaustion": self.seconds_to_exhaustion}
+        )
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """The engine's part of the status: itself, its settings' problems, what it serves."""
+
+    running: bool = True
+    pid: Optional[int] = None
+    version: Optional[str] = None
+    started: Optional[float] = None
+    demo: bool = False
+    home: Optional[str] = None
+    sample_interval: Optional[float] = None
+    # Resource name -> [soft, hard], None: unlimited (``headroom run --dry-run`` compares).
+    rlimits: Optional[Mapping[str, Any]] = None
+    clients: int = 0
+    store_error: Optional[str] = None
+    config_problems: Tuple[str, ...] = ()
+    metrics: Mapping[str, Any] = field(default_factory=dict)  # listen, tls, error
+    protection: Mapping[str, Any] = field(default_factory=dict)  # what jobs get: words, ...
+
+    @classmethod
+    def from_json(cls, data: Any) -> EngineView:
+        if not isinstance(data, Mapping):
+            return cls(running=False)
+        running = data.get("running", True)
+        rlimits = data.get("rlimits")
+        return cls(
+            running=running if isinstance(running, bool) else True,
+            pid=_int(data.get("pid")),
+            version=_text(data.get("version")),
+            started=_number(data.get("started")),
+            demo=data.get("demo") is True,
+            home=_text(data.get("home")),
+            sample_interval=_number(data.get("sample_interval")),
+            rlimits=dict(rlimits) if isinstance(rlimits, Mapping) else None,
+            clients=_int(data.get("clients")) or 0,
+            store_error=_text(data.get("store_error")),
+            config_problems=_texts(data.get("config_problems")),
+            metrics=_mapping(data.get("metrics")),
+            protection=_mapping(data.get("protection")),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["config_problems"] = list(self.config_problems)
+        return out
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the engine knows now: the machine's memory and GPUs, the guard, the live jobs, the
+    biggest RAM consumers by name, and the engine itself."""
+
+    time: float
+    memory: Optional[MemoryReading]
+    gpus: Tuple[GpuReading, ...] = ()
+    gpu_status: GpuStatus = NO_GPU
+    guard: GuardView = GuardView()
+    jobs: Tuple[JobRecord, ...] = ()
+    consumers: Tuple[Consumer, ...] = ()
+    engine: EngineView = EngineView()
+    # The guard's part as the engine sent it, for ``headroom status --json`` and the exporter.
+    guard_json: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Status:
+        """The status from an answer or a push; anything unreadable in it is not known."""
+        if not isinstance(data, Mapping):
+            data = {}
+        t = _number(data.get("time")) or 0.0
+        gpu_status = data.get("gpu_status")
+        return cls(
+            time=t,
+            memory=MemoryReading.from_json(data.get("memory"), t),
+            gpus=readable(GpuReading.from_json, data.get("gpus")),
+            gpu_status=GpuStatus.from_json(gpu_status)
+            if isinstance(gpu_status, Mapping)
+            else NO_GPU,
+            guard=GuardView.from_json(data.get("guard")),
+            jobs=tuple(records(data.get("jobs"))),
+            consumers=readable(Consumer.from_json, data.get("consumers")),
+            engine=EngineView.from_json(data.get("engine")),
+            guard_json=_mapping(data.get("guard")),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """The status object of DESIGN.md."""
+        memory = self.memory.to_json() if self.memory is not None else {}
+        memory.pop("time", None)
+        return {
+            "time": self.time,
+            "memory": memory,
+            "gpus": [g.to_json() for g in self.gpus],
+            "gpu_status": self.gpu_status.to_json(),
+            "guard": dict(self.guard_json),
+            "jobs": [j.to_json() for j in self.jobs],
+            "consumers": [c.to_json() for c in self.consumers],
+            "engine": self.engine.to_json(),
+        }
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def demo(self) -> bool:
+        """The engine runs on simulated GPUs (``--demo``)."""
+        return (
+            self.engine.demo
+            or self.gpu_status.backend == "simulated"
+            or any(g.simulated for g in self.gpus)
+        )
+
+    @property
+    def ram_fraction(self) -> Optional[float]:
+        """Share of memory in use as the guard sees it: 1 - available / total (cgroup-aware)."""
+        m = self.memory
+        if m is None or not m.total_bytes:
+            return None
+        return max(0.0, min(1.0, 1.0 - float(m.available_bytes) / float(m.total_bytes)))
+
+    @property
+    def fullest_gpu(self) -> Optional[GpuReading]:
+        """The GPU whose memory is the most full; None when no GPU reports its memory."""
+        best, best_frac = None, -1.0
+        for g in self.gpus:
+            total, used = g.memory_total_bytes, g.memory_used_bytes
+            if not total or used is None:
+                continue
+            if used / total > best_frac:
+                best, best_frac = g, used / total
+        return best
+
+    @property
+    def vram_fraction(self) -> Optional[float]:
+        g = self.fullest_gpu
+        if g is None or not g.memory_total_bytes or g.memory_used_bytes is None:
+            return None
+        return max(0.0, min(1.0, g.memory_used_bytes / g.memory_total_bytes))
