@@ -94,7 +94,7 @@ def main() -> int:
             launched = 0
             next_sample = started
             while time.monotonic() < end:
-                running = [j for j in client.jobs() if j["state"] in ("starting", "running")]
+                running = [j for j in client.jobs() if j.state in ("starting", "running")]
                 if len(running) < 2:
                     client.job_start({"script": str(script), "python": sys.executable,
                                       "name": f"churn-{launched}"})

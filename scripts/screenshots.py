@@ -178,8 +178,9 @@ def main() -> int:
         print(f"screenshots: job {job['id']} started; waiting {args.seconds:.0f} s")
         time.sleep(args.seconds * 0.7)
         # A threshold above what is free now, so the guard warns (icon, banner, shaded span).
-        status = client.status()
-        avail = status["memory"]["available_bytes"] / status["memory"]["total_bytes"] * 100
+        memory = client.status().memory
+        assert memory is not None, "the engine reads no memory"
+        avail = memory.available_bytes / memory.total_bytes * 100
         # No notification balloon over the tray in the pictures (the banner says it all).
         client.config_set("ui.notifications", False)
         client.config_set("guard.warn_available", f"{min(99, int(avail) + 8)}%")

@@ -91,7 +91,7 @@ def test_a_job_over_its_vram_budget_is_paused(start_engine: Callable[..., Engine
         while time.monotonic() < deadline:
             jobs = client.jobs(all=True)
             if jobs:
-                job = client.job_get(jobs[0]["id"])
+                job = client.job_get(jobs[0].id)
                 job_id = job["id"]
                 pids = list(job.get("pids") or pids)
                 if job["state"] not in ("starting", "running", "pausing"):

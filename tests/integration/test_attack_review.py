@@ -74,7 +74,7 @@ def test_a_job_log_replaced_by_a_fifo_is_refused_without_holding_the_clients_pla
             (answer,) = answers
             assert isinstance(answer, EngineError) and "not a regular file" in str(answer)
             assert "Traceback" not in str(answer)
-            assert c.status()["engine"]["running"]
+            assert c.status().engine.running
         finally:
             c.job_action(job["id"], "kill")
 

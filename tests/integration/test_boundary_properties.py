@@ -224,9 +224,9 @@ def answer_to(conn: Connection, data: bytes) -> Dict[str, Any]:
 
 def engine_fine(ctx: Dict[str, Any]) -> None:
     with EngineClient(ctx["engine"].paths, timeout=20) as c:
-        assert c.status()["engine"]["running"]
+        assert c.status().engine.running
         jobs = c.jobs()
-        assert any(j["id"] == ctx["job"]["id"] for j in jobs)
+        assert any(j.id == ctx["job"]["id"] for j in jobs)
         job = c.job_get(ctx["job"]["id"])
         json.dumps(job)  # plain JSON, whatever the job sent
         for note in job.get("notes") or []:

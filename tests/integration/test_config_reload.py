@@ -93,7 +93,7 @@ def test_a_hand_edit_is_picked_up_and_pushed(paths: Paths,
     assert not [e for e in events if e["kind"] == "config_problem"]
     # The guard acts on it: its pause threshold is 9% of the memory now.
     with engine.client() as c:
-        wait_for(lambda: (g := c.status()["guard"]).get("thresholds", {}).get("pause_bytes")
+        wait_for(lambda: (g := c.status().guard_json).get("thresholds", {}).get("pause_bytes")
                  == int(g["total_bytes"] * 9 / 100), 10, "the guard's new pause threshold")
     # An edit in place (same inode, same size, within the clock's tick) is seen too.
     with open(paths.config_file, "r+", encoding="utf-8") as f:

@@ -146,8 +146,8 @@ def test_a_job_that_never_reads_cannot_stall_the_engine(
                 assert done["exit_code"] == 0
         answers.check()
         with engine.client(timeout=30) as c:
-            listed = {j["id"]: j for j in c.jobs()}
-            assert listed[bad["id"]]["answering"] is False
+            listed = {j.id: j for j in c.jobs()}
+            assert listed[bad["id"]].answering is False
         no_tracebacks({"engine": engine})
     finally:
         kill(engine, bad)
@@ -201,7 +201,7 @@ def test_job_messages_on_channels_never_read_leave_the_engine_answering(
                     break  # cut off by the engine: what it does with a peer that never reads
             t = time.monotonic()
             with EngineClient(engine.paths, timeout=STATUS_SECONDS) as c:
-                assert c.status()["engine"]["running"]
+                assert c.status().engine.running
             assert time.monotonic() - t < STATUS_SECONDS
 
         with Answers(engine) as answers:

@@ -150,8 +150,7 @@ def test_a_full_disk_warns_once_and_the_guard_keeps_working(small_disk: Path,
                     warnings.append(msg["data"])
             assert len(warnings) == 1, warnings
             assert "guard keeps working" in warnings[0]["message"]
-            st = c.status()
-            assert st["engine"]["store_error"]
+            assert c.status().engine.store_error
             # With the disk still full, the guard still acts: the hog passes its budget.
             trigger.write_text("go")
             paused = wait_for(lambda: (j := c.job_get(job_id))["state"] == "paused" and j, 30,

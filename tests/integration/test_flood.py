@@ -76,11 +76,11 @@ def test_status_is_answered_during_a_flood(engine: EngineProcess, kind: str,
     started = time.monotonic()
     with flood(address, kind, count, engine.paths.key_file) as counts, \
             engine.client() as c:
-        first = c.status()["time"]
+        first = c.status().time
         failures = status_tries()
         assert not failures, f"{len(failures)} of {TRIES} failed: {failures[:3]}"
         # The engine's loop (the guard's readings) goes on meanwhile.
-        wait_for(lambda: c.status()["time"] >= first + 2.5, 30, "readings during the flood")
+        wait_for(lambda: c.status().time >= first + 2.5, 30, "readings during the flood")
         # The handshake deadline holds in the middle of the flood.
         silent = _accepted(address)  # one more that never authenticates
         try:
@@ -106,10 +106,10 @@ def test_a_flood_on_a_jobs_channel_starves_neither_clients_nor_the_guard(
         address = engine.paths.job_address(job["id"])
         try:
             with flood(address, "reconnect", 200), flood(address, "stall", 200):
-                first = c.status()["time"]
+                first = c.status().time
                 failures = status_tries()
                 # The engine's loop (the guard's readings) goes on meanwhile.
-                wait_for(lambda: c.status()["time"] >= first + 2.5, 30,
+                wait_for(lambda: c.status().time >= first + 2.5, 30,
                          "readings taken during the flood")
                 assert c.job_get(job["id"])["state"] == "running"
             assert not failures, f"{len(failures)} of {TRIES} failed: {failures[:3]}"
@@ -223,7 +223,7 @@ def test_an_idle_client_gives_way_to_a_new_one(limited: Any) -> None:
         assert idle.ping()["pid"] == eng.proc.pid
         assert not status_tries(2)  # each took the idle client's place
         # ... and the idle client, cut meanwhile, connects again by itself.
-        assert idle.status()["engine"]["running"]
+        assert idle.status().engine.running
 
 
 def test_idle_clients_are_cut_and_come_back_unaware(limited: Any) -> None:
@@ -234,7 +234,7 @@ def test_idle_clients_are_cut_and_come_back_unaware(limited: Any) -> None:
                  authkey=eng.paths.key_file.read_bytes())
     with EngineClient(eng.paths, timeout=10) as client, \
             Subscription(eng.paths, snapshots=True, events=False) as sub:
-        assert client.status()["engine"]["running"]
+        assert client.status().engine.running
         # An authenticated connection that asks nothing is cut ...
         assert raw.poll(30), "the idle connection was never cut"
         with pytest.raises(EOFError):
@@ -242,7 +242,7 @@ def test_idle_clients_are_cut_and_come_back_unaware(limited: Any) -> None:
         # ... a client whose connection was cut the same way reconnects without a word ...
         conn = client._conn
         assert conn is not None and conn.poll(30), "the idle client was never cut"
-        assert client.status()["engine"]["running"]
+        assert client.status().engine.running
         assert client._conn is not conn
         # ... and a subscriber, quiet as it is, keeps its pushes.
         deadline = time.monotonic() + 30

@@ -56,7 +56,7 @@ def warn_everything(home: Path) -> None:
 
 
 def culprit_line(client: EngineClient) -> Optional[str]:
-    for reason in client.status()["guard"].get("reasons") or []:
+    for reason in client.status().guard_json.get("reasons") or []:
         if reason.startswith(("filling:", "largest:")):
             return str(reason)
     return None
@@ -96,7 +96,7 @@ def test_the_warning_names_the_job_filling_memory_not_the_largest_process(
         # The job's tree is the job's: its child is not a process of its own in the warning.
         pids = list(client.job_get(job["id"]).get("pids") or [])
         assert len(pids) >= 2, pids
-        sampled = {p["pid"]: p for p in client.status()["guard"]["top_processes"]}
+        sampled = {p["pid"]: p for p in client.status().guard_json["top_processes"]}
         for pid in pids[1:]:
             if pid in sampled:
                 assert sampled[pid]["job_id"] == job["id"]

@@ -76,7 +76,7 @@ class Launch:
                 raise AssertionError(f"headroom run exited {self.proc.returncode}:\n"
                                      f"{self.output}")
             jobs = client.jobs(all=True)
-            return jobs[0] if jobs else None
+            return jobs[0].to_json() if jobs else None
 
         if self.job_id is None:
             self.job_id = str(wait_for("the job to start", find, timeout)["id"])
@@ -118,7 +118,7 @@ def wait_state(client: EngineClient, job_id: str, states: set, timeout: float) -
     try:
         return wait_for(f"job {job_id} to be {'/'.join(sorted(states))}", check, timeout)
     except AssertionError as e:
-        guard = client.status()["guard"]
+        guard = client.status().guard_json
         raise AssertionError(f"{e}; the job: state {last.get('state')}, paused by "
                              f"{last.get('paused_by')} ({last.get('pause_reason')}), pause mode "
                              f"{last.get('pause_mode')}, RSS {last.get('rss_bytes')}; the guard: "
@@ -173,7 +173,7 @@ def test_a_job_over_its_ram_budget_is_paused_and_resumed_by_hand(
         assert 200 <= at_pause <= 350
         time.sleep(1.0)
         assert progress_mib(progress) == at_pause  # suspended: it allocates nothing more
-        st = client.status()["guard"]
+        st = client.status().guard_json
         assert st["state"] == "pause" and any("over its budget" in r for r in st["reasons"])
 
         r = run_cli("resume", job_id, env={"HEADROOM_HOME": str(engine.paths.home)})
@@ -297,7 +297,7 @@ def test_a_fast_hog_is_paused_at_the_machine_threshold(
         if not predict:
             assert ev["data"]["available_bytes"] < pause
         assert progress_mib(progress) < 4096  # the guard, not the hog's own bound, ended it
-        st = client.status()["guard"]
+        st = client.status().guard_json
         assert st["state"] in ("pause", "park")
         assert st["thresholds"]["pause_bytes"] == int(pause // MiB) * MiB
     finally:
@@ -382,8 +382,9 @@ def test_a_job_in_a_1_gib_cgroup_is_paused_before_the_oom_killer(paths: Paths,
             # 50 MiB chunks at 300 MiB/s, up to 2 GiB: past the limit if nothing stops it.
             run = Launch(paths, [HOG, "50", "300", "2048", str(progress)])
             try:
-                mem = client.status()["memory"]
-                assert mem["limit_source"] == "cgroup" and mem["total_bytes"] == 1 * GiB
+                mem = client.status().memory
+                assert mem is not None
+                assert mem.limit_source == "cgroup" and mem.total_bytes == 1 * GiB
                 job_id = run.job(client)["id"]
                 job = wait_state(client, job_id, {"paused", "failed", "lost"}, 30)
                 assert job["state"] == "paused" and job["paused_by"] == "guard", job

@@ -66,7 +66,7 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
     try:
         with engine.client() as c:
             talker = c.job_start({"script": str(script), "args": [str(marker)]})["id"]
-            named = wait_for(lambda: [j["id"] for j in c.jobs() if j["name"] == WORDS], 60,
+            named = wait_for(lambda: [j.id for j in c.jobs() if j.name == WORDS], 60,
                              "the job headroom run started")[0]
             wait_for(marker.exists, 60, "the hostile notes sent")
             events: List[Dict[str, Any]] = wait_for(

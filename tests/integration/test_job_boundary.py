@@ -70,8 +70,8 @@ def test_a_poisoned_progress_message_does_not_blind_the_guard(engine: EngineProc
         wait_for(marker.exists, 30, "the hostile script to send its messages")
         hog = start_hog(client, progress)
         assert_hog_paused_by_guard(client, hog, progress)
-        assert client.status()["guard"]["state"] in ("warn", "pause")
-        assert {j["id"] for j in client.jobs()} >= {hostile["id"], hog["id"]}
+        assert client.status().guard.state in ("warn", "pause")
+        assert {j.id for j in client.jobs()} >= {hostile["id"], hog["id"]}
         # The engine read them all: the dropped fields are counted on the job.
         job = wait_for(lambda: (lambda j: j if (j.get("dropped_fields") or 0) >= 5 else None)(
             client.job_get(hostile["id"])), 10, "the dropped fields to be counted")
@@ -86,13 +86,13 @@ def test_a_poisoned_progress_message_does_not_blind_the_guard(engine: EngineProc
                    if e["kind"] == "job_bad_message"]
         assert len(dropped) == 1, dropped
         assert "tf_memory" in dropped[0]["message"]
-        assert client.status()["engine"]["running"]
-        assert any(j["id"] == hostile["id"] for j in client.jobs())
+        assert client.status().engine.running
+        assert any(j.id == hostile["id"] for j in client.jobs())
     finally:
         for j in (hog, hostile):
             if j:
                 kill_job(client, j)
-    wait_for(lambda: all(j["state"] not in ("running", "paused", "stopping")
+    wait_for(lambda: all(j.state not in ("running", "paused", "stopping")
                          for j in client.jobs()), 20, "the jobs to end")
     assert client.shutdown() == {"stopping": True}
     client.close()

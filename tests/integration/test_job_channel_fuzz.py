@@ -70,9 +70,9 @@ def _engine_fine(ctx: Dict[str, Any]) -> None:
     engine = ctx["engine"]
     sent = time.time()
     with EngineClient(engine.paths, timeout=10) as c:
-        status = wait_for(lambda: (s := c.status())["time"] > sent + TICK_SECONDS and s, 10,
+        status = wait_for(lambda: (s := c.status()).time > sent + TICK_SECONDS and s, 10,
                           "a tick after the example", every=TICK_SECONDS / 2)
-        assert status["engine"]["running"] and status["guard"]["available_bytes"]
+        assert status.engine.running and status.guard.available_bytes
         job = c.job_get(ctx["job"])
         # A state message from the job's own key may say "paused": trusted, but never an end.
         assert job["state"] in vocab.LIVE, job["state"]

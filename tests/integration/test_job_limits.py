@@ -50,7 +50,7 @@ def test_the_shells_limits_reach_the_job_of_an_engine_started_without_them(
     assert got["NOFILE"][0] == NOFILE, r.stdout
     # The engine itself keeps its own.
     with engine.client() as c:
-        assert c.status()["engine"]["rlimits"]["AS"] == [None, None]
+        assert c.status().engine.rlimits["AS"] == [None, None]
 
     dry = in_shell("run", "--dry-run", PRINT_LIMITS)
     assert dry.returncode == 0, dry.stderr

@@ -215,7 +215,7 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any, tmp_pa
     with second.client(timeout=30.0) as c:
         adopted = c.job_get(job["id"])
         assert adopted["state"] == "running" and adopted["pid"] == job["pid"]
-        assert job["id"] in [j["id"] for j in c.jobs()]
+        assert job["id"] in [j.id for j in c.jobs()]
         wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the runner to reconnect")
         gate.touch()
         done = wait_for(lambda: job_in(c, job["id"], "failed", "finished", "lost"), 60,
@@ -252,7 +252,7 @@ def test_a_job_that_ended_unseen_is_lost(home: Path, paths: Any,
         assert lost["state"] == "lost" and lost["exit_code"] is None
         assert "exit status unknown" in lost["end_reason"]
         assert c.jobs() == []
-        assert [j["id"] for j in c.jobs(all=True)] == [job["id"]]
+        assert [j.id for j in c.jobs(all=True)] == [job["id"]]
 
 
 def _alive(pid: int) -> bool:
@@ -299,7 +299,7 @@ def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient
         assert not _alive(job["pid"])
         assert (ckpt / "fit-1" / "latest.weights.h5").is_file()
         assert (ckpt / "fit-1" / "training_metadata.json").is_file()
-        assert jid in [j["id"] for j in client.jobs()]  # parked jobs are listed
+        assert jid in [j.id for j in client.jobs()]  # parked jobs are listed
 
         relaunched = client.job_action(jid, "resume")
         assert relaunched["id"] == jid and relaunched["runs"] == 2

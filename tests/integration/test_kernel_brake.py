@@ -195,7 +195,7 @@ def test_forks_during_a_pause_are_frozen_too(
         procs = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
         assert daemon in procs  # left the tree, still in the job's cgroup
         # Every surface says what guards it.
-        assert client.status()["engine"]["protection"]["words"] == "kernel brake (cgroup v1)"
+        assert client.status().engine.protection["words"] == "kernel brake (cgroup v1)"
         assert "Protection kernel brake (cgroup v1)" in run_cli("status", timeout=60).stdout
         row = [line for line in run_cli("jobs", timeout=60).stdout.splitlines()
                if line.startswith(job_id)]

@@ -378,7 +378,7 @@ def test_a_relaunch_from_the_shown_spec_gets_the_value_back(cli_home: Path,
     assert r.returncode == 0, r.stderr
     with EngineClient(paths) as c:
         (first,) = c.jobs(all=True)
-        spec = dict(first["spec"], script=str(JOBS / "ticker.py"), args=["0", "0.2"])
+        spec = dict(first.spec, script=str(JOBS / "ticker.py"), args=["0", "0.2"])
         assert spec["env"] == [["API_KEY", None]]
         # Without saying where the values are, the hidden one is not made up.
         with pytest.raises(EngineError) as e:
@@ -466,8 +466,8 @@ def test_env_values_an_older_engine_saved_leave_the_database(paths: Paths,
     assert SECRET.encode() in db_bytes(paths)
     engine = start_engine()
     with engine.client() as c:
-        (old,) = [j for j in c.jobs(all=True) if j["id"] == "0ld0b123"]
-    assert old["spec"]["env"] == [["API_KEY", None]]
+        (old,) = [j for j in c.jobs(all=True) if j.id == "0ld0b123"]
+    assert old.spec["env"] == [["API_KEY", None]]
     assert SECRET.encode() not in db_bytes(paths)
     assert SECRET not in (folder / "spec.json").read_text()
     from trayapp.jobs import envfile
@@ -503,4 +503,4 @@ def test_a_config_made_writable_by_others_while_the_engine_runs_is_not_applied(
     assert str(paths.config_file) in problem and f"chmod 600 {paths.config_file}" in problem
     with engine.client() as c:  # the settings in use stay; "off" is not applied
         assert c.config_get()["values"]["guard"]["mode"] == "dry-run"
-        assert c.status()["guard"]["mode"] == "dry-run"
+        assert c.status().guard.mode == "dry-run"

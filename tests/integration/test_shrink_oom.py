@@ -22,7 +22,6 @@ from tests.conftest import run_cli
 from tests.integration.test_runner import JOB_TIMEOUT, Job, TestEngine, start
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.options import JobSpec
-from trayapp.jobs.record import JobRecord
 from trayapp.runner import protocol
 
 pytestmark = pytest.mark.tensorflow
@@ -289,7 +288,7 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "out of memory at epoch 2, batch 4" in r.stdout + r.stderr
     with EngineClient(paths) as c:
-        (job,) = [JobRecord.from_json(j) for j in c.jobs(all=True)]
+        (job,) = c.jobs(all=True)
         events = c.events(after_id=0)
     assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
     assert job.steps == 16, "steps count the user's batches"
@@ -350,7 +349,7 @@ def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
     assert "relaunched in a fresh process from its start" in r.stdout + r.stderr
     same_weights(reference, report(out))
     with EngineClient(paths) as c:
-        (job,) = [JobRecord.from_json(j) for j in c.jobs(all=True)]
+        (job,) = c.jobs(all=True)
         events = c.events(after_id=0)
     assert job.state == "finished" and job.exit_code == 0, job
     assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)

@@ -63,7 +63,7 @@ def start_run(*args: str, log: Path) -> subprocess.Popen:
 
 def listed(eng: EngineProcess, all: bool = False) -> List[Dict[str, Any]]:
     with eng.client() as c:
-        return c.jobs(all=all)
+        return [j.to_json() for j in c.jobs(all=all)]
 
 
 def job_state(eng: EngineProcess, job_id: str) -> Dict[str, Any]:

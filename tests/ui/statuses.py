@@ -1,4 +1,4 @@
-"""Status dicts for the UI's tests, made from a real engine's ``status()`` answer.
+"""Statuses for the UI's tests, made from a real engine's ``status()`` answer.
 
 Once per test process a real engine starts in ``--demo`` mode (simulated GPUs) on a state
 folder of its own, runs a real job, and answers ``status()``; every status here is that answer
@@ -20,6 +20,7 @@ from unittest import mock
 
 from tests.conftest import REPO, EngineProcess, end_processes_of
 from trayapp.config import get_paths
+from trayapp.engine.status_record import Status
 from trayapp.vocab import JobState
 
 GiB = 1024**3
@@ -47,7 +48,7 @@ def _record() -> Dict[str, Any]:
                                   "name": "recorded"})["id"]
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                status = c.status()
+                status = c.request("status")
                 jobs = [j for j in status["jobs"] if j["id"] == job_id]
                 if jobs and jobs[0]["state"] == JobState.RUNNING and jobs[0]["pids"] \
                         and jobs[0]["hello"]:
@@ -127,11 +128,17 @@ def job(job_id: str = "j1", name: str = "mnist", state: str = "running",
     return d
 
 
-def make_status(state: str = "ok", *, available: Optional[float] = None,
+def make_status(*args: Any, **kwargs: Any) -> Status:
+    """``status_json(...)`` read as the tray reads a push (``Status.from_json``)."""
+    return Status.from_json(status_json(*args, **kwargs))
+
+
+def status_json(state: str = "ok", *, available: Optional[float] = None,
                 vram_used: Optional[float] = None, jobs: Optional[List[Dict[str, Any]]] = None,
                 gpus: bool = True, reasons: Optional[List[str]] = None,
                 tte: Optional[float] = None, mode: str = "act",
-                t: Optional[float] = None) -> Dict[str, Any]:
+                t: Optional[float] = None,
+                consumers: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     """A recorded status with the parts a test cares about changed."""
     st = demo_status()
     pin(st, {"guard": {"state": state, "mode": mode, "reasons": list(reasons or []),
@@ -149,4 +156,6 @@ def make_status(state: str = "ok", *, available: Optional[float] = None,
         st["jobs"] = jobs
     if t is not None:
         st["time"] = t
+    if consumers is not None:
+        pin(st, {"consumers": consumers})
     return st

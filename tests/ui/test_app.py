@@ -56,7 +56,7 @@ def test_quit_without_jobs_stops_the_engine_the_tray_started(qtbot, app_on, path
     app.start()
     qtbot.waitUntil(lambda: app.status is not None, timeout=30000)
     assert app.worker.started_engine and app.tray is not None
-    pid = app.status["engine"]["pid"]  # type: ignore[index]
+    pid = app.status.engine.pid  # type: ignore[union-attr]
     asked: List[Any] = []
     app.quit_prompt = lambda jobs: asked.append(jobs) or QUIT_KEEP  # type: ignore[func-returns-value]
     assert app.request_quit() is True
@@ -83,7 +83,7 @@ def test_quit_with_jobs_asks_and_keeps_guarding(qtbot, demo_engine, app_on, path
     job_id = start_ticker(paths)
     app = app_on()
     app.start()
-    qtbot.waitUntil(lambda: any(j["id"] == job_id for j in (app.status or {}).get("jobs", [])),
+    qtbot.waitUntil(lambda: any(j.id == job_id for j in (app.status.jobs if app.status else ())),
                     timeout=15000)
     asked: List[List[JobRecord]] = []
     answers = [QUIT_CANCEL, QUIT_KEEP]
@@ -103,8 +103,8 @@ def test_quit_with_jobs_can_stop_them(qtbot, demo_engine, app_on, paths) -> None
     job_id = start_ticker(paths)
     app = app_on()
     app.start()
-    qtbot.waitUntil(lambda: any(j["id"] == job_id and j["state"] == S.RUNNING
-                                for j in (app.status or {}).get("jobs", [])), timeout=15000)
+    qtbot.waitUntil(lambda: any(j.id == job_id and j.state == S.RUNNING
+                                for j in (app.status.jobs if app.status else ())), timeout=15000)
     app.quit_prompt = lambda jobs: QUIT_STOP
     assert app.request_quit() is True
     qtbot.waitUntil(lambda: app._finished, timeout=30000)
@@ -117,14 +117,14 @@ def test_menu_actions_reach_the_engine(qtbot, demo_engine, app_on, paths) -> Non
     job_id = start_ticker(paths)
     app = app_on()
     app.start()
-    qtbot.waitUntil(lambda: any(j["id"] == job_id and j["state"] == S.RUNNING
-                                for j in (app.status or {}).get("jobs", [])), timeout=15000)
+    qtbot.waitUntil(lambda: any(j.id == job_id and j.state == S.RUNNING
+                                for j in (app.status.jobs if app.status else ())), timeout=15000)
     app.choose(f"job:{job_id}:pause")
     qtbot.waitUntil(lambda: job_state(paths, job_id) == S.PAUSED, timeout=20000)
     app.choose(f"job:{job_id}:resume")
     qtbot.waitUntil(lambda: job_state(paths, job_id) == S.RUNNING, timeout=20000)
     app.choose("guard:dry-run")
-    qtbot.waitUntil(lambda: (app.status or {}).get("guard", {}).get("mode") == "dry-run",
+    qtbot.waitUntil(lambda: app.status is not None and app.status.guard.mode == "dry-run",
                     timeout=15000)
     app.choose(f"job:{job_id}:stop")
     qtbot.waitUntil(lambda: job_state(paths, job_id) not in LIVE, timeout=30000)
@@ -165,7 +165,7 @@ def test_a_job_launched_from_the_dialog_shows_in_the_jobs_window(qtbot, demo_eng
     app.start()
     dialog = app.open_window("launch")
     job_id = start_ticker(paths)
-    qtbot.waitUntil(lambda: any(j["id"] == job_id for j in (app.status or {}).get("jobs", [])),
+    qtbot.waitUntil(lambda: any(j.id == job_id for j in (app.status.jobs if app.status else ())),
                     timeout=15000)
     dialog.launched.emit({"id": job_id, "name": "ticker"})  # type: ignore[union-attr]
     jobs = app.windows.get("jobs")

@@ -46,10 +46,10 @@ def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None
     assert d.isVisible()
     qtbot.waitUntil(lambda: d.updates >= 3 and d.history_loads >= 1, timeout=20000)
     status = app.status
-    assert status is not None and status["engine"]["demo"] is True
+    assert status is not None and status.engine.demo is True
     assert "simulated GPUs" in d.windowTitle() and d.sim_label.isVisible()
     # Two simulated GPUs: one VRAM plot each, stacked by process (the desktop's on GPU 0).
-    gpus = sorted(g["index"] for g in status["gpus"])
+    gpus = sorted(g.index for g in status.gpus)
     assert sorted(d.vram_plots) == gpus
     for i in gpus:
         top = d._stacks[i].layers[-1].item
@@ -60,7 +60,8 @@ def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None
     used = d._stacks["ram"].layers[-2].item
     x, y = used.getData()
     assert len(x) >= 3 and abs(x[-1] - time.time()) < 60
-    total = status["memory"]["total_bytes"]
+    assert status.memory is not None
+    total = status.memory.total_bytes
     assert 0 < y[-1] <= total / GIB
     # The limit and the guard's thresholds (from the engine's settings) as lines, where the
     # stack of what is used reaches them when available memory falls that low.
@@ -116,7 +117,7 @@ def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> No
         qtbot.waitUntil(lambda: bool(d.spans) and d.spans[-1][2] == "warn", timeout=15000)
         assert app.tray is not None and app.tray.icon_state.state == "warn"
         assert d.threshold_lines["warn"].value() == pytest.approx(
-            0.01 * app.status["memory"]["total_bytes"] / GIB, rel=1e-6)
+            0.01 * app.status.memory.total_bytes / GIB, rel=1e-6)  # type: ignore[union-attr]
         c.config_set("guard.warn_available", "15%")
         qtbot.waitUntil(lambda: d.banner_level == "", timeout=30000)
         start, end, level = d.spans[-1]

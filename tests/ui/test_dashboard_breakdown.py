@@ -15,8 +15,9 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from tests.conftest import REPO
-from tests.ui.statuses import GiB, job, make_status, pin
+from tests.ui.statuses import GiB, job, make_status, status_json
 from trayapp.engine.client import EngineClient
+from trayapp.engine.status_record import Status
 from trayapp.ui.dashboard import Dashboard
 from trayapp.ui.dashboard_stack import REST
 
@@ -36,10 +37,8 @@ def dashboard(qtbot: Any, tmp_path: Path) -> Dashboard:
     return d
 
 
-def status_with(consumers: List[Dict[str, Any]], **kw: Any) -> Dict[str, Any]:
-    st = make_status(**kw)
-    pin(st, {"consumers": consumers})
-    return st
+def status_with(consumers: List[Dict[str, Any]], **kw: Any) -> Status:
+    return make_status(**kw, consumers=consumers)
 
 
 def layers(d: Dashboard, key: Any) -> Dict[str, Any]:
@@ -93,14 +92,14 @@ def test_shared_pages_do_not_lift_the_stack_above_the_memory_used(qtbot, tmp_pat
 
 def test_a_driver_without_memory_per_process_is_said_on_the_chart(qtbot, tmp_path) -> None:
     d = dashboard(qtbot, tmp_path)
-    st = status_with([], t=T0, jobs=[job()])
+    st = status_json(t=T0, jobs=[job()], consumers=[])
     for proc in st["gpus"][0]["processes"]:
         proc["used_memory_bytes"] = None  # Windows WDDM: NVML tells no process's memory
     st["gpus"][0]["simulated"] = False
     st2 = copy.deepcopy(st)
     st2["time"] = T0 + 1
-    d.apply_snapshot(st)
-    d.apply_snapshot(st2)
+    d.apply_snapshot(Status.from_json(st))
+    d.apply_snapshot(Status.from_json(st2))
     title = d.vram_plots[0].titleLabel.text
     assert "does not report memory per process (Windows WDDM)" in title
     assert "simulated" not in title
@@ -119,13 +118,12 @@ def test_a_real_engine_serves_ram_by_process_to_the_dashboard(qtbot, demo_engine
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 st = c.status()
-                if st["consumers"] and any(j["id"] == job_id and j["rss_bytes"]
-                                           for j in st["jobs"]):
+                if st.consumers and any(j.id == job_id and j.rss_bytes for j in st.jobs):
                     break
                 time.sleep(0.2)
-            names = [x["name"] for x in st["consumers"]]
+            names = [x.name for x in st.consumers]
             assert names and len(names) <= 4
-            assert all(x["rss_bytes"] >= 32 * MiB for x in st["consumers"])
+            assert all(x.rss_bytes >= 32 * MiB for x in st.consumers)
             time.sleep(1.2)
             # From before the engine started: the store answers, with the per-name series from
             # the engine's memory added.

@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
 
-from tests.ui.statuses import GiB, job, make_status, pin
+from tests.ui.statuses import GiB, job, make_status
 from trayapp.ui.dashboard import Dashboard
 
 pytestmark = pytest.mark.qt_log_ignore(
@@ -48,8 +48,7 @@ def day(qtbot: Any, tmp_path: Path) -> Dashboard:
     d.resize(1280, 760)
     d.show()
     for k in range(0, END + 1, 5):
-        st = make_status(t=T0 + k, available=10 * GiB, jobs=jobs_at(k))
-        pin(st, {"consumers": CONSUMERS})
+        st = make_status(t=T0 + k, available=10 * GiB, jobs=jobs_at(k), consumers=CONSUMERS)
         d.apply_snapshot(st)
     QApplication.processEvents()
     return d

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import QPoint, QSettings
 from PySide6.QtWidgets import QApplication
 
-from tests.ui.statuses import GiB, job, make_status, pin
+from tests.ui.statuses import GiB, job, make_status
 from trayapp.ui.dashboard import Dashboard
 from trayapp.ui.dashboard_now import MIN_SEGMENT_PX, widths
 
@@ -39,8 +39,8 @@ def test_a_small_job_is_a_band_of_its_own_and_named(qtbot: Any, tmp_path: Path) 
     consumers = [{"name": "firefox", "rss_bytes": 6 * GiB, "processes": 12}]
     for k in range(5):  # 16 GiB: the job holds 0.3 GiB (2%)
         st = make_status(t=T0 + k, available=8 * GiB,
-                         jobs=[job("ab12cd", "tiny", rss_bytes=int(0.3 * GiB))])
-        pin(st, {"consumers": consumers})
+                         jobs=[job("ab12cd", "tiny", rss_bytes=int(0.3 * GiB))],
+                         consumers=consumers)
         d.apply_snapshot(st)
     QApplication.processEvents()
     ram = d.now_bars.bars["RAM"]
@@ -90,8 +90,8 @@ def test_names_with_markup_are_shown_as_written_never_as_markup(qtbot: Any,
     consumers = [{"name": MARKUP, "rss_bytes": 6 * GiB, "processes": 1}]
     for k in range(3):
         st = make_status(t=T0 + k, available=8 * GiB,
-                         jobs=[job("ab12cd", "<i>job</i> &", rss_bytes=2 * GiB)])
-        pin(st, {"consumers": consumers})
+                         jobs=[job("ab12cd", "<i>job</i> &", rss_bytes=2 * GiB)],
+                         consumers=consumers)
         d.apply_snapshot(st)
     QApplication.processEvents()
     plain = d.show_values_at(None)

@@ -42,8 +42,9 @@ def key(c: QColor) -> Tuple[int, int, int]:
 def state_at(state: str, use: float) -> IconState:
     """The icon of an engine status with ``use`` of RAM and of GPU 0's memory in use."""
     st = make_status(state)
-    total = st["memory"]["total_bytes"]
-    gpu_total = st["gpus"][0]["memory_total_bytes"]
+    assert st.memory is not None
+    total = st.memory.total_bytes
+    gpu_total = st.gpus[0].memory_total_bytes
     return icon_state(make_status(state, available=total * (1 - use),
                                   vram_used=gpu_total * use))
 

@@ -92,7 +92,7 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     assert asked and str(ckpt) in asked[0][0] and asked[0][1] == RELAUNCH_CHOICES
     qtbot.wait(300)
     with engine.client() as c:
-        assert [j["id"] for j in c.jobs(all=True)] == [job["id"]]
+        assert [j.id for j in c.jobs(all=True)] == [job["id"]]
 
     # Start over: the new job's spec says so.
     answer[0] = 1

@@ -17,10 +17,10 @@ from PySide6.QtWidgets import QDialog
 from trayapp.engine.client import EngineClient
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError, validate
-from trayapp.readings import GpuReading
+from trayapp.readings import GpuReading, gpu_readings
 from trayapp.ui.launch import LaunchDialog
 from trayapp.ui.launch_form import AUTO_PYTHON, select
-from trayapp.ui.launch_plan import RecentLaunches, form_row, gpu_views, summary_text
+from trayapp.ui.launch_plan import RecentLaunches, form_row, summary_text
 from trayapp.vocab import ENDED
 
 GiB = 1024**3
@@ -42,7 +42,7 @@ def spec(**kw):  # type: ignore[no-untyped-def]
 
 def test_summary_of_a_vram_limit_and_a_ram_budget() -> None:
     text = summary_text(spec(options=MemoryOptions(gpus=(0,), vram_limit_mb=6144),
-                             ram_budget_mb=12288), [GPU0], 32 * GiB)
+                             ram_budget_mb=12288), gpu_readings([GPU0]), 32 * GiB)
     assert text.startswith("TensorFlow may use at most 6.0 GiB of GPU 0, leaving 2.0 GiB for "
                            "the desktop; the guard pauses the job above 12.0 GiB of RAM "
                            "(of 32.0 GiB).")
@@ -66,7 +66,7 @@ def test_summary_of_a_vram_limit_and_a_ram_budget() -> None:
      "job above 4.0 GiB of GPU memory."),
 ])
 def test_summary_of_option_sets(options, extra, expected) -> None:  # type: ignore[no-untyped-def]
-    assert expected in summary_text(spec(options=options, **extra), [GPU0, GPU1])
+    assert expected in summary_text(spec(options=options, **extra), gpu_readings([GPU0, GPU1]))
 
 
 def test_summary_without_gpus_and_with_checkpoints() -> None:
@@ -111,7 +111,7 @@ def test_errors_land_on_their_row_by_field_not_by_words() -> None:
     # The row comes from the field, whatever the words say.
     assert form_row(SpecError("--vram-limit: reworded", sv.RAM_BUDGET)) == "ram_budget"
     assert form_row(SpecError("--vram-limit: a message without a field")) is None
-    views = gpu_views([GPU0, {"index": "bad"}])
+    views = gpu_readings([GPU0, {"index": "bad"}])
     assert len(views) == 1 and views[0].memory_total_bytes == 8 * GiB
 
 
@@ -240,7 +240,7 @@ def test_presets_fill_the_form(qtbot, paths, start_engine, probe_cache,  # type:
     dialog = open_dialog(qtbot, paths, probe_cache)
     dialog.choose_script(str(script))
     with engine.client() as c:
-        total = c.status()["memory"]["total_bytes"]
+        total = c.status().memory.total_bytes
 
     # desktop-safe (the default): GPU 0 drives the display, so 1024 MB stay free for it.
     assert dialog.preset_combo.currentData() == "desktop-safe"

@@ -18,7 +18,8 @@ from tests.ui.test_launch_dialog import open_dialog, probe_cache, script, settle
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.interpreters import Interpreter
 from trayapp.jobs.options import JobSpec, MemoryOptions, apply_preset
-from trayapp.ui.launch_plan import gpu_views, summary_text
+from trayapp.readings import gpu_readings
+from trayapp.ui.launch_plan import summary_text
 from trayapp.ui.launch_python import cpu_tensorflow, gpu_warning
 
 pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")
@@ -59,9 +60,9 @@ def test_the_dialog_and_a_dry_run_give_one_plan(qtbot, paths, start_engine,  # t
     assert r.returncode == 0, r.stderr
     assert tensorflow_part(shown) == tensorflow_part(r.stdout)
     with engine.client() as c:
-        gpus = c.status()["gpus"]
+        gpus = c.status().gpus
     if demo:  # simulated: GPU 0 drives a display, GPU 1 does not
-        assert any(g["display_active"] for g in gpus)
+        assert any(g.display_active for g in gpus)
         assert dialog.vram_mode.currentData() == "reserve" and dialog.vram_spin.value() == 1024
         assert "memory growth" not in "\n".join(tensorflow_part(shown))
     else:
@@ -75,10 +76,10 @@ def test_the_preset_does_what_the_readme_says() -> None:
     assert f"`desktop-safe` ({said})" in readme
     display = {"index": 0, "memory_total_bytes": 8 * GiB, "display_active": True}
     compute = {"index": 1, "memory_total_bytes": 16 * GiB, "display_active": False}
-    both = apply_preset(JobSpec(script="t.py"), "desktop-safe", gpu_views([display, compute]))
+    both = apply_preset(JobSpec(script="t.py"), "desktop-safe", gpu_readings([display, compute]))
     assert (both.options.vram_reserve_mb, both.options.memory_growth) == (1024, None)
     alone = apply_preset(JobSpec(script="t.py", options=MemoryOptions(gpus=(1,))),
-                         "desktop-safe", gpu_views([display, compute]))
+                         "desktop-safe", gpu_readings([display, compute]))
     assert (alone.options.vram_reserve_mb, alone.options.memory_growth) == (None, True)
     assert "memory growth" in said and "each of the job's GPUs" in said and "75%" in said
 
@@ -96,10 +97,11 @@ def test_a_cpu_build_is_not_promised_gpu_caps(tmp_path: Path) -> None:
     assert "is a CPU build" in gpu_warning(cpu) and "do nothing" in gpu_warning(cpu)
     gpu = {"index": 0, "memory_total_bytes": 8 * GiB, "memory_free_bytes": 7 * GiB,
            "display_active": True}
-    spec = apply_preset(JobSpec(script="/x/t.py"), "desktop-safe", gpu_views([gpu]))
-    promised = summary_text(spec, [gpu])
+    gpus = gpu_readings([gpu])
+    spec = apply_preset(JobSpec(script="/x/t.py"), "desktop-safe", gpus)
+    promised = summary_text(spec, gpus)
     assert promised.startswith("TensorFlow may use at most 7.0 GiB of GPU 0")
-    honest = summary_text(spec, [gpu], cpu_tensorflow=True)
+    honest = summary_text(spec, gpus, cpu_tensorflow=True)
     assert honest.startswith("This interpreter's TensorFlow runs on the CPU only, so the GPU "
                              "options do nothing")
     assert "GPU 0" not in honest

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QDialog  # noqa: E402
 from trayapp import config as configmod  # noqa: E402
 from trayapp.config import format_bytes  # noqa: E402
 from trayapp.engine.client import EngineClient  # noqa: E402
+from trayapp.engine.status_record import Status
 from trayapp.ui.settings import SettingsDialog, order_problem, threshold_preview  # noqa: E402
 
 GiB = 1024**3
@@ -66,7 +67,7 @@ def test_settings_round_trip(qtbot, paths, start_engine, xdg) -> None:  # type: 
     assert dialog.fields["ui.start_at_login"].value() is False
     # The preview uses the engine's total RAM.
     with engine.client() as c:
-        total = c.status()["memory"]["total_bytes"]
+        total = c.status().memory.total_bytes
     preview = dialog.fields["guard.warn_available"].preview
     assert preview is not None
     assert preview.text().startswith(f"= {format_bytes(total * 0.15)} of {format_bytes(total)}")
@@ -197,7 +198,7 @@ def test_reopened_dialog_reads_again(qtbot, paths, start_engine, xdg) -> None:  
     assert dialog.fields["guard.pause_available"].value() == "9%"
     assert dialog.changes() == {"guard.pause_available": "9%"}
     # The app's status pushes move the preview.
-    status = {"memory": {"total_bytes": 16 * GiB, "available_bytes": GiB}}
+    status = Status.from_json({"memory": {"total_bytes": 16 * GiB, "available_bytes": GiB}})
     dialog.apply_snapshot(status)
     preview = dialog.fields["guard.pause_available"].preview
     assert preview is not None

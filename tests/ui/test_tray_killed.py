@@ -60,7 +60,7 @@ def test_engine_guards_on_and_a_new_tray_sees_the_same(qtbot, paths: Paths, home
                               "the guard to pause the hog with no tray running")
             assert paused["paused_by"] == "guard"
             assert c.ping()["pid"] == engine_pid
-            truth = {j["id"]: j["state"] for j in c.jobs()}
+            truth = {j.id: j.state for j in c.jobs()}
         assert truth[ticker] == "running" and truth[hog] == "paused"
 
         # A new tray shows what the engine knows.
@@ -68,9 +68,9 @@ def test_engine_guards_on_and_a_new_tray_sees_the_same(qtbot, paths: Paths, home
         try:
             app.start()
             qtbot.waitUntil(lambda: app.status is not None and
-                            {j["id"]: j["state"] for j in app.status["jobs"]} == truth,
+                            {j.id: j.state for j in app.status.jobs} == truth,
                             timeout=20000)
-            assert app.status["engine"]["pid"] == engine_pid  # type: ignore[index]
+            assert app.status.engine.pid == engine_pid  # type: ignore[union-attr]
             assert app.reachable
         finally:
             app.close()

@@ -14,6 +14,7 @@ import pytest
 
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
+from trayapp.engine.status_record import Status
 from trayapp.ui.worker import CallRunner, EngineWorker
 
 
@@ -35,25 +36,25 @@ def worker_on(qtbot, paths: Paths):  # type: ignore[no-untyped-def]
 def test_snapshots_arrive_whole_and_off_the_gui_thread(qtbot, demo_engine, worker_on) -> None:
     w = worker_on()
     threads: List[Any] = []
-    snapshots: List[Dict[str, Any]] = []
+    snapshots: List[Status] = []
     w.snapshot.connect(lambda s: (snapshots.append(s), threads.append(threading.get_ident())))
     with qtbot.waitSignal(w.config, timeout=15000) as config:
         w.start()
     assert config.args[0]["values"]["guard"]["warn_available"] == "15%"
     qtbot.waitUntil(lambda: len(snapshots) >= 3, timeout=15000)
-    # Delivered on the GUI thread, each a whole status dict from the engine.
+    # Delivered on the GUI thread, each a whole status read into its record.
     assert set(threads) == {threading.get_ident()}
     for s in snapshots:
-        assert {"time", "memory", "gpus", "guard", "jobs", "engine"} <= set(s)
-    assert snapshots[-1]["engine"]["pid"] == demo_engine.proc.pid
-    assert snapshots[-1]["time"] > snapshots[0]["time"]
+        assert isinstance(s, Status) and s.memory is not None and s.gpus and s.engine.running
+    assert snapshots[-1].engine.pid == demo_engine.proc.pid
+    assert snapshots[-1].time > snapshots[0].time
     assert not w.started_engine
 
 
 def test_unreachable_then_back(qtbot, start_engine, worker_on) -> None:
     first = start_engine(demo=True)
     w = worker_on()
-    snapshots: List[Dict[str, Any]] = []
+    snapshots: List[Status] = []
     w.snapshot.connect(snapshots.append)
     w.start()
     qtbot.waitUntil(lambda: len(snapshots) >= 1, timeout=15000)
@@ -61,25 +62,25 @@ def test_unreachable_then_back(qtbot, start_engine, worker_on) -> None:
         first.kill()
     assert gone.args[0]
     second = start_engine(demo=True)
-    qtbot.waitUntil(lambda: snapshots[-1]["engine"]["pid"] == second.proc.pid, timeout=20000)
+    qtbot.waitUntil(lambda: snapshots[-1].engine.pid == second.proc.pid, timeout=20000)
 
 
 def test_an_engine_is_started_when_none_runs(qtbot, paths: Paths, worker_on) -> None:
     w = worker_on(start_engine=True, demo=True)
     messages: List[str] = []
     w.unreachable.connect(messages.append)
-    snapshots: List[Dict[str, Any]] = []
+    snapshots: List[Status] = []
     w.snapshot.connect(snapshots.append)
     w.start()
     try:
         qtbot.waitUntil(lambda: len(snapshots) >= 1, timeout=30000)
         assert w.started_engine
         assert messages[:1] == ["starting the engine"]
-        assert snapshots[-1]["engine"]["demo"] is True
+        assert snapshots[-1].engine.demo is True
     finally:
         w.halt()
         assert w.stop(10000)
-        pid = snapshots[-1]["engine"]["pid"] if snapshots else None
+        pid = snapshots[-1].engine.pid if snapshots else None
         try:
             with EngineClient(paths, timeout=5) as c:
                 c.shutdown(force=True)

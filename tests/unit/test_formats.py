@@ -10,6 +10,8 @@ import pytest
 
 from trayapp import formats
 from trayapp.config import format_bytes as config_format_bytes
+from trayapp.engine.status_record import Status
+from trayapp.jobs.record import JobRecord
 from trayapp.ui import model
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -103,7 +105,7 @@ def test_progress(epoch: Any, epochs: Any, step: Any, steps: Any, parts: list) -
     assert formats.progress_parts(epoch, epochs, step, steps) == parts
     assert formats.progress(epoch, epochs, step, steps) == ", ".join(parts)
     assert formats.progress(epoch, epochs, step, steps, sep=" · ") == " · ".join(parts)
-    job = {"epoch": epoch, "epochs": epochs, "step": step, "steps": steps}
+    job = JobRecord("j1", epoch=epoch, epochs=epochs, step=step, steps=steps)
     assert model.job_progress(job) == ", ".join(parts)
 
 
@@ -124,10 +126,12 @@ def test_memory_runs_out_is_said_only_where_the_guard_is_not_at_ease() -> None:
     assert formats.exhaustion_words(warning) == "memory runs out in ~42 s"
     assert formats.exhaustion_words({"state": "warn", "seconds_to_exhaustion": None}) == ""
     assert formats.exhaustion_words({"state": "warn", "seconds_to_exhaustion": True}) == ""
-    assert guard_line({"guard": at_ease}) == "Guard: ok"
-    assert guard_line({"guard": warning}) == ("Guard: warn — RAM 91% used; memory runs out "
-                                              "in ~42 s")
+    assert guard_line(Status.from_json({"guard": at_ease})) == "Guard: ok"
+    assert guard_line(Status.from_json({"guard": warning})) == (
+        "Guard: warn — RAM 91% used; memory runs out in ~42 s")
     status = {"engine": {"running": True, "pid": 9}, "guard": at_ease, "memory": {}, "jobs": []}
-    assert "runs out" not in format_status(status)
-    assert "runs out" not in tooltip_text(status)
-    assert "memory runs out in ~42 s" in format_status(dict(status, guard=warning))
+    assert "runs out" not in format_status(Status.from_json(status))
+    assert "runs out" not in tooltip_text(Status.from_json(status))
+    warned = Status.from_json(dict(status, guard=warning))
+    assert "memory runs out in ~42 s" in format_status(warned)
+    assert "memory runs out in ~42 s" in tooltip_text(warned)

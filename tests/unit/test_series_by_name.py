@@ -7,8 +7,7 @@ from typing import Any, List
 
 from trayapp import series
 from trayapp.engine.history import ConsumerScan
-from trayapp.readings import Consumer
-from trayapp.readings import GpuProcess, GpuReading
+from trayapp.readings import Consumer, GpuProcess, GpuReading
 
 GiB = 1024**3
 

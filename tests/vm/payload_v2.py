@@ -190,7 +190,7 @@ def _engine(seen: Dict[str, Any]) -> None:
 
         client = wait_for("the engine", connect, 120)
         status = client.status()
-        seen["status_protection"] = (status.get("engine") or {}).get("protection")
+        seen["status_protection"] = dict(status.engine.protection) or None
         progress, gate = WORK / "job.progress", WORK / "job.gate"
         gate.touch()
         job_id = client.job_start({"script": GATED_HOG, "python": sys.executable,
