@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trayapp.cli import format_status
+from trayapp.engine.status_record import Status
 
 GiB = 2**30
 
@@ -27,8 +28,13 @@ STATUS = {
 }
 
 
+def text_of(sent: object) -> str:
+    """``headroom status`` of what an engine sent, read as the CLI reads it."""
+    return format_status(Status.from_json(sent))
+
+
 def test_every_part_is_shown() -> None:
-    text = format_status(STATUS)
+    text = text_of(STATUS)
     assert "engine running (pid 999) · guard warn" in text
     assert "memory runs out in ~42 s" in text
     assert "! available memory 3.0 GiB is below the warning threshold" in text
@@ -48,7 +54,7 @@ def test_without_engine_gpu_or_pressure() -> None:
               gpu_status={"backend": "none", "message": "no NVIDIA GPU found"},
               guard={"state": None, "reasons": ["no engine is running"]},
               memory=dict(STATUS["memory"], psi_some_avg10=None, swap_total_bytes=0))
-    text = format_status(st)
+    text = text_of(st)
     assert "no engine is running" in text
     assert "GPU    no NVIDIA GPU found" in text
     assert "Pressure n/a" in text and "Swap   none" in text and "Jobs   none" in text
@@ -58,7 +64,7 @@ def test_a_garbled_gpu_or_job_is_left_out_and_the_rest_shown() -> None:
     st = dict(STATUS, gpus=[{"name": "no index"}, "gpu", STATUS["gpus"][0]],
               jobs=[{"name": "no id"}, 3, dict(STATUS["jobs"][0], epoch="three")],
               gpu_status="garbled")
-    text = format_status(st)
+    text = text_of(st)
     assert "no index" not in text and "no id" not in text
     assert "GPU 0  NVIDIA GeForce RTX 3090 | 20.0 GiB / 24.0 GiB" in text
     # A field of the wrong type is not known: the epoch under way reads 0 of 10.
@@ -68,7 +74,7 @@ def test_a_garbled_gpu_or_job_is_left_out_and_the_rest_shown() -> None:
 
 def test_where_the_exporter_serves_or_why_not() -> None:
     def shown(metrics: object) -> list:
-        text = format_status(dict(STATUS, engine={"running": True, "pid": 1, "metrics": metrics}))
+        text = text_of(dict(STATUS, engine={"running": True, "pid": 1, "metrics": metrics}))
         return [line for line in text.splitlines() if line.startswith("Metrics")]
 
     assert shown({"listen": "127.0.0.1:9835", "tls": False, "error": None}) == \
@@ -84,7 +90,7 @@ def test_where_the_exporter_serves_or_why_not() -> None:
 
 def test_the_protection_jobs_get_is_said() -> None:
     def shown(protection: object) -> list:
-        text = format_status(dict(STATUS, engine={"running": True, "pid": 1,
+        text = text_of(dict(STATUS, engine={"running": True, "pid": 1,
                                                   "protection": protection}))
         return [line for line in text.splitlines() if line.startswith("Protection")]
 
