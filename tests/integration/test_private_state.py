@@ -384,7 +384,7 @@ def test_a_relaunch_from_the_shown_spec_gets_the_value_back(cli_home: Path,
         with pytest.raises(EngineError) as e:
             c.job_start(spec)
         assert "API_KEY" in str(e.value)
-        job = c.job_start(spec, env_from=first["id"])
+        job = c.job_start(spec, env_from=first.id)
         try:
             assert job_environ(job["pid"])["API_KEY"] == SECRET
             # The job runs with the user's umask (022 here), not the engine's private one.
