@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from trayapp.jobs import record
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -36,32 +35,21 @@ MAX_ITEMS = 64  # list items or object keys in one value
 MAX_DEPTH = 4  # nesting of a free-form value (an applied option's value, the options)
 # Runner states, note levels and bye reasons: the engine acts on them, so only these count.
 # They are the runner's words (trayapp.runner.protocol), not job states.
-RUNNER_RUNNING = "running"
-RUNNER_PAUSED = "paused"
-RUNNER_PARKING = "parking"
-RUNNER_STOPPING = "stopping"
-RUNNER_IDLE = record.RUNNER_IDLE  # a kernel between fit() calls
-RUNNER_STATES = frozenset(
-    {
-        RUNNER_RUNNING,
-        "pausing",
-        RUNNER_PAUSED,
-        "checkpointing",
-        RUNNER_PARKING,
-        RUNNER_STOPPING,
-        "stopped",
-        RUNNER_IDLE,
-    }
-)
-NOTE_INFO = "info"
-NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
-NOTE_TOPICS = frozenset({rp.TOPIC_SHRUNK})  # notes the engine records as their own event
+RUNNER_RUNNING = rp.STATE_RUNNING
+RUNNER_PAUSED = rp.STATE_PAUSED
+RUNNER_PARKING = rp.STATE_PARKING
+RUNNER_STOPPING = rp.STATE_STOPPING
+RUNNER_IDLE = rp.STATE_IDLE  # a kernel between fit() calls
+RUNNER_STATES = rp.RUNNER_STATES
+NOTE_INFO = rp.NOTE_INFO
+NOTE_LEVELS = rp.NOTE_LEVELS
+NOTE_TOPICS = rp.NOTE_TOPICS  # notes the engine records as their own event
 FORECAST_HOWS = frozenset({rf.STEPS, rf.PROBE})
-BYE_PARKED = "parked"
-BYE_STOPPED = "stopped"
-BYE_REASONS = frozenset({"finished", BYE_PARKED, "error", BYE_STOPPED})
-FIT_HOOK_INSTALLED = "installed"  # keras.Model.fit is patched: pause, park and stop at a batch end
-FIT_HOOKS = frozenset({"waiting", FIT_HOOK_INSTALLED, "unavailable"})
+BYE_PARKED = rp.BYE_PARKED
+BYE_STOPPED = rp.BYE_STOPPED
+BYE_REASONS = rp.BYE_REASONS
+FIT_HOOK_INSTALLED = rp.FIT_HOOK_INSTALLED  # keras.Model.fit is patched: pause, park and stop
+FIT_HOOKS = rp.FIT_HOOKS
 
 
 class Bad(ValueError):
@@ -526,7 +514,7 @@ def _note_record(value: Any) -> Dict[str, Any]:
     level = value.get("level")
     return {
         "time": _optional(_number)(value.get("time")),
-        "level": level if level in NOTE_LEVELS else "info",
+        "level": level if level in NOTE_LEVELS else NOTE_INFO,
         "message": _text(MAX_TEXT)(value.get("message") or ""),
     }
 

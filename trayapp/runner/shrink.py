@@ -34,7 +34,7 @@ Keras is passed in: the runner cannot import it (the script chooses which Keras 
 import re
 import sys
 
-from . import forecast
+from . import forecast, protocol
 
 MAX_ACCUMULATION = 1024
 
@@ -632,7 +632,9 @@ class Shrinker:
         if not self.enabled:
             return
         if self.kind is None and self.x is not None:
-            self.session.note("info", f"{self.why}; an out-of-memory error ends the job")
+            self.session.note(
+                protocol.NOTE_INFO, f"{self.why}; an out-of-memory error ends the job"
+            )
             return
         # A job relaunched after an out-of-memory error has had one: atomic from the start.
         relaunched = self.session.options.get("relaunch") is not None

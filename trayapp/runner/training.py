@@ -208,7 +208,7 @@ class FitRun:
                     "history": [[e, logs] for e, logs in self.epochs_done if e < epoch],
                 },
             }
-            if metrics is None and done and reason != "oom":
+            if metrics is None and done and reason != protocol.SAVED_OOM:
                 metrics = metricstate.state(self.model)
             if done and metrics:
                 metadata["headroom"]["metrics"] = metrics
@@ -217,7 +217,7 @@ class FitRun:
                 json.dump(metadata, f)
             os.replace(partial, os.path.join(self.dir, METADATA_FILE))
         except Exception as e:
-            self.session.note("error", f"checkpoint failed: {_first_line(e)}")
+            self.session.note(protocol.NOTE_ERROR, f"checkpoint failed: {_first_line(e)}")
             return False
         self.since_save = 0
         self.last_saved = (epoch, done)
@@ -243,7 +243,7 @@ class FitRun:
         epoch, done = self.position
         self._stop_here(epoch, done)
         if save and self.dir is not None and self.trained:
-            self.save(epoch, done, "stop")
+            self.save(epoch, done, protocol.SAVED_STOP)
         self.stopping = True
         self.model.stop_training = True
 
@@ -255,10 +255,12 @@ class FitRun:
         epoch, done = self.position
         self._stop_here(epoch, done)
         if self.dir is None:
-            self.session.note("warn", "no checkpoint folder: parked without a checkpoint")
+            self.session.note(
+                protocol.NOTE_WARN, "no checkpoint folder: parked without a checkpoint"
+            )
         else:
             done = self._to_smaller(done)
-            self.save(epoch, done, "park")
+            self.save(epoch, done, protocol.SAVED_PARK)
         self.stopping = True
         self.model.stop_training = True
 
@@ -274,15 +276,15 @@ class FitRun:
 
     def checkpoint_on_request(self, paused):
         if not self.keras3:
-            self.session.note("warn", "checkpoint on request needs Keras 3")
+            self.session.note(protocol.NOTE_WARN, "checkpoint on request needs Keras 3")
             return
         if self.dir is None:
-            self.session.note("warn", "no checkpoint folder: nothing saved")
+            self.session.note(protocol.NOTE_WARN, "no checkpoint folder: nothing saved")
             return
-        self.session.send_state("checkpointing")
+        self.session.send_state(protocol.STATE_CHECKPOINTING)
         epoch, done = self.position
-        self.save(epoch, done, "request")
-        self.session.send_state("paused" if paused else "running")
+        self.save(epoch, done, protocol.SAVED_REQUEST)
+        self.session.send_state(protocol.STATE_PAUSED if paused else protocol.STATE_RUNNING)
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -309,7 +311,7 @@ class FitRun:
                             self.metric_state = (start, extra["metrics"])
                     else:
                         self.session.note(
-                            "info",
+                            protocol.NOTE_INFO,
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
         if self.metric_state is not None:
@@ -347,7 +349,7 @@ class FitRun:
             self.metric_state = None
             if saved_epoch == epoch and not metricstate.put(self.model, state):
                 self.session.note(
-                    "info",
+                    protocol.NOTE_INFO,
                     f"epoch {epoch + 1}'s metrics cover the batches "
                     "trained after the checkpoint only (a metric's state "
                     "could not be restored)",
@@ -375,7 +377,7 @@ class FitRun:
         epoch, k = self.epoch, self.k
         if self.every and self.since_save >= self.every and self.keras3:
             self.position = (epoch, batch)
-            self.save(epoch, batch, "interval")
+            self.save(epoch, batch, protocol.SAVED_INTERVAL)
         control = self.session.control
         if control.pending:
             self.position = (epoch, batch)
@@ -416,7 +418,9 @@ class FitRun:
                 and not self.stopping
                 and not self.session.control.parked
             ):
-                self.save(epoch + 1, 0, "epoch", finished=epoch + 1 >= (self.epochs or 0))
+                self.save(
+                    epoch + 1, 0, protocol.SAVED_EPOCH, finished=epoch + 1 >= (self.epochs or 0)
+                )
         self._last_progress = time.monotonic()
         self._progress(epoch, self.steps if complete else done, logs, now=True)
         if self.session.control.pending:
@@ -437,7 +441,7 @@ class FitRun:
             return
         # A finished fit (also one the script's own callbacks stopped early): a resumed script
         # restores these weights and trains no more epochs of it.
-        self.save(self.epochs, 0, "end", finished=True)
+        self.save(self.epochs, 0, protocol.SAVED_END, finished=True)
 
     def _to_smaller(self, done):
         """A park to relaunch smaller: switch to the new accumulation here, at an update
@@ -450,7 +454,7 @@ class FitRun:
         try:
             self.shrinker.switch(k)
         except Exception as e:  # Keras 2, an optimizer without accumulation
-            self.session.note("warn", f"cannot shrink at the park: {_first_line(e)}")
+            self.session.note(protocol.NOTE_WARN, f"cannot shrink at the park: {_first_line(e)}")
             return done
         self.accumulation = k
         return updates * k
@@ -540,7 +544,9 @@ class FitRun:
         values, bad = _clean_logs(logs)
         if bad and not self._bad_logs_noted:
             self._bad_logs_noted = True
-            self.session.note("warn", "{} is not a number (NaN or inf)".format(", ".join(bad)))
+            self.session.note(
+                protocol.NOTE_WARN, "{} is not a number (NaN or inf)".format(", ".join(bad))
+            )
         memory = None
         if self.gpu_names:
             tf = sys.modules.get("tensorflow")
