@@ -138,7 +138,7 @@ def spec_flags(spec: JobSpec) -> List[str]:
             out += [flag, str(value)]
     if spec.auto_resume is False:
         out.append("--manual-resume")
-    if spec.on_oom != "shrink":
+    if spec.on_oom != sv.ON_OOM_SHRINK:
         out += ["--on-oom", spec.on_oom]
     if not spec.fit_batch:
         out.append("--no-fit-batch")  # on by default

@@ -113,7 +113,7 @@ class JobSpec:
     fresh: bool = False  # start over on a checkpoint folder that holds one (deleted as it starts)
     preset: Optional[str] = None
     auto_resume: Optional[bool] = None  # None: the guard's default
-    on_oom: str = "shrink"  # an out-of-memory error in fit(): shrink the micro-batch, or stop
+    on_oom: str = sv.ON_OOM_SHRINK  # an out-of-memory error in fit(): shrink the batch, or stop
     min_batch: Optional[int] = None  # None: sv.MIN_BATCH_DEFAULT
     accumulation: Optional[int] = None  # start at micro-batches of batch / N (a relaunch smaller)
     fit_batch: bool = True  # before training: the largest micro-batch forecast to fit (the
@@ -175,7 +175,7 @@ class JobSpec:
             "fresh": sv.want_bool("fresh", d.get("fresh", False)),
             "preset": sv.want_opt_str("preset", d.get("preset")),
             "auto_resume": sv.want_opt_bool("auto_resume", d.get("auto_resume")),
-            "on_oom": sv.want_str("on_oom", d.get("on_oom", "shrink")),
+            "on_oom": sv.want_str("on_oom", d.get("on_oom", sv.ON_OOM_SHRINK)),
             "min_batch": sv.want_opt_int("min_batch", d.get("min_batch")),
             "accumulation": sv.want_opt_int("accumulation", d.get("accumulation")),
             "fit_batch": sv.want_bool("fit_batch", d.get("fit_batch", True)),
@@ -640,7 +640,7 @@ def spec_from_cli(ns: argparse.Namespace) -> JobSpec:
         fresh=bool(arg("fresh", False)),
         preset=arg("preset"),
         auto_resume=False if arg("manual_resume", False) else None,
-        on_oom=arg("on_oom") or "shrink",
+        on_oom=arg("on_oom") or sv.ON_OOM_SHRINK,
         min_batch=sv.parse_int("--min-batch", arg("min_batch"), "a batch size", sv.MIN_BATCH),
         fit_batch=arg("fit_batch") is not False,  # on unless --no-fit-batch
     )

@@ -514,10 +514,10 @@ def runner_steps(options: Mapping[str, Any]) -> List[Tuple[str, str]]:
 
 def oom_line(options: Mapping[str, Any]) -> str:
     """What the runner does on an out-of-memory error in fit()."""
-    if options.get("on_oom") in ("shrink", "smaller-batch"):
+    if options.get("on_oom") in sv.ON_OOM_SHRINKS:
         keras2 = (
             "; with Keras 2, batches of half the size (this changes the training)"
-            if options.get("on_oom") == "smaller-batch"
+            if options.get("on_oom") == sv.ON_OOM_SMALLER_BATCH
             else ""
         )
         return (

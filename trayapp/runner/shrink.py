@@ -34,7 +34,7 @@ Keras is passed in: the runner cannot import it (the script chooses which Keras 
 import re
 import sys
 
-from . import forecast, protocol
+from . import forecast, protocol, tfoptions
 
 MAX_ACCUMULATION = 1024
 
@@ -602,9 +602,9 @@ class Shrinker:
         self.model = model
         self.bound = bound
         options = session.options
-        self.enabled = options["on_oom"] in ("shrink", "smaller-batch")
+        self.enabled = options["on_oom"] in tfoptions.ON_OOM_SHRINKS
         # Asked for a smaller batch where there is no accumulation, changing the training.
-        self.changing = options["on_oom"] == "smaller-batch"
+        self.changing = options["on_oom"] == tfoptions.ON_OOM_SMALLER_BATCH
         self.floor = options["min_batch"]
         self.keras3 = keras3
         self.x = bound.arguments.get("x")
