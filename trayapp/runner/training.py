@@ -35,14 +35,10 @@ import os
 import sys
 import time
 
-from . import forecast, metricstate, progbar, protocol, shrink
+from . import forecast, layout, metricstate, progbar, protocol, shrink
 from .control import Parked, Stopped
+from .layout import CHECKPOINT_FILES, METADATA_FILE, WEIGHTS_FILE
 from .tfoptions import gpu_memory
-
-WEIGHTS_FILE = "latest.weights.h5"
-METADATA_FILE = "training_metadata.json"
-# Every file a checkpoint folder gets from the runner; nothing else in it is ever deleted.
-CHECKPOINT_FILES = (WEIGHTS_FILE, METADATA_FILE, "saving.weights.h5", METADATA_FILE + ".saving")
 
 
 def _drop_checkpoint(folder):
@@ -71,7 +67,7 @@ def drop_checkpoints(base):
     except OSError:
         return
     for name in names:
-        if name.startswith("fit-") and name[4:].isdigit():
+        if layout.parse_fit_dir(name) is not None:
             _drop_checkpoint(os.path.join(base, name))
     try:
         os.rmdir(base)
@@ -122,7 +118,7 @@ class FitRun:
         self.tf_backend = tf_backend
         options = session.options
         base = options["checkpoint_dir"]
-        self.dir = os.path.join(base, f"fit-{index}") if base else None
+        self.dir = os.path.join(base, layout.fit_dir_name(index)) if base else None
         self.every = options["checkpoint_every_steps"]
         self.steps = None
         self.k = 1
@@ -172,7 +168,7 @@ class FitRun:
         base = os.path.dirname(self.dir)
         if self.index == 1 and os.path.isdir(base):
             for name in os.listdir(base):
-                if name.startswith("fit-") and name[4:].isdigit():
+                if layout.parse_fit_dir(name) is not None:
                     _drop_checkpoint(os.path.join(base, name))
         else:
             _drop_checkpoint(self.dir)
@@ -193,7 +189,7 @@ class FitRun:
             return False
         try:
             os.makedirs(self.dir, exist_ok=True)
-            saving = os.path.join(self.dir, "saving.weights.h5")
+            saving = os.path.join(self.dir, layout.WEIGHTS_SAVING)
             self.model.save_weights(saving)
             os.replace(saving, os.path.join(self.dir, WEIGHTS_FILE))
             metadata = {
@@ -212,7 +208,7 @@ class FitRun:
                 metrics = metricstate.state(self.model)
             if done and metrics:
                 metadata["headroom"]["metrics"] = metrics
-            partial = os.path.join(self.dir, METADATA_FILE + ".saving")
+            partial = os.path.join(self.dir, layout.METADATA_SAVING)
             with open(partial, "w") as f:
                 json.dump(metadata, f)
             os.replace(partial, os.path.join(self.dir, METADATA_FILE))
