@@ -283,7 +283,7 @@ class Checkpointed(Message):
 
 @dataclass(frozen=True)
 class Note(Message):
-    level: str = "info"
+    level: str = NOTE_INFO
     message: str = ""
     topic: Optional[str] = None  # what the note is about, when the engine acts on it
 
