@@ -8,8 +8,10 @@ import sys
 import tempfile
 
 from . import fitbatch, metricstate, progbar, protocol, relaunch, shrink
+from .checkpoint import saved_history as _saved_history
 from .control import Parked
-from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
+from .layout import WEIGHTS_FILE
+from .training import FitRun, _first_line, _int
 
 
 def _callback_classes(callbacks_module, keras3):

@@ -288,7 +288,7 @@ class Session:
             self.note(protocol.NOTE_INFO, NO_FIT_NOTE)
         relaunched = self.options.get("relaunch") or {}
         if relaunched.get("temporary") and self.options.get("checkpoint_dir"):
-            from .training import drop_checkpoints  # loaded with fit(): a fit was relaunched
+            from .checkpoint import drop_checkpoints  # a fit was relaunched
 
             drop_checkpoints(self.options["checkpoint_dir"])
         if reason is None:

@@ -191,9 +191,9 @@ class KernelSession(job.Session):
             extra = metadata.get("headroom")
             if isinstance(extra, dict) and extra.get("finished") is True:
                 # Done: running the cell again trains again, from the model as it is.
-                from . import training
+                from . import checkpoint
 
-                training._drop_checkpoint(run.dir)
+                checkpoint.drop_checkpoint(run.dir)
         self.send_state(IDLE)
 
     def on_command(self, message):

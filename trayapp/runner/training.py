@@ -29,51 +29,15 @@ the script, and the checkpoint stays resumable. A stop without a checkpoint fold
 way, with nothing saved.
 """
 
-import json
 import math
 import os
 import sys
 import time
 
-from . import forecast, layout, metricstate, progbar, protocol, shrink
+from . import checkpoint, forecast, layout, metricstate, progbar, protocol, shrink
+from .checkpoint import drop_checkpoints as drop_checkpoints
 from .control import Parked, Stopped
-from .layout import CHECKPOINT_FILES, METADATA_FILE, WEIGHTS_FILE
 from .tfoptions import gpu_memory
-
-
-def _drop_checkpoint(folder):
-    """Delete the checkpoint files the runner wrote in ``folder``, and the folder once empty.
-    A folder that merely looks like one (``fit-2023`` of the user's own) keeps what it holds."""
-    if os.path.islink(folder) or not os.path.isdir(folder):
-        return
-    for name in CHECKPOINT_FILES:
-        path = os.path.join(folder, name)
-        try:
-            if os.path.isfile(path) and not os.path.islink(path):
-                os.remove(path)
-        except OSError:
-            pass
-    try:
-        os.rmdir(folder)  # only when nothing else is left in it
-    except OSError:
-        pass
-
-
-def drop_checkpoints(base):
-    """Delete the checkpoints of every fit in ``base`` (a folder of the runner's own), and the
-    folder once empty."""
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    for name in names:
-        if layout.parse_fit_dir(name) is not None:
-            _drop_checkpoint(os.path.join(base, name))
-    try:
-        os.rmdir(base)
-    except OSError:
-        pass
-
 
 _PROGRESS_SECONDS = 0.25
 
@@ -169,17 +133,12 @@ class FitRun:
         if self.index == 1 and os.path.isdir(base):
             for name in os.listdir(base):
                 if layout.parse_fit_dir(name) is not None:
-                    _drop_checkpoint(os.path.join(base, name))
+                    checkpoint.drop_checkpoint(os.path.join(base, name))
         else:
-            _drop_checkpoint(self.dir)
+            checkpoint.drop_checkpoint(self.dir)
 
     def read_metadata(self):
-        try:
-            with open(os.path.join(self.dir, METADATA_FILE)) as f:
-                data = json.load(f)
-        except (OSError, ValueError, TypeError):
-            return None
-        return data if isinstance(data, dict) else None
+        return checkpoint.read_metadata(self.dir)
 
     def save(self, epoch, done, reason, finished=False, metrics=None):
         """Write the files BackupAndRestore restores; returns True when saved. ``metrics``: the
@@ -188,10 +147,6 @@ class FitRun:
         if not self.dir:
             return False
         try:
-            os.makedirs(self.dir, exist_ok=True)
-            saving = os.path.join(self.dir, layout.WEIGHTS_SAVING)
-            self.model.save_weights(saving)
-            os.replace(saving, os.path.join(self.dir, WEIGHTS_FILE))
             metadata = {
                 "epoch": epoch,
                 "batch": max(done - 1, 0),
@@ -208,10 +163,7 @@ class FitRun:
                 metrics = metricstate.state(self.model)
             if done and metrics:
                 metadata["headroom"]["metrics"] = metrics
-            partial = os.path.join(self.dir, layout.METADATA_SAVING)
-            with open(partial, "w") as f:
-                json.dump(metadata, f)
-            os.replace(partial, os.path.join(self.dir, METADATA_FILE))
+            checkpoint.write(self.model, self.dir, metadata)
         except Exception as e:
             self.session.note(protocol.NOTE_ERROR, f"checkpoint failed: {_first_line(e)}")
             return False
@@ -298,7 +250,9 @@ class FitRun:
             extra = metadata.get("headroom") if metadata else None
             if isinstance(extra, dict) and metadata.get("epoch") == start:
                 self.restored_finished = bool(extra.get("finished"))
-                self.epochs_done = [[e, logs] for e, logs in _saved_history(metadata) if e < start]
+                self.epochs_done = [
+                    [e, logs] for e, logs in checkpoint.saved_history(metadata) if e < start
+                ]
                 done = _int(extra.get("batches_done"), 0)
                 if done > 0 and not self.restored_finished:
                     if self.tf_backend and done % self.k == 0:
@@ -336,7 +290,7 @@ class FitRun:
         self.position = (epoch, 0)
         if not self._attempt_begun:
             self._attempt_begun = True
-            _prepend_history(
+            checkpoint.prepend_history(
                 getattr(self.model, "history", None),
                 [[e, logs] for e, logs in self.epochs_done if e < epoch],
             )
@@ -404,7 +358,7 @@ class FitRun:
         if complete:
             self.position = (epoch + 1, 0)
             self.epochs_done = [[e, v] for e, v in self.epochs_done if e != epoch]
-            self.epochs_done.append([epoch, _epoch_logs(logs)])
+            self.epochs_done.append([epoch, checkpoint.epoch_logs(logs)])
             if self.steps is None and done:
                 self.steps = done
             if (
@@ -430,7 +384,7 @@ class FitRun:
             sys.stderr.flush()
         if not self._attempt_begun:  # a finished fit restored: no epoch left to train
             self._attempt_begun = True
-            _prepend_history(getattr(self.model, "history", None), self.epochs_done)
+            checkpoint.prepend_history(getattr(self.model, "history", None), self.epochs_done)
         if self.session.control.parked or self.stopping or not self.keras3 or not self.dir:
             return  # parked or stopped: the checkpoint says where training stands
         if self.last_saved == (self.epochs, 0) or (self.restored_finished and not self.trained):
@@ -593,55 +547,6 @@ class FitRun:
         self.skip = 0
         self.skipping = True
         model.train_function = skip_batches
-
-
-def _epoch_logs(logs):
-    """An epoch's logs as the History keeps them (numbers), for a checkpoint's JSON."""
-    out = {}
-    for key, value in (logs or {}).items():
-        try:
-            out[str(key)] = float(value)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def _saved_history(metadata):
-    """[[epoch, logs], ...]: the whole epochs a checkpoint's metadata holds (none when it holds
-    none, or something else)."""
-    extra = metadata.get("headroom") if isinstance(metadata, dict) else None
-    saved = extra.get("history") if isinstance(extra, dict) else None
-    out = []
-    for item in saved if isinstance(saved, list) else ():
-        if (
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[1], dict)
-            and isinstance(item[0], int)
-            and not isinstance(item[0], bool)
-        ):
-            logs = {
-                str(k): float(v)
-                for k, v in item[1].items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            out.append([item[0], logs])
-    return out
-
-
-def _prepend_history(history, epochs_done):
-    """The earlier epochs (a checkpoint's, an earlier attempt's) first in a fit's History, as
-    its first epoch begins: the History that fit() returns, and that callbacks read as they
-    train, has every epoch."""
-    if history is None or not epochs_done or not hasattr(history, "history"):
-        return
-    logs = {}
-    for _, values in epochs_done:
-        for key, value in values.items():
-            logs.setdefault(key, []).append(value)
-    for key, values in logs.items():
-        history.history[key] = values + list(history.history.get(key, []))
-    history.epoch = [e for e, _ in epochs_done] + list(getattr(history, "epoch", []) or [])
 
 
 def _first_line(error):
