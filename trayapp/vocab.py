@@ -113,6 +113,22 @@ def can_move(old: Optional[str], new: str) -> bool:
     return target == source or target in TRANSITIONS[source]
 
 
+class PauseMode(Word):
+    """How a paused job was paused (the job record's ``pause_mode``)."""
+
+    COOPERATIVE = "cooperative"  # the runner waits at a batch end
+    SUSPENDED = "suspended"  # every process of the tree got SIGSTOP
+
+
+class Actor(Word):
+    """Who acted on a job (the job record's ``paused_by``, ``parked_by``, ``stopped_by``, an
+    event's ``by``)."""
+
+    USER = "user"
+    GUARD = "guard"
+    ENGINE = "engine"
+
+
 # -- the guard --------------------------------------------------------------------------------
 
 
@@ -181,6 +197,18 @@ ACTS = words(GuardAct.PAUSE, GuardAct.RESUME, GuardAct.PARK, GuardAct.STOP)
 
 
 # -- events -----------------------------------------------------------------------------------
+
+
+class EventLevel(Word):
+    """An event's level (a runner's note keeps its own: ``trayapp.runner.protocol.NOTE_LEVELS``
+    are these words)."""
+
+    INFO = "info"
+    WARN = "warn"
+    ERROR = "error"
+
+
+EVENT_LEVELS = words(*EventLevel)
 
 
 class EventKind(Word):

@@ -116,3 +116,36 @@ def test_the_launcher_logs_a_change_the_table_lacks_and_makes_it(
     assert rec.state == "running"
     assert [r.getMessage() for r in caplog.records] == \
         ["job j1: unexpected state change parked -> running"]
+
+
+def test_actors_pause_modes_and_event_levels_are_the_wire_words() -> None:
+    from trayapp.jobs import job
+    from trayapp.runner import protocol as rp
+
+    assert [a.value for a in vocab.Actor] == ["user", "guard", "engine"]
+    assert [m.value for m in vocab.PauseMode] == ["cooperative", "suspended"]
+    assert vocab.EVENT_LEVELS == {"info", "warn", "error"}
+    # The job manager's names are the members; a record read back from JSON compares equal.
+    assert job.BY_USER is vocab.Actor.USER and job.BY_GUARD is vocab.Actor.GUARD
+    assert job.BY_ENGINE is vocab.Actor.ENGINE
+    assert job.COOPERATIVE is vocab.PauseMode.COOPERATIVE
+    assert job.SUSPENDED is vocab.PauseMode.SUSPENDED
+    wire = json.dumps({"by": job.BY_GUARD, "mode": job.SUSPENDED, "level": vocab.EventLevel.WARN})
+    assert wire == '{"by": "guard", "mode": "suspended", "level": "warn"}'
+    assert json.loads(wire)["by"] == job.BY_GUARD and job.who("guard") == "the guard"
+    # A runner's note becomes an event at the note's level.
+    assert rp.NOTE_LEVELS == vocab.EVENT_LEVELS
+
+
+def test_the_runner_words_are_defined_once() -> None:
+    from trayapp.jobs import messages, record
+    from trayapp.runner import kernel
+    from trayapp.runner import protocol as rp
+
+    assert messages.RUNNER_STATES is rp.RUNNER_STATES and record.RUNNER_IDLE == rp.STATE_IDLE
+    assert kernel.IDLE == rp.STATE_IDLE
+    assert messages.BYE_REASONS is rp.BYE_REASONS and messages.FIT_HOOKS is rp.FIT_HOOKS
+    assert messages.NOTE_LEVELS is rp.NOTE_LEVELS and messages.NOTE_TOPICS is rp.NOTE_TOPICS
+    # Runner states are not job states, but the ones that share a word mean the same thing.
+    shared = rp.RUNNER_STATES & vocab.ALL
+    assert shared == {"running", "pausing", "paused", "parking", "stopping", "stopped"}

@@ -223,7 +223,7 @@ class Follower:
         """A job the guard parked and will resume by itself is followed on (until Ctrl-C)."""
         if self.handled:
             return False
-        return self.job.parked_by == "guard" and self.job.auto_resume
+        return self.job.parked_by == vocab.Actor.GUARD and self.job.auto_resume
 
     def _interrupt(self) -> bool:
         """Act on Ctrl-C; True when the command should leave now."""
@@ -332,7 +332,7 @@ class Follower:
         if kind == E.JOB_NOTE:
             return ev.get("level") in LOUD_LEVELS
         if kind in (E.JOB_PAUSED, E.JOB_RESUMED):
-            return data.get("by") != "guard"  # the guard's own event says it already
+            return data.get("by") != vocab.Actor.GUARD  # the guard's own event says it already
         return kind not in _TOLD_AT_THE_END
 
     def _finish(self) -> int:

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from typing import Any, Callable, Dict, Optional
 
 from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.errors import Refused
+from trayapp.runner import layout
 
-METADATA_FILE = "training_metadata.json"
-WEIGHTS_FILE = "latest.weights.h5"
-# Every file the runner writes in a fit-<n> folder (runner.training.CHECKPOINT_FILES).
-RUNNER_FILES = (WEIGHTS_FILE, METADATA_FILE, "saving.weights.h5", METADATA_FILE + ".saving")
-FIT_NAME = re.compile(r"fit-([0-9]{1,9})")
+METADATA_FILE = layout.METADATA_FILE
+WEIGHTS_FILE = layout.WEIGHTS_FILE
+# Every file the runner writes in a fit-<n> folder.
+RUNNER_FILES = layout.CHECKPOINT_FILES
 MAX_METADATA_BYTES = 65536
 MAX_LISTED = 1000  # fit-<n> folders a listing reads
 
@@ -49,13 +48,13 @@ def _metadata(folder: str) -> Dict[str, Any]:
 def describe(folder: str, name: str) -> Optional[Dict[str, Any]]:
     """One ``fit-<n>`` folder of ``folder`` as the listing gives it, or None when ``name`` is
     not a checkpoint folder (not ``fit-<n>``, not a real folder, no runner file in it)."""
-    match = FIT_NAME.fullmatch(name)
+    fit = layout.parse_fit_dir(name)
     path = os.path.join(folder, name)
     try:
         st = os.lstat(path)
     except OSError:
         return None
-    if match is None or not stat.S_ISDIR(st.st_mode):
+    if fit is None or not stat.S_ISDIR(st.st_mode):
         return None
     size, newest, files = 0, None, 0
     for file in RUNNER_FILES:
@@ -77,7 +76,7 @@ def describe(folder: str, name: str) -> Optional[Dict[str, Any]]:
     return {
         "name": name,
         "path": path,
-        "fit": int(match.group(1)),
+        "fit": fit,
         "epoch": _count(data.get("epoch")),
         "step": done // accumulation if done is not None and accumulation else done,
         "finished": extra.get("finished") is True,
@@ -94,7 +93,7 @@ def list_checkpoints(folder: Optional[str]) -> Dict[str, Any]:
     if not folder:
         return {"folder": None, "exists": False, "checkpoints": []}
     try:
-        names = [n for n in os.listdir(folder) if FIT_NAME.fullmatch(n)][:MAX_LISTED]
+        names = [n for n in os.listdir(folder) if layout.parse_fit_dir(n) is not None][:MAX_LISTED]
     except OSError:
         return {"folder": folder, "exists": False, "checkpoints": []}
     found = [d for d in (describe(folder, n) for n in names) if d is not None]
@@ -110,7 +109,7 @@ def checkpoint_name(folder: str, given: str) -> str:
         parent, name = os.path.split(os.path.normpath(given))
         if os.path.realpath(parent) != os.path.realpath(folder):
             raise Refused(f"{given} is not in the job's checkpoint folder {folder}")
-    if not FIT_NAME.fullmatch(name):
+    if layout.parse_fit_dir(name) is None:
         raise Refused(f"{given} is not a checkpoint (a fit-<n> folder)")
     try:
         st = os.lstat(os.path.join(folder, name))

@@ -11,30 +11,33 @@ import os
 from typing import Any, Dict, Optional, Tuple
 
 from trayapp import formats
+from trayapp.runner import layout
+
+
+def _metadata(fit_folder: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(os.path.join(fit_folder, layout.METADATA_FILE), "rb") as f:
+            data = json.loads(f.read(65536))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def checkpoint_position(folder: str) -> Tuple[str, bool]:
     """Where the last ``fit()`` of a checkpoint folder got to, as words for a message
     (" (end of epoch 26)", " (epoch 22, batch 2)", or "" when unknown: ``formats.checkpoint_at``),
     and whether that training finished."""
-    best: Optional[Tuple[int, Dict[str, Any]]] = None
     try:
         names = os.listdir(folder)
     except OSError:
         return "", False
-    for name in names:
-        if not (name.startswith("fit-") and name[4:].isdigit() and len(name) < 16):
-            continue
-        try:
-            with open(os.path.join(folder, name, "training_metadata.json"), "rb") as f:
-                data = json.loads(f.read(65536))
-        except (OSError, ValueError, RecursionError):
-            continue
-        if isinstance(data, dict) and (best is None or int(name[4:]) > best[0]):
-            best = (int(name[4:]), data)
-    if best is None:
+    data = None
+    for _, name in reversed(layout.fit_dirs(names)):  # the last fit with readable metadata
+        data = _metadata(os.path.join(folder, name))
+        if data is not None:
+            break
+    if data is None:
         return "", False
-    data = best[1]
     extra: Dict[str, Any] = data["headroom"] if isinstance(data.get("headroom"), dict) else {}
     epoch, done = data.get("epoch"), extra.get("batches_done")
     finished = extra.get("finished") is True
@@ -51,11 +54,10 @@ def holds_checkpoint(folder: str) -> bool:
         names = os.listdir(folder)
     except OSError:
         return False
-    for name in names:
-        if name.startswith("fit-") and name[4:].isdigit():
-            sub = os.path.join(folder, name)
-            if os.path.isfile(os.path.join(sub, "training_metadata.json")) or os.path.isfile(
-                os.path.join(sub, "latest.weights.h5")
-            ):
-                return True
+    for _, name in layout.fit_dirs(names):
+        sub = os.path.join(folder, name)
+        if os.path.isfile(os.path.join(sub, layout.METADATA_FILE)) or os.path.isfile(
+            os.path.join(sub, layout.WEIGHTS_FILE)
+        ):
+            return True
     return False

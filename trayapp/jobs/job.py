@@ -19,6 +19,7 @@ from trayapp import vocab
 from trayapp.channel import ChannelServer, Peer
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.record import JobRecord
+from trayapp.vocab import Actor, PauseMode
 from trayapp.vocab import JobState as S
 
 log = logging.getLogger("headroom.jobs")
@@ -26,13 +27,13 @@ log = logging.getLogger("headroom.jobs")
 MIB = 1024 * 1024
 
 # How a paused job was paused (``JobRecord.pause_mode``).
-COOPERATIVE = "cooperative"  # the runner waits at a batch end
-SUSPENDED = "suspended"  # every process of the tree got SIGSTOP
+COOPERATIVE: str = PauseMode.COOPERATIVE  # the runner waits at a batch end
+SUSPENDED: str = PauseMode.SUSPENDED  # every process of the tree got SIGSTOP
 
 # Who asked (``paused_by``, ``parked_by``, ``stopped_by``) when no one else did.
-BY_USER = "user"
-BY_GUARD = "guard"
-BY_ENGINE = "engine"
+BY_USER: str = Actor.USER
+BY_GUARD: str = Actor.GUARD
+BY_ENGINE: str = Actor.ENGINE
 # Who acted on a job (the record's paused_by, parked_by, stopped_by), as a user reads it.
 _WHO = {BY_USER: "you", BY_GUARD: "the guard", BY_ENGINE: "the engine"}
 

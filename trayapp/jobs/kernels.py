@@ -261,7 +261,7 @@ class KernelJobs(JobControl):
                     f"kernel {job.id} runs no fit() that Headroom follows: there "
                     "is nothing to interrupt (pause or stop it instead)"
                 )
-            if rec.pause_mode == "suspended":
+            if rec.pause_mode == vocab.PauseMode.SUSPENDED:
                 trees.resume(job)
             if not self._send(job, "park"):
                 raise Refused(f"kernel {job.id} did not take the request (its channel closed)")

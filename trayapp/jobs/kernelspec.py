@@ -26,19 +26,23 @@ import json
 import os
 import re
 import shutil
-import site
 import stat
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trayapp.config import atomic_write
-from trayapp.errors import Refused
 from trayapp.jobs import interpreters
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.interpreters import REMOVED
+from trayapp.jobs.jupyter_paths import IPYKERNEL_TIMEOUT_S as IPYKERNEL_TIMEOUT_S
+from trayapp.jobs.jupyter_paths import KernelSpecError as KernelSpecError
+from trayapp.jobs.jupyter_paths import ipykernel_problem as ipykernel_problem
+from trayapp.jobs.jupyter_paths import jupyter_data_dir as jupyter_data_dir
+from trayapp.jobs.jupyter_paths import prefix_kernels_dir as prefix_kernels_dir
+from trayapp.jobs.jupyter_paths import python_prefix as python_prefix
+from trayapp.jobs.jupyter_paths import search_dirs as search_dirs
+from trayapp.jobs.jupyter_paths import user_kernels_dir as user_kernels_dir
 from trayapp.jobs.options import (
     JobSpec,
     SpecError,
@@ -52,7 +56,6 @@ from trayapp.jobs.options import (
 from trayapp.jobs.plan import JobProcess, build_launch, default_runner_dir
 from trayapp.readings import GpuReading
 from trayapp.runner import protocol
-from trayapp.text import one_line
 
 KERNEL_ENV = "HEADROOM_KERNEL"  # JSON: {"v", "name", "spec"}, for the engine's adoption
 HOME_ENV = "HEADROOM_HOME"
@@ -61,18 +64,10 @@ SPEC_FILE = "kernel.json"
 # Jupyter's rule for a kernel name (jupyter_client.kernelspec._kernel_name_pat); Jupyter folds
 # names to lower case.
 _NAME = re.compile(r"^[a-z0-9._\-]+$", re.IGNORECASE)
-IPYKERNEL_TIMEOUT_S = 60.0  # importing ipykernel on a cold disk takes seconds, not minutes
 MAX_SPEC_BYTES = 1 << 20  # a kernel.json larger than this is not one Headroom wrote
 # Spec fields the kernel does not take from its spec: Jupyter starts it, in the notebook's
 # folder, with no script; --env values go to the kernel's environment only (never to the engine).
 _NOT_FOR_THE_ENGINE = ("script", "args", "cwd", "env")
-
-
-class KernelSpecError(Refused):
-    """A kernel spec that cannot be installed, found or removed: one line for the user."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +133,7 @@ def spec_flags(spec: JobSpec) -> List[str]:
             out += [flag, str(value)]
     if spec.auto_resume is False:
         out.append("--manual-resume")
-    if spec.on_oom != "shrink":
+    if spec.on_oom != sv.ON_OOM_SHRINK:
         out += ["--on-oom", spec.on_oom]
     if not spec.fit_batch:
         out.append("--no-fit-batch")  # on by default
@@ -261,142 +256,6 @@ def _memory_environment(settings: Sequence[Tuple[str, str, str]], python: str) -
         "PYTHONUNBUFFERED",
     }
     return {n: v for n, v, _ in settings if n not in skip and v != REMOVED}
-
-
-# ---------------------------------------------------------------------------------------------
-# Where Jupyter keeps kernel specs
-
-
-def _truthy(value: Optional[str]) -> bool:
-    """jupyter_core's ``envset``: set to anything but no, n, false, off, 0 or 0.0."""
-    return value is not None and value.strip().lower() not in (
-        "no",
-        "n",
-        "false",
-        "off",
-        "0",
-        "0.0",
-    )
-
-
-def jupyter_data_dir(
-    environ: Optional[Mapping[str, str]] = None, platform: Optional[str] = None
-) -> Path:
-    """The user's Jupyter data folder, as ``jupyter_core.paths.jupyter_data_dir`` finds it:
-    JUPYTER_DATA_DIR; with JUPYTER_PLATFORM_DIRS the platformdirs folder; else on Linux
-    ``$XDG_DATA_HOME/jupyter`` (``~/.local/share/jupyter``), on macOS ``~/Library/Jupyter``, on
-    Windows ``%APPDATA%\\jupyter``."""
-    env = os.environ if environ is None else environ
-    platform = sys.platform if platform is None else platform
-    if env.get("JUPYTER_DATA_DIR"):
-        return Path(env["JUPYTER_DATA_DIR"])
-    if _truthy(env.get("JUPYTER_PLATFORM_DIRS")):
-        import platformdirs  # only here: it costs the other commands' start
-
-        return Path(platformdirs.user_data_dir("jupyter", appauthor=False))
-    home = os.path.realpath(os.path.expanduser("~"))
-    if platform == "darwin":
-        return Path(home, "Library", "Jupyter")
-    if platform == "win32":
-        if env.get("APPDATA"):
-            return Path(env["APPDATA"], "jupyter")
-        config = env.get("JUPYTER_CONFIG_DIR") or os.path.join(home, ".jupyter")
-        return Path(config, "data")
-    return Path(env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share"), "jupyter")
-
-
-def user_kernels_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
-    """Where ``headroom kernel install`` writes by default (``--user``)."""
-    return jupyter_data_dir(environ) / "kernels"
-
-
-def prefix_kernels_dir(prefix: str) -> Path:
-    """``--prefix P``: ``P/share/jupyter/kernels`` (Jupyter run from the environment at P
-    finds it)."""
-    return Path(os.path.abspath(prefix)) / "share" / "jupyter" / "kernels"
-
-
-def python_prefix(python: str, timeout_s: float = IPYKERNEL_TIMEOUT_S) -> str:
-    """``sys.prefix`` of ``python`` (for ``--sys-prefix``), asked of it. Raises
-    KernelSpecError."""
-    out = _ask(python, "import sys; print(sys.prefix)", timeout_s)
-    if out.returncode != 0 or not out.stdout.strip():
-        raise KernelSpecError(
-            f"--sys-prefix: {python} did not say its sys.prefix (exit status {out.returncode})"
-        )
-    return out.stdout.strip().splitlines()[-1]
-
-
-def search_dirs(
-    environ: Optional[Mapping[str, str]] = None, extra: Sequence[Path] = ()
-) -> List[Path]:
-    """The kernel folders Jupyter searches, in its order (``jupyter_core.paths.jupyter_path(
-    "kernels")`` as seen from this Python: JUPYTER_PATH, the user's folder and this
-    environment's, the environment's first in a venv or with JUPYTER_PREFER_ENV_PATH, then the
-    system's), then ``extra``; each once."""
-    env = os.environ if environ is None else environ
-    dirs: List[Path] = [
-        Path(p.rstrip(os.sep), "kernels")
-        for p in (env.get("JUPYTER_PATH") or "").split(os.pathsep)
-        if p
-    ]
-    user = [user_kernels_dir(env)]
-    userbase = getattr(site, "USER_BASE", None)
-    if site.ENABLE_USER_SITE and userbase:
-        user.append(Path(userbase, "share", "jupyter", "kernels"))
-    own = [] if getattr(sys, "frozen", False) else [prefix_kernels_dir(sys.prefix)]
-    if "JUPYTER_PREFER_ENV_PATH" in env:
-        env_first = _truthy(env["JUPYTER_PREFER_ENV_PATH"])
-    else:
-        env_first = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
-    dirs += own + user if env_first else user + own
-    if os.name == "nt":
-        if _truthy(env.get("JUPYTER_USE_PROGRAMDATA")) and env.get("PROGRAMDATA"):
-            dirs.append(Path(env["PROGRAMDATA"], "jupyter", "kernels"))
-    else:
-        dirs += [Path("/usr/local/share/jupyter/kernels"), Path("/usr/share/jupyter/kernels")]
-    dirs += list(extra)
-    out: List[Path] = []
-    for d in dirs:
-        if d not in out:
-            out.append(d)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The interpreter
-
-
-def _ask(python: str, code: str, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run ``python -c code`` in the environment a job of it gets (not Headroom's own path).
-    Raises KernelSpecError when it cannot be run or takes longer than ``timeout_s``."""
-    env, _ = interpreters.job_environment(python, os.environ)
-    try:
-        return subprocess.run(
-            [python, "-c", code],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            errors="replace",
-        )
-    except subprocess.TimeoutExpired:
-        raise KernelSpecError(f"--python: {python} did not answer within {timeout_s:g} s") from None
-    except OSError as e:
-        raise KernelSpecError(f"--python: cannot run {python}: {e.strerror or e}") from None
-
-
-def ipykernel_problem(python: str, timeout_s: float = IPYKERNEL_TIMEOUT_S) -> Optional[str]:
-    """None when ``python`` can import ipykernel, else one line saying so and how to install
-    it. Raises KernelSpecError when ``python`` cannot be run at all."""
-    out = _ask(python, "import ipykernel", timeout_s)
-    if out.returncode == 0:
-        return None
-    return (
-        f"{python} has no ipykernel, which a Jupyter kernel needs; install it with: "
-        f"{python} -m pip install ipykernel"
-    )
 
 
 # ---------------------------------------------------------------------------------------------

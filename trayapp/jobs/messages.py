@@ -6,7 +6,8 @@ records below, with known fields only, each checked (integers in range, finite n
 texts with control characters escaped, lists of bounded length, nesting of bounded depth).
 A field that fails its check is dropped (the rest of the message is kept) and named in the
 ``dropped`` list that comes back with the record, so the launcher can count it and say so.
-The records' ``to_json`` give the plain dicts the job's record keeps.
+The records' ``to_json`` give the plain dicts the job's record keeps. The checks are
+``jobs.bounded``'s.
 
 Stdlib only, no I/O. The runner side (``trayapp.runner.protocol``) is unchanged: the engine
 parses, the runner just sends.
@@ -19,157 +20,44 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from trayapp.jobs import record
+from trayapp.jobs import bounded
+from trayapp.jobs.bounded import (  # the bounds and Bad, by the names they had here
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_ITEMS,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_PID,
+    MAX_TEXT,
+    Bad,
+    plain,
+)
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 
-# Bounds for what a job may send. Generous for a real runner, small enough that nothing built
-# from them (a copy, a JSON dump, a table row) can be slow or deep.
-MAX_COUNT = 2**53  # epochs, steps, a fit's number: exact as a float too
-MAX_BYTES = 2**60  # a byte count (an exabyte)
-MAX_PID = 2**31
-MAX_NAME = 200  # a metric, device, option or version name
-MAX_TEXT = 500  # a note
-MAX_PATH = 4096
-MAX_ITEMS = 64  # list items or object keys in one value
-MAX_DEPTH = 4  # nesting of a free-form value (an applied option's value, the options)
 # Runner states, note levels and bye reasons: the engine acts on them, so only these count.
 # They are the runner's words (trayapp.runner.protocol), not job states.
-RUNNER_RUNNING = "running"
-RUNNER_PAUSED = "paused"
-RUNNER_PARKING = "parking"
-RUNNER_STOPPING = "stopping"
-RUNNER_IDLE = record.RUNNER_IDLE  # a kernel between fit() calls
-RUNNER_STATES = frozenset(
-    {
-        RUNNER_RUNNING,
-        "pausing",
-        RUNNER_PAUSED,
-        "checkpointing",
-        RUNNER_PARKING,
-        RUNNER_STOPPING,
-        "stopped",
-        RUNNER_IDLE,
-    }
-)
-NOTE_INFO = "info"
-NOTE_LEVELS = frozenset({NOTE_INFO, "warn", "error"})
-NOTE_TOPICS = frozenset({rp.TOPIC_SHRUNK})  # notes the engine records as their own event
+RUNNER_RUNNING = rp.STATE_RUNNING
+RUNNER_PAUSED = rp.STATE_PAUSED
+RUNNER_PARKING = rp.STATE_PARKING
+RUNNER_STOPPING = rp.STATE_STOPPING
+RUNNER_IDLE = rp.STATE_IDLE  # a kernel between fit() calls
+RUNNER_STATES = rp.RUNNER_STATES
+NOTE_INFO = rp.NOTE_INFO
+NOTE_LEVELS = rp.NOTE_LEVELS
+NOTE_TOPICS = rp.NOTE_TOPICS  # notes the engine records as their own event
 FORECAST_HOWS = frozenset({rf.STEPS, rf.PROBE})
-BYE_PARKED = "parked"
-BYE_STOPPED = "stopped"
-BYE_REASONS = frozenset({"finished", BYE_PARKED, "error", BYE_STOPPED})
-FIT_HOOK_INSTALLED = "installed"  # keras.Model.fit is patched: pause, park and stop at a batch end
-FIT_HOOKS = frozenset({"waiting", FIT_HOOK_INSTALLED, "unavailable"})
+BYE_PARKED = rp.BYE_PARKED
+BYE_STOPPED = rp.BYE_STOPPED
+BYE_REASONS = rp.BYE_REASONS
+FIT_HOOK_INSTALLED = rp.FIT_HOOK_INSTALLED  # keras.Model.fit is patched: pause, park and stop
+FIT_HOOKS = rp.FIT_HOOKS
 
-
-class Bad(ValueError):
-    """A field that failed its check; the message says why, in a few words."""
-
-
-# -- field checks -------------------------------------------------------------------------------
-
-
-def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool):
-            raise Bad("not a number")
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int):
-            raise Bad("not an integer")
-        if not lo <= value <= hi:
-            raise Bad("out of range")
-        return value
-
-    return check
-
-
-def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def optional(value: Any) -> Any:
-        return None if value is None else check(value)
-
-    return optional
-
-
-def _text(limit: int) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str):
-            raise Bad("not a text")
-        return one_line(value[: limit * 4], limit)
-
-    return check
-
-
-def _choice(allowed: FrozenSet[str]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or value not in allowed:
-            raise Bad("not one of " + ", ".join(sorted(allowed)))
-        return value
-
-    return check
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise Bad("not true or false")
-    return value
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Bad("not a number")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise Bad("out of range") from None
-    if not math.isfinite(number):
-        raise Bad("not a finite number")
-    return number
-
-
-def plain(value: Any, depth: int = MAX_DEPTH) -> Any:
-    """A free-form JSON value, checked: texts escaped and cut, numbers finite (integers within
-    ``MAX_COUNT``), at most ``MAX_ITEMS`` items or keys, nested at most ``depth`` deep.
-    Raises Bad for anything else (a deeper value is dropped whole, not cut)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if abs(value) > MAX_COUNT:
-            raise Bad("out of range")
-        return value
-    if isinstance(value, float):
-        return _number(value)
-    if isinstance(value, str):
-        return _text(MAX_NAME)(value)
-    if isinstance(value, (list, dict)):
-        if depth <= 0:
-            raise Bad("nested too deeply")
-        if len(value) > MAX_ITEMS:
-            raise Bad("too many items")
-        if isinstance(value, list):
-            return [plain(v, depth - 1) for v in value]
-        out = {}
-        for k, v in value.items():
-            out[_text(MAX_NAME)(k)] = plain(v, depth - 1)
-        return out
-    raise Bad("not JSON")
-
-
-def _plain_at(depth: int) -> Callable[[Any], Any]:
-    return lambda value: plain(value, depth)
-
-
-def _objects(item: Callable[[Any], Any], limit: int = MAX_ITEMS) -> Callable[[Any], Tuple]:
-    def check(value: Any) -> Tuple:
-        if not isinstance(value, list):
-            raise Bad("not a list")
-        if len(value) > limit:
-            raise Bad("too many items")
-        return tuple(item(v) for v in value)
-
-    return check
+_int_in, _optional, _text = bounded.int_in, bounded.optional, bounded.text
+_choice, _bool, _number = bounded.choice, bounded.boolean, bounded.number
+_plain_at, _objects = bounded.plain_at, bounded.objects
+MAX_DEPTH = bounded.MAX_DEPTH  # nesting of a free-form value
 
 
 # -- the records --------------------------------------------------------------------------------
@@ -295,7 +183,7 @@ class Checkpointed(Message):
 
 @dataclass(frozen=True)
 class Note(Message):
-    level: str = "info"
+    level: str = NOTE_INFO
     message: str = ""
     topic: Optional[str] = None  # what the note is about, when the engine acts on it
 
@@ -526,7 +414,7 @@ def _note_record(value: Any) -> Dict[str, Any]:
     level = value.get("level")
     return {
         "time": _optional(_number)(value.get("time")),
-        "level": level if level in NOTE_LEVELS else "info",
+        "level": level if level in NOTE_LEVELS else NOTE_INFO,
         "message": _text(MAX_TEXT)(value.get("message") or ""),
     }
 

@@ -16,10 +16,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trayapp import vocab
 from trayapp.jobs import spec_values as sv
+from trayapp.runner.protocol import STATE_IDLE as RUNNER_IDLE  # a kernel between fit() calls
 from trayapp.vocab import JobState
 
 KERNEL = "kernel"  # the kind of a Jupyter kernel adopted as a job (trayapp.jobs.kernels)
-RUNNER_IDLE = "idle"  # a kernel's runner between fit() calls (trayapp.runner.kernel.IDLE)
 
 # Fields renamed since: read the old name when the new one is absent.
 _OLD_NAMES = {"parked_by": "park_by", "stopped_by": "stop_by"}

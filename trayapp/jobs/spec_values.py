@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from trayapp.config import ConfigError, parse_size
 from trayapp.errors import Refused
+from trayapp.runner import tfoptions
 from trayapp.text import one_line
 
 MIB = 1024 * 1024
@@ -62,8 +63,12 @@ PRESET = "preset"
 AUTO_RESUME = "auto_resume"
 ON_OOM = "on_oom"
 MIN_BATCH = "min_batch"
-ON_OOM_CHOICES = ("shrink", "smaller-batch", "stop")
-MIN_BATCH_DEFAULT = 8
+# The runner's words (trayapp.runner.tfoptions): it reads them in the job's own Python.
+ON_OOM_SHRINK = tfoptions.ON_OOM_SHRINK
+ON_OOM_SMALLER_BATCH = tfoptions.ON_OOM_SMALLER_BATCH
+ON_OOM_CHOICES = tfoptions.ON_OOM
+ON_OOM_SHRINKS = tfoptions.ON_OOM_SHRINKS
+MIN_BATCH_DEFAULT = tfoptions.MIN_BATCH
 
 
 class SpecError(Refused):

@@ -214,12 +214,14 @@ class Channel:
             try:
                 message = protocol.decode(data, protocol.ENGINE_COMMANDS)
             except protocol.ProtocolError as e:
-                self.send(protocol.make(protocol.NOTE, level="warn", message=f"ignored: {e}"))
+                self.send(
+                    protocol.make(protocol.NOTE, level=protocol.NOTE_WARN, message=f"ignored: {e}")
+                )
                 continue
             try:
                 self._on_command(message)
             except Exception as e:  # a command must never end the reader
-                self.send(protocol.make(protocol.NOTE, level="error", message=str(e)))
+                self.send(protocol.make(protocol.NOTE, level=protocol.NOTE_ERROR, message=str(e)))
 
     # -- writer: drain the queue ------------------------------------------------------------
 

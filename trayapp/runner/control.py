@@ -59,22 +59,22 @@ class Control:
                 if self.park or self.stop:
                     return None
                 if not self.pause and not self.paused:
-                    reply = "pausing"
+                    reply = protocol.STATE_PAUSING
                 self.pause = True
             elif kind == protocol.RESUME:
                 if self.pause and not self.paused:
-                    reply = "running"  # the pause had not taken hold yet
+                    reply = protocol.STATE_RUNNING  # the pause had not taken hold yet
                 self.pause = False
             elif kind == protocol.CHECKPOINT:
                 self.checkpoint = True
             elif kind == protocol.PARK:
                 if not self.park:
-                    reply = "parking"
+                    reply = protocol.STATE_PARKING
                 self.park = True
                 self.pause = False
             elif kind == protocol.STOP:
                 if not self.stop:
-                    reply = "stopping"
+                    reply = protocol.STATE_STOPPING
                 self.stop = True
                 self.pause = False
             self.pending = True
@@ -110,11 +110,11 @@ class Control:
                     if not self.paused:
                         self.paused = True
                         epoch, step = run.position
-                        self._send_state("paused", epoch=epoch + 1, step=step)
+                        self._send_state(protocol.STATE_PAUSED, epoch=epoch + 1, step=step)
                     self._cond.wait()
                     continue
                 break
             if self.paused:
                 self.paused = False
-                self._send_state("running")
+                self._send_state(protocol.STATE_RUNNING)
             self.pending = self.checkpoint or (self.park and not self.parked)

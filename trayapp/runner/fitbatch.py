@@ -110,7 +110,8 @@ def probe(run, shrinker, meter):
         if not shrink.is_oom(error):
             raise
         run.session.note(
-            "warn", f"--fit-batch: out of memory at a probe micro-batch ({shrink.oom_text(error)})"
+            protocol.NOTE_WARN,
+            f"--fit-batch: out of memory at a probe micro-batch ({shrink.oom_text(error)})",
         )
         return []
     finally:
@@ -152,11 +153,13 @@ def fit_batch(run, shrinker):
     engine's choice, or the host's when no engine answers). Returns True when it changed."""
     session = run.session
     if shrinker.refusal() is not None:
-        session.note("warn", f"--fit-batch: {shrinker.refusal()}: trained at the full batch")
+        session.note(
+            protocol.NOTE_WARN, f"--fit-batch: {shrinker.refusal()}: trained at the full batch"
+        )
         return False
     if not getattr(run.model, "built", False):
         session.note(
-            "warn",
+            protocol.NOTE_WARN,
             "--fit-batch: the model is not built before fit() (give it an Input "
             "layer): trained at the full batch",
         )
@@ -170,12 +173,15 @@ def fit_batch(run, shrinker):
         devices = probe(run, shrinker, forecast.Meter(tf, gpu_names))
     except Exception as error:
         session.note(
-            "warn",
+            protocol.NOTE_WARN,
             f"--fit-batch: the probe failed ({_first_line(error)}): trained at the full batch",
         )
         return False
     if not devices:
-        session.note("warn", "--fit-batch: no memory could be measured: trained at the full batch")
+        session.note(
+            protocol.NOTE_WARN,
+            "--fit-batch: no memory could be measured: trained at the full batch",
+        )
         return False
     accumulators = forecast.accumulator_bytes(run.model, gpu_names)
     k = session.ask_fit(
@@ -195,7 +201,7 @@ def fit_batch(run, shrinker):
     allowed = {acc for _, acc in forecast.candidates(batch, shrinker.floor)}
     if k is not None and k and k not in allowed:
         session.note(
-            "warn",
+            protocol.NOTE_WARN,
             f"--fit-batch: the engine's answer ({k} micro-batches an update) "
             f"does not split batch {batch}: trained at the full batch",
         )
@@ -224,7 +230,7 @@ def _too_large_to_set_aside(run):
     if room is None or size <= room // 4:
         return False
     run.session.note(
-        "warn",
+        protocol.NOTE_WARN,
         f"--fit-batch: the model's state ({size >> 20} MiB) is too large "
         f"to set aside for the probe ({room >> 20} MiB available): "
         "trained at the full batch",
@@ -236,20 +242,20 @@ def _train_at(run, shrinker, batch, k, how):
     session = run.session
     if not k:
         session.note(
-            "warn",
+            protocol.NOTE_WARN,
             f"--fit-batch: batch {batch} is forecast not to fit even at "
             f"micro-batches of {shrinker.floor}{how}: trained as asked, "
             "shrinking on an out-of-memory error",
         )
         return False
     if k <= shrinker.k:
-        session.note("info", f"--fit-batch: batch {batch} is forecast to fit{how}")
+        session.note(protocol.NOTE_INFO, f"--fit-batch: batch {batch} is forecast to fit{how}")
         return False
     micro = shrinker.apply(k)
     run.accumulation = k
     run.batch = (batch, micro)
     session.note(
-        "warn",
+        protocol.NOTE_WARN,
         f"--fit-batch: training micro-batches of {micro} x {k} (batch {batch}, "
         f"the same training): the full batch is forecast not to fit{how}",
         topic=protocol.TOPIC_SHRUNK,

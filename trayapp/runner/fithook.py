@@ -8,8 +8,10 @@ import sys
 import tempfile
 
 from . import fitbatch, metricstate, progbar, protocol, relaunch, shrink
+from .checkpoint import saved_history as _saved_history
 from .control import Parked
-from .training import WEIGHTS_FILE, FitRun, _first_line, _int, _saved_history
+from .layout import WEIGHTS_FILE
+from .training import FitRun, _first_line, _int
 
 
 def _callback_classes(callbacks_module, keras3):
@@ -96,7 +98,7 @@ def _restore_class(callbacks_module, keras3):
                     return
                 if not self.model.built:
                     self._run.session.note(
-                        "warn",
+                        protocol.NOTE_WARN,
                         "cannot restore the checkpoint: the model is not built before fit() "
                         "(give it an Input layer or call model.build())",
                     )
@@ -154,7 +156,9 @@ def install(keras, session):
             return original(self, *args, **kwargs)  # let Keras say what is wrong
         user = bound.arguments.get("callbacks")
         if user is not None and not isinstance(user, (list, tuple)):
-            session.note("warn", "fit(callbacks=...) is not a list: progress is not available")
+            session.note(
+                protocol.NOTE_WARN, "fit(callbacks=...) is not a list: progress is not available"
+            )
             return original(self, *args, **kwargs)
         epochs = bound.arguments.get("epochs", epochs_default)
         run, shrinker = _prepare(keras, session, self, bound, epochs, keras3, tf_backend)
@@ -206,7 +210,7 @@ def _prepare(keras, session, model, bound, epochs, keras3, tf_backend):
             # Accumulators added now would not be in the checkpoint's optimizer state, and
             # Keras would restore none of it.
             session.note(
-                "info",
+                protocol.NOTE_INFO,
                 "--fit-batch: resumed from a checkpoint: trained at the "
                 "micro-batch it was saved with",
             )
@@ -305,7 +309,7 @@ def _resume_shrunk(run, shrinker):
     refusal = shrinker.refusal()
     if refusal is not None:
         run.session.note(
-            "warn",
+            protocol.NOTE_WARN,
             f"asked to train micro-batches ({k} to an update), but "
             f"{refusal}: trained at the full batch",
         )
@@ -314,7 +318,7 @@ def _resume_shrunk(run, shrinker):
     batch = shrinker.effective_batch()
     if batch % k:
         run.session.note(
-            "warn",
+            protocol.NOTE_WARN,
             f"batch {batch} does not split into {k} micro-batches: trained at the full batch",
         )
         _full_batch(shrinker)
@@ -326,7 +330,8 @@ def _resume_shrunk(run, shrinker):
     run.batch = (batch, micro)
     how = "resumed" if options["resume"] else "started"
     run.session.note(
-        "info", f"{how} at micro-batches of {micro} x {k} (batch {batch}, the same training)"
+        protocol.NOTE_INFO,
+        f"{how} at micro-batches of {micro} x {k} (batch {batch}, the same training)",
     )
 
 
@@ -365,7 +370,7 @@ def _convert_checkpoint(run, shrinker, saved, k):
     run.save(
         _int(metadata.get("epoch"), 0),
         updates * k,
-        "relaunch",
+        protocol.SAVED_RELAUNCH,
         finished=bool(extra.get("finished")),
         metrics=kept if isinstance(kept, dict) else {},
     )
@@ -403,7 +408,7 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
             refusal = shrinker.refusal()
             plain = refusal is not None and shrinker.plain_ok()
             if refusal is not None and not plain:
-                session.note("error", f"out of memory in fit(); not shrunk: {refusal}")
+                session.note(protocol.NOTE_ERROR, f"out of memory in fit(); not shrunk: {refusal}")
                 raise
             halved = shrinker.halve_plain() if plain else shrinker.halve()
             what = shrink.oom_text(error)
@@ -419,7 +424,7 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
                 )
                 if cannot is not None:
                     session.note(
-                        "error",
+                        protocol.NOTE_ERROR,
                         f"out of memory in fit() ({what}); not shrunk: {fresh}, and {cannot}",
                     )
                     raise
@@ -441,7 +446,7 @@ def _fit_shrinking(original, bound, run, shrinker, set_callbacks):
         set_callbacks(False)  # the weights in memory are newer than any checkpoint
         bound.arguments["initial_epoch"] = epoch
         session.note(
-            "warn",
+            protocol.NOTE_WARN,
             f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
             f"training micro-batches of {micro} x {k} "
             f"(batch {shrinker.effective_batch()}, the same training)",
@@ -458,7 +463,7 @@ def _smaller_batch(run, shrinker, bound, set_callbacks, batch, epoch, done, what
     set_callbacks(False)  # the weights in memory are newer than any checkpoint
     bound.arguments["initial_epoch"] = epoch
     run.session.note(
-        "warn",
+        protocol.NOTE_WARN,
         f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
         f"training batches of {batch} instead of {old}; Keras 2 has no "
         "gradient accumulation, so this changes the training "
@@ -512,7 +517,7 @@ def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
         trusted
         and not untrained
         and run.dir is not None
-        and run.save(epoch, done * shrinker.k, "oom", metrics=run.kept_metrics() or {})
+        and run.save(epoch, done * shrinker.k, protocol.SAVED_OOM, metrics=run.kept_metrics() or {})
     )
     if saved:
         where = f"where it stood (epoch {epoch + 1}, batch {done + 1})"
@@ -526,14 +531,14 @@ def _relaunch_smaller(run, shrinker, halved, trusted, epoch, done, what, why):
         relaunch={"fit": run.index, "accumulation": k, "temporary": temporary},
     )
     session.note(
-        "warn",
+        protocol.NOTE_WARN,
         f"out of memory at epoch {epoch + 1}, batch {done + 1} ({what}): "
         f"{why}: relaunched in a fresh process from {where}, training "
         f"micro-batches of {micro} x {k} (batch {batch}, the same training)",
         topic=protocol.TOPIC_SHRUNK,
     )
     failure = relaunch.relaunch(session, options)
-    session.note("error", f"the relaunch failed: {failure}")
+    session.note(protocol.NOTE_ERROR, f"the relaunch failed: {failure}")
 
 
 def _below_floor(run, shrinker, what, plain=False, trusted=True):
@@ -550,25 +555,29 @@ def _below_floor(run, shrinker, what, plain=False, trusted=True):
             f"{shrinker.floor}"
         )
     if not run.dir or plain:
-        session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
+        session.note(
+            protocol.NOTE_ERROR, f"out of memory in fit() at the smallest batch ({floor}): {what}"
+        )
         return
     if not trusted:
         if os.path.exists(os.path.join(run.dir, WEIGHTS_FILE)):
             session.note(
-                "error",
+                protocol.NOTE_ERROR,
                 f"out of memory in fit() at the smallest batch ({floor}), "
                 "in a step that may have changed the weights: parked with "
                 "its last checkpoint: resume it when memory is free",
             )
             session.control.parked = True
             session.exit_parked()
-        session.note("error", f"out of memory in fit() at the smallest batch ({floor}): {what}")
+        session.note(
+            protocol.NOTE_ERROR, f"out of memory in fit() at the smallest batch ({floor}): {what}"
+        )
         return
     epoch, done = run.updates_done()
     run.accumulation = shrinker.k
-    if run.save(epoch, done * shrinker.k, "oom"):
+    if run.save(epoch, done * shrinker.k, protocol.SAVED_OOM):
         session.note(
-            "error",
+            protocol.NOTE_ERROR,
             f"out of memory in fit() at the smallest batch ({floor}); "
             "parked with a checkpoint: resume it when memory is free",
         )

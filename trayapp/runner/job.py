@@ -79,7 +79,7 @@ class Session:
         self.active_run = None
         self.fit_count = 0
         self.fit_seen = False
-        self.fit_hook = "waiting"
+        self.fit_hook = protocol.FIT_HOOK_WAITING
         self.applied = []
         self.tf_imported = False
         self.tf_version = None
@@ -172,12 +172,15 @@ class Session:
         if kind == protocol.STOP and self.active_run is None:
             # "stopping" would say that fit() ends at its next batch; with no fit() running the
             # engine interrupts the script instead (a fit() that starts first ends at once).
-            self.note("info", "no Keras fit() running: the stop interrupts the script")
+            self.note(protocol.NOTE_INFO, "no Keras fit() running: the stop interrupts the script")
             return
         if reply:
             self.send_state(reply)
         if self.active_run is None and kind != protocol.RESUME:
-            self.note("info", f"no Keras fit() running: {kind} waits for the next training batch")
+            self.note(
+                protocol.NOTE_INFO,
+                f"no Keras fit() running: {kind} waits for the next training batch",
+            )
 
     # -- import hooks (the importing thread) ------------------------------------------------
 
@@ -206,11 +209,11 @@ class Session:
             hooked = fithook.install(keras, self)
         except Exception as e:
             hooked = False
-            self.note("warn", f"cannot follow fit(): {e}")
+            self.note(protocol.NOTE_WARN, f"cannot follow fit(): {e}")
         if hooked:
-            self.fit_hook = "installed"
-        elif self.fit_hook != "installed":
-            self.fit_hook = "unavailable"
+            self.fit_hook = protocol.FIT_HOOK_INSTALLED
+        elif self.fit_hook != protocol.FIT_HOOK_INSTALLED:
+            self.fit_hook = protocol.FIT_HOOK_UNAVAILABLE
         self._arm_no_fit_note()
         self.channel.hello_changed()
 
@@ -218,7 +221,7 @@ class Session:
         """An option TensorFlow refused: say so in one line and end the job before it trains."""
         sys.stderr.write(f"headroom: {message}\n")
         sys.stderr.flush()
-        self.note("error", message)
+        self.note(protocol.NOTE_ERROR, message)
         self.finish(protocol.OPTIONS_EXIT_CODE)
         raise SystemExit(protocol.OPTIONS_EXIT_CODE)
 
@@ -231,7 +234,7 @@ class Session:
 
     def _no_fit_yet(self):
         if not self.fit_seen:
-            self.note("info", NO_FIT_NOTE)
+            self.note(protocol.NOTE_INFO, NO_FIT_NOTE)
 
     # -- fit() (training thread) ------------------------------------------------------------
 
@@ -255,12 +258,12 @@ class Session:
 
     def exit_parked(self):
         """End the process right after a parked fit() returns; nothing more of the script runs."""
-        self._exit_now(protocol.PARK_EXIT_CODE, "parked")
+        self._exit_now(protocol.PARK_EXIT_CODE, protocol.BYE_PARKED)
 
     def exit_stopped(self):
         """End the process right after a stopped fit() returns; nothing more of the script
         runs (it could overwrite what the user saved with a half-trained model)."""
-        self._exit_now(protocol.STOP_EXIT_CODE, "stopped")
+        self._exit_now(protocol.STOP_EXIT_CODE, protocol.BYE_STOPPED)
 
     def _exit_now(self, code, reason):
         self.finish(code, reason=reason)
@@ -282,14 +285,14 @@ class Session:
         if self._timer is not None:
             self._timer.cancel()
         if not self.fit_seen:
-            self.note("info", NO_FIT_NOTE)
+            self.note(protocol.NOTE_INFO, NO_FIT_NOTE)
         relaunched = self.options.get("relaunch") or {}
         if relaunched.get("temporary") and self.options.get("checkpoint_dir"):
-            from .training import drop_checkpoints  # loaded with fit(): a fit was relaunched
+            from .checkpoint import drop_checkpoints  # a fit was relaunched
 
             drop_checkpoints(self.options["checkpoint_dir"])
         if reason is None:
-            reason = "finished" if exit_code == 0 else "error"
+            reason = protocol.BYE_FINISHED if exit_code == 0 else protocol.BYE_ERROR
         bye = protocol.make(protocol.BYE, reason=reason, exit_code=exit_code)
         self.channel.close(final=bye, timeout=2.0)
 
@@ -463,8 +466,8 @@ def main(argv, bootstrap_file=None):
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=session.forked)
     for problem in problems:
-        session.note("warn", problem)
-    output.on_drop = lambda message: session.note("warn", message)
+        session.note(protocol.NOTE_WARN, problem)
+    output.on_drop = lambda message: session.note(protocol.NOTE_WARN, message)
 
     missing = tfoptions.missing_requirement(options)
     if missing:
@@ -472,7 +475,7 @@ def main(argv, bootstrap_file=None):
             f"headroom: {missing} ({sys.executable}); "
             "install it there, or choose another --python\n"
         )
-        session.note("error", missing)
+        session.note(protocol.NOTE_ERROR, missing)
         session.finish(protocol.NO_TENSORFLOW_EXIT_CODE)
         sys.exit(protocol.NO_TENSORFLOW_EXIT_CODE)
 

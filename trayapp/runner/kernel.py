@@ -26,7 +26,7 @@ from .channel import Channel, start_small
 from .control import Control
 
 ENV_KERNEL = "HEADROOM_KERNEL"  # JSON {"v": 1, "name": NAME, "spec": {the engine's job spec}}
-IDLE = "idle"  # the runner's state between fit() calls: nothing to interrupt
+IDLE = protocol.STATE_IDLE  # the runner's state between fit() calls: nothing to interrupt
 ADOPT_OP = "kernel_adopt"
 RETRY_SECONDS = 1.0  # how often an unregistered kernel looks for an engine, at first ...
 RETRY_MAX_SECONDS = 5.0  # ... and at most this far apart (one stat() of the socket a try)
@@ -169,14 +169,14 @@ class KernelSession(job.Session):
         try:
             fingerprint = fit_fingerprint(model, arguments)
         except Exception as e:  # a model that cannot be read: the fit goes on without a match
-            self.note("warn", f"cannot tell this fit() apart from others: {e}")
+            self.note(protocol.NOTE_WARN, f"cannot tell this fit() apart from others: {e}")
             return None
         return os.path.join(base, self._folder, "fit-" + fingerprint)
 
     def fit_started(self, run):
         self.last_run = run
         super().fit_started(run)
-        self.send_state("running")
+        self.send_state(protocol.STATE_RUNNING)
         metadata = run.read_metadata() if run.dir else None
         extra = (metadata or {}).get("headroom")
         epoch = (metadata or {}).get("epoch")
@@ -191,9 +191,9 @@ class KernelSession(job.Session):
             extra = metadata.get("headroom")
             if isinstance(extra, dict) and extra.get("finished") is True:
                 # Done: running the cell again trains again, from the model as it is.
-                from . import training
+                from . import checkpoint
 
-                training._drop_checkpoint(run.dir)
+                checkpoint.drop_checkpoint(run.dir)
         self.send_state(IDLE)
 
     def on_command(self, message):
@@ -201,7 +201,7 @@ class KernelSession(job.Session):
         if self.active_run is None:
             if kind == protocol.PARK:
                 self.send_state(IDLE)
-                self.note("info", "no fit() running: nothing to interrupt", once=False)
+                self.note(protocol.NOTE_INFO, "no fit() running: nothing to interrupt", once=False)
                 return
             if kind == protocol.STOP:
                 self.shut_down()
@@ -226,8 +226,8 @@ class KernelSession(job.Session):
 
     def shut_down(self):
         """A stop with no fit() running: the kernel ends (its last resort)."""
-        self.note("info", "stopped: the kernel shuts down")
-        self._exit_now(protocol.STOP_EXIT_CODE, "stopped")
+        self.note(protocol.NOTE_INFO, "stopped: the kernel shuts down")
+        self._exit_now(protocol.STOP_EXIT_CODE, protocol.BYE_STOPPED)
 
     @property
     def _last_dir(self):

@@ -65,7 +65,8 @@ FORECAST = "forecast"  # the memory a fit needs: fixed + per sample x micro-batc
 #          the last one as the job ends).
 #   state: state, and for paused: epoch (1-based), step (batches done in it).
 #   checkpointed: path (folder), epoch (epochs done), step (batches done in the next epoch),
-#          fit, reason ("request" | "park" | "stop" | "interval" | "epoch" | "end").
+#          fit, reason ("request" | "park" | "stop" | "interval" | "epoch" | "end" |
+#          "oom" | "relaunch").
 #   note: level ("info" | "warn" | "error"), message (one line).
 #   bye: reason, exit_code (a negative number is the signal that ended the script).
 #   forecast: fit, how ("steps": measured in its first steps | "probe": --fit-batch, before
@@ -84,6 +85,73 @@ FIT = "fit"  # accumulation (0: the full batch does not fit at any micro-batch) 
 # to a "probe" forecast: train micro-batches of batch / N
 
 JOB_MESSAGES = frozenset({HELLO, PROGRESS, STATE, CHECKPOINTED, NOTE, BYE, FORECAST})
+
+# The words inside the messages, defined here once: the runner sends them, the engine
+# (trayapp.jobs.messages) accepts only these.
+
+# A state message's ``state``: the runner's own states, not job states (trayapp.vocab.JobState).
+STATE_RUNNING = "running"
+STATE_PAUSING = "pausing"  # asked to pause: it waits at the next batch end
+STATE_PAUSED = "paused"
+STATE_CHECKPOINTING = "checkpointing"
+STATE_PARKING = "parking"
+STATE_STOPPING = "stopping"  # only while a fit() runs: it ends at the next batch
+STATE_STOPPED = "stopped"  # accepted by the engine; the runner says it in its bye
+STATE_IDLE = "idle"  # a kernel's runner between fit() calls: nothing to interrupt
+RUNNER_STATES = frozenset(
+    {
+        STATE_RUNNING,
+        STATE_PAUSING,
+        STATE_PAUSED,
+        STATE_CHECKPOINTING,
+        STATE_PARKING,
+        STATE_STOPPING,
+        STATE_STOPPED,
+        STATE_IDLE,
+    }
+)
+
+# A bye's ``reason``.
+BYE_FINISHED = "finished"
+BYE_PARKED = "parked"
+BYE_STOPPED = STATE_STOPPED
+BYE_ERROR = "error"
+BYE_REASONS = frozenset({BYE_FINISHED, BYE_PARKED, BYE_STOPPED, BYE_ERROR})
+
+# A hello's ``fit_hook``.
+FIT_HOOK_WAITING = "waiting"  # Keras not imported yet
+FIT_HOOK_INSTALLED = "installed"  # keras.Model.fit is patched: pause, park and stop at a batch end
+FIT_HOOK_UNAVAILABLE = "unavailable"
+FIT_HOOKS = frozenset({FIT_HOOK_WAITING, FIT_HOOK_INSTALLED, FIT_HOOK_UNAVAILABLE})
+
+# A note's ``level`` and ``topic``.
+NOTE_INFO = "info"
+NOTE_WARN = "warn"
+NOTE_ERROR = "error"
+NOTE_LEVELS = frozenset({NOTE_INFO, NOTE_WARN, NOTE_ERROR})
+NOTE_TOPICS = frozenset({TOPIC_SHRUNK})  # notes the engine records as their own event
+
+# A checkpointed message's ``reason``: why the checkpoint was saved.
+SAVED_REQUEST = "request"
+SAVED_PARK = "park"
+SAVED_STOP = "stop"
+SAVED_INTERVAL = "interval"
+SAVED_EPOCH = "epoch"
+SAVED_END = "end"
+SAVED_OOM = "oom"  # before a relaunch at a smaller batch, after an out-of-memory error
+SAVED_RELAUNCH = "relaunch"  # saved again at the relaunch's micro-batches, as it starts
+SAVED_REASONS = frozenset(
+    {
+        SAVED_REQUEST,
+        SAVED_PARK,
+        SAVED_STOP,
+        SAVED_INTERVAL,
+        SAVED_EPOCH,
+        SAVED_END,
+        SAVED_OOM,
+        SAVED_RELAUNCH,
+    }
+)
 ENGINE_COMMANDS = frozenset({PAUSE, RESUME, CHECKPOINT, PARK, STOP, FIT})
 # park: accumulation (optional) -- the job is relaunched at once at micro-batches of batch / N;
 # the checkpoint is saved with that accumulation so the relaunch restores it as it was saved.

@@ -52,6 +52,14 @@ _KEYS = {
     "no_fit_note_seconds": (int, float),
     "relaunch": (dict, type(None)),
 }
+# on_oom: what an out-of-memory error in fit() does. Defined here once; the job spec
+# (trayapp.jobs.spec_values) checks against the same words.
+ON_OOM_SHRINK = "shrink"  # micro-batches of half the batch, the same training (Keras 3)
+ON_OOM_SMALLER_BATCH = "smaller-batch"  # ... and with Keras 2, half the batch (changes training)
+ON_OOM_STOP = "stop"  # the error ends the job
+ON_OOM = (ON_OOM_SHRINK, ON_OOM_SMALLER_BATCH, ON_OOM_STOP)
+ON_OOM_SHRINKS = (ON_OOM_SHRINK, ON_OOM_SMALLER_BATCH)  # the choices that shrink
+MIN_BATCH = 8  # the smallest micro-batch a shrink goes down to, unless told
 
 DEFAULTS = {
     "memory_growth": None,
@@ -64,8 +72,8 @@ DEFAULTS = {
     "checkpoint_dir": None,
     "checkpoint_every_steps": None,
     "resume": False,
-    "on_oom": "shrink",
-    "min_batch": 8,
+    "on_oom": ON_OOM_SHRINK,
+    "min_batch": MIN_BATCH,
     "accumulation": 1,
     "fit_batch": True,  # the probe decides the first step's micro-batch unless turned off
     "no_fit_note_seconds": 60,
@@ -73,7 +81,6 @@ DEFAULTS = {
 }
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-ON_OOM = ("shrink", "smaller-batch", "stop")
 
 
 class OptionError(Exception):

@@ -29,55 +29,15 @@ the script, and the checkpoint stays resumable. A stop without a checkpoint fold
 way, with nothing saved.
 """
 
-import json
 import math
 import os
 import sys
 import time
 
-from . import forecast, metricstate, progbar, protocol, shrink
+from . import checkpoint, forecast, layout, metricstate, progbar, protocol, shrink
+from .checkpoint import drop_checkpoints as drop_checkpoints
 from .control import Parked, Stopped
 from .tfoptions import gpu_memory
-
-WEIGHTS_FILE = "latest.weights.h5"
-METADATA_FILE = "training_metadata.json"
-# Every file a checkpoint folder gets from the runner; nothing else in it is ever deleted.
-CHECKPOINT_FILES = (WEIGHTS_FILE, METADATA_FILE, "saving.weights.h5", METADATA_FILE + ".saving")
-
-
-def _drop_checkpoint(folder):
-    """Delete the checkpoint files the runner wrote in ``folder``, and the folder once empty.
-    A folder that merely looks like one (``fit-2023`` of the user's own) keeps what it holds."""
-    if os.path.islink(folder) or not os.path.isdir(folder):
-        return
-    for name in CHECKPOINT_FILES:
-        path = os.path.join(folder, name)
-        try:
-            if os.path.isfile(path) and not os.path.islink(path):
-                os.remove(path)
-        except OSError:
-            pass
-    try:
-        os.rmdir(folder)  # only when nothing else is left in it
-    except OSError:
-        pass
-
-
-def drop_checkpoints(base):
-    """Delete the checkpoints of every fit in ``base`` (a folder of the runner's own), and the
-    folder once empty."""
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith("fit-") and name[4:].isdigit():
-            _drop_checkpoint(os.path.join(base, name))
-    try:
-        os.rmdir(base)
-    except OSError:
-        pass
-
 
 _PROGRESS_SECONDS = 0.25
 
@@ -122,7 +82,7 @@ class FitRun:
         self.tf_backend = tf_backend
         options = session.options
         base = options["checkpoint_dir"]
-        self.dir = os.path.join(base, f"fit-{index}") if base else None
+        self.dir = os.path.join(base, layout.fit_dir_name(index)) if base else None
         self.every = options["checkpoint_every_steps"]
         self.steps = None
         self.k = 1
@@ -172,18 +132,13 @@ class FitRun:
         base = os.path.dirname(self.dir)
         if self.index == 1 and os.path.isdir(base):
             for name in os.listdir(base):
-                if name.startswith("fit-") and name[4:].isdigit():
-                    _drop_checkpoint(os.path.join(base, name))
+                if layout.parse_fit_dir(name) is not None:
+                    checkpoint.drop_checkpoint(os.path.join(base, name))
         else:
-            _drop_checkpoint(self.dir)
+            checkpoint.drop_checkpoint(self.dir)
 
     def read_metadata(self):
-        try:
-            with open(os.path.join(self.dir, METADATA_FILE)) as f:
-                data = json.load(f)
-        except (OSError, ValueError, TypeError):
-            return None
-        return data if isinstance(data, dict) else None
+        return checkpoint.read_metadata(self.dir)
 
     def save(self, epoch, done, reason, finished=False, metrics=None):
         """Write the files BackupAndRestore restores; returns True when saved. ``metrics``: the
@@ -192,10 +147,6 @@ class FitRun:
         if not self.dir:
             return False
         try:
-            os.makedirs(self.dir, exist_ok=True)
-            saving = os.path.join(self.dir, "saving.weights.h5")
-            self.model.save_weights(saving)
-            os.replace(saving, os.path.join(self.dir, WEIGHTS_FILE))
             metadata = {
                 "epoch": epoch,
                 "batch": max(done - 1, 0),
@@ -208,16 +159,13 @@ class FitRun:
                     "history": [[e, logs] for e, logs in self.epochs_done if e < epoch],
                 },
             }
-            if metrics is None and done and reason != "oom":
+            if metrics is None and done and reason != protocol.SAVED_OOM:
                 metrics = metricstate.state(self.model)
             if done and metrics:
                 metadata["headroom"]["metrics"] = metrics
-            partial = os.path.join(self.dir, METADATA_FILE + ".saving")
-            with open(partial, "w") as f:
-                json.dump(metadata, f)
-            os.replace(partial, os.path.join(self.dir, METADATA_FILE))
+            checkpoint.write(self.model, self.dir, metadata)
         except Exception as e:
-            self.session.note("error", f"checkpoint failed: {_first_line(e)}")
+            self.session.note(protocol.NOTE_ERROR, f"checkpoint failed: {_first_line(e)}")
             return False
         self.since_save = 0
         self.last_saved = (epoch, done)
@@ -243,7 +191,7 @@ class FitRun:
         epoch, done = self.position
         self._stop_here(epoch, done)
         if save and self.dir is not None and self.trained:
-            self.save(epoch, done, "stop")
+            self.save(epoch, done, protocol.SAVED_STOP)
         self.stopping = True
         self.model.stop_training = True
 
@@ -255,10 +203,12 @@ class FitRun:
         epoch, done = self.position
         self._stop_here(epoch, done)
         if self.dir is None:
-            self.session.note("warn", "no checkpoint folder: parked without a checkpoint")
+            self.session.note(
+                protocol.NOTE_WARN, "no checkpoint folder: parked without a checkpoint"
+            )
         else:
             done = self._to_smaller(done)
-            self.save(epoch, done, "park")
+            self.save(epoch, done, protocol.SAVED_PARK)
         self.stopping = True
         self.model.stop_training = True
 
@@ -274,15 +224,15 @@ class FitRun:
 
     def checkpoint_on_request(self, paused):
         if not self.keras3:
-            self.session.note("warn", "checkpoint on request needs Keras 3")
+            self.session.note(protocol.NOTE_WARN, "checkpoint on request needs Keras 3")
             return
         if self.dir is None:
-            self.session.note("warn", "no checkpoint folder: nothing saved")
+            self.session.note(protocol.NOTE_WARN, "no checkpoint folder: nothing saved")
             return
-        self.session.send_state("checkpointing")
+        self.session.send_state(protocol.STATE_CHECKPOINTING)
         epoch, done = self.position
-        self.save(epoch, done, "request")
-        self.session.send_state("paused" if paused else "running")
+        self.save(epoch, done, protocol.SAVED_REQUEST)
+        self.session.send_state(protocol.STATE_PAUSED if paused else protocol.STATE_RUNNING)
 
     # -- callbacks --------------------------------------------------------------------------
 
@@ -300,7 +250,9 @@ class FitRun:
             extra = metadata.get("headroom") if metadata else None
             if isinstance(extra, dict) and metadata.get("epoch") == start:
                 self.restored_finished = bool(extra.get("finished"))
-                self.epochs_done = [[e, logs] for e, logs in _saved_history(metadata) if e < start]
+                self.epochs_done = [
+                    [e, logs] for e, logs in checkpoint.saved_history(metadata) if e < start
+                ]
                 done = _int(extra.get("batches_done"), 0)
                 if done > 0 and not self.restored_finished:
                     if self.tf_backend and done % self.k == 0:
@@ -309,7 +261,7 @@ class FitRun:
                             self.metric_state = (start, extra["metrics"])
                     else:
                         self.session.note(
-                            "info",
+                            protocol.NOTE_INFO,
                             f"epoch {start + 1} restarts from its first batch ({done} were done)",
                         )
         if self.metric_state is not None:
@@ -338,7 +290,7 @@ class FitRun:
         self.position = (epoch, 0)
         if not self._attempt_begun:
             self._attempt_begun = True
-            _prepend_history(
+            checkpoint.prepend_history(
                 getattr(self.model, "history", None),
                 [[e, logs] for e, logs in self.epochs_done if e < epoch],
             )
@@ -347,7 +299,7 @@ class FitRun:
             self.metric_state = None
             if saved_epoch == epoch and not metricstate.put(self.model, state):
                 self.session.note(
-                    "info",
+                    protocol.NOTE_INFO,
                     f"epoch {epoch + 1}'s metrics cover the batches "
                     "trained after the checkpoint only (a metric's state "
                     "could not be restored)",
@@ -375,7 +327,7 @@ class FitRun:
         epoch, k = self.epoch, self.k
         if self.every and self.since_save >= self.every and self.keras3:
             self.position = (epoch, batch)
-            self.save(epoch, batch, "interval")
+            self.save(epoch, batch, protocol.SAVED_INTERVAL)
         control = self.session.control
         if control.pending:
             self.position = (epoch, batch)
@@ -406,7 +358,7 @@ class FitRun:
         if complete:
             self.position = (epoch + 1, 0)
             self.epochs_done = [[e, v] for e, v in self.epochs_done if e != epoch]
-            self.epochs_done.append([epoch, _epoch_logs(logs)])
+            self.epochs_done.append([epoch, checkpoint.epoch_logs(logs)])
             if self.steps is None and done:
                 self.steps = done
             if (
@@ -416,7 +368,9 @@ class FitRun:
                 and not self.stopping
                 and not self.session.control.parked
             ):
-                self.save(epoch + 1, 0, "epoch", finished=epoch + 1 >= (self.epochs or 0))
+                self.save(
+                    epoch + 1, 0, protocol.SAVED_EPOCH, finished=epoch + 1 >= (self.epochs or 0)
+                )
         self._last_progress = time.monotonic()
         self._progress(epoch, self.steps if complete else done, logs, now=True)
         if self.session.control.pending:
@@ -430,14 +384,14 @@ class FitRun:
             sys.stderr.flush()
         if not self._attempt_begun:  # a finished fit restored: no epoch left to train
             self._attempt_begun = True
-            _prepend_history(getattr(self.model, "history", None), self.epochs_done)
+            checkpoint.prepend_history(getattr(self.model, "history", None), self.epochs_done)
         if self.session.control.parked or self.stopping or not self.keras3 or not self.dir:
             return  # parked or stopped: the checkpoint says where training stands
         if self.last_saved == (self.epochs, 0) or (self.restored_finished and not self.trained):
             return
         # A finished fit (also one the script's own callbacks stopped early): a resumed script
         # restores these weights and trains no more epochs of it.
-        self.save(self.epochs, 0, "end", finished=True)
+        self.save(self.epochs, 0, protocol.SAVED_END, finished=True)
 
     def _to_smaller(self, done):
         """A park to relaunch smaller: switch to the new accumulation here, at an update
@@ -450,7 +404,7 @@ class FitRun:
         try:
             self.shrinker.switch(k)
         except Exception as e:  # Keras 2, an optimizer without accumulation
-            self.session.note("warn", f"cannot shrink at the park: {_first_line(e)}")
+            self.session.note(protocol.NOTE_WARN, f"cannot shrink at the park: {_first_line(e)}")
             return done
         self.accumulation = k
         return updates * k
@@ -540,7 +494,9 @@ class FitRun:
         values, bad = _clean_logs(logs)
         if bad and not self._bad_logs_noted:
             self._bad_logs_noted = True
-            self.session.note("warn", "{} is not a number (NaN or inf)".format(", ".join(bad)))
+            self.session.note(
+                protocol.NOTE_WARN, "{} is not a number (NaN or inf)".format(", ".join(bad))
+            )
         memory = None
         if self.gpu_names:
             tf = sys.modules.get("tensorflow")
@@ -591,55 +547,6 @@ class FitRun:
         self.skip = 0
         self.skipping = True
         model.train_function = skip_batches
-
-
-def _epoch_logs(logs):
-    """An epoch's logs as the History keeps them (numbers), for a checkpoint's JSON."""
-    out = {}
-    for key, value in (logs or {}).items():
-        try:
-            out[str(key)] = float(value)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def _saved_history(metadata):
-    """[[epoch, logs], ...]: the whole epochs a checkpoint's metadata holds (none when it holds
-    none, or something else)."""
-    extra = metadata.get("headroom") if isinstance(metadata, dict) else None
-    saved = extra.get("history") if isinstance(extra, dict) else None
-    out = []
-    for item in saved if isinstance(saved, list) else ():
-        if (
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[1], dict)
-            and isinstance(item[0], int)
-            and not isinstance(item[0], bool)
-        ):
-            logs = {
-                str(k): float(v)
-                for k, v in item[1].items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            out.append([item[0], logs])
-    return out
-
-
-def _prepend_history(history, epochs_done):
-    """The earlier epochs (a checkpoint's, an earlier attempt's) first in a fit's History, as
-    its first epoch begins: the History that fit() returns, and that callbacks read as they
-    train, has every epoch."""
-    if history is None or not epochs_done or not hasattr(history, "history"):
-        return
-    logs = {}
-    for _, values in epochs_done:
-        for key, value in values.items():
-            logs.setdefault(key, []).append(value)
-    for key, values in logs.items():
-        history.history[key] = values + list(history.history.get(key, []))
-    history.epoch = [e for e, _ in epochs_done] + list(getattr(history, "epoch", []) or [])
 
 
 def _first_line(error):

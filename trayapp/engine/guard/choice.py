@@ -39,7 +39,7 @@ from trayapp.vocab import JobState as S
 PENDING_SECONDS = 3.0
 # A job paused again soon after this many automatic resumes is left for the user to resume.
 MAX_RELAPSES = 3
-GUARD = "guard"  # who paused or parked a job, when the guard did
+GUARD = vocab.Actor.GUARD  # who paused or parked a job, when the guard did
 
 
 @dataclass(frozen=True)

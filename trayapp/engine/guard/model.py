@@ -208,7 +208,7 @@ class JobView:
             shrinks_to=smaller_accumulation(job),
             batch=job.batch,
             create_time=job.create_time,
-            suspended=job.pause_mode == "suspended",
+            suspended=job.pause_mode == vocab.PauseMode.SUSPENDED,
             ram_need_bytes=_ram_need(job),
         )
 
