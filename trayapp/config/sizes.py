@@ -15,10 +15,15 @@ from trayapp.text import one_line
 
 
 class ConfigError(Refused):
-    """A value that cannot be used; the message names the problem in one line."""
+    """A value that cannot be used; the message names the problem in one line. ``whole``: the
+    message says all there is (a caller that words the error anew keeps it as it is)."""
+
+    def __init__(self, message: str, *, whole: bool = False) -> None:
+        super().__init__(message)
+        self.whole = whole
 
 
-class ConfigConflict(ConfigError):
+class ConfigConflict(Refused):
     """The file changed since the caller read it; nothing was written."""
 
 
@@ -38,10 +43,6 @@ def _named(key: Any) -> str:
 
 
 SIZE_MAX_BYTES = 2**63 - 1  # what the kernel and SQLite can count
-
-
-class _TooLarge(ConfigError):
-    pass
 
 
 _SIZE_UNITS = {
@@ -79,7 +80,7 @@ def parse_size(text: Any) -> int:
 
 def _bounded_size(n: float, text: Any) -> int:
     if not (isinstance(n, int) or math.isfinite(n)) or n > SIZE_MAX_BYTES:
-        raise _TooLarge(f"{_shown(text)} is larger than any memory (8 EiB at most)")
+        raise ConfigError(f"{_shown(text)} is larger than any memory (8 EiB at most)", whole=True)
     return int(n)
 
 
@@ -103,9 +104,9 @@ class Threshold:
             return cls(percent=pct)
         try:
             return cls(size_bytes=parse_size(value))
-        except _TooLarge:
-            raise
-        except ConfigError:
+        except ConfigError as e:
+            if e.whole:
+                raise
             raise ConfigError(
                 f'{_shown(value)} is not a percentage like "15%" or a size like "2 GiB"'
             ) from None
