@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import resource
 
-from trayapp.engine.service import memlock_refused
+from trayapp.engine.own_process import memlock_refused
 
 
 def test_a_user_with_a_finite_memlock_limit_is_not_locked() -> None:

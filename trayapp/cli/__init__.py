@@ -48,7 +48,8 @@ Command = Callable[[argparse.Namespace, Paths], int]
 def cmd_engine(args: argparse.Namespace, paths: Paths) -> int:
     # Here, not at the top: the engine's parts (store, guard, job manager) stay off the start
     # of every other command, ``headroom status`` first.
-    from trayapp.engine.service import Engine, setup_logging  # off the other commands' path
+    from trayapp.engine.own_process import setup_logging  # off the other commands' path
+    from trayapp.engine.service import Engine
 
     try:
         paths.ensure()
