@@ -102,7 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also open this window at start",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _engine_parsers(sub)
+    _job_parsers(sub)
+    _doctor_parser(sub)
+    p.commands = dict(sub.choices)
+    p.commands.update(_kernel_parsers(sub))
+    return p
 
+
+def _engine_parsers(sub: Any) -> None:
+    """``engine`` and ``status``."""
     e = sub.add_parser("engine", help="run the engine (the guard) in the foreground")
     _common(e, top=False)
     e.add_argument("--stay", action="store_true", help="keep running with no clients and no jobs")
@@ -124,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="refresh every SECONDS until Ctrl-C",
     )
 
+
+def _job_parsers(sub: Any) -> None:
+    """``run``, ``jobs``, the job actions, ``logs`` and ``attach``."""
     r = sub.add_parser("run", help="launch a training script under the guard")
     _common(r, top=False)
     add_run_arguments(r)
@@ -164,13 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(at, top=False)
     at.add_argument("job", metavar="JOB", help="job id or unique name")
 
+
+def _doctor_parser(sub: Any) -> None:
     d = sub.add_parser("doctor", help="check the driver, CUDA and TensorFlow build")
     _common(d, top=False)
     d.add_argument("--python", metavar="PATH", help="the interpreter to check")
     d.add_argument("--json", action="store_true", help="print the checks as JSON")
-    p.commands = dict(sub.choices)
-    p.commands.update(_kernel_parsers(sub))
-    return p
 
 
 def _kernel_parsers(sub: Any) -> Dict[str, argparse.ArgumentParser]:

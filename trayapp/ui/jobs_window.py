@@ -5,7 +5,8 @@ beside a RAM/VRAM chart, and its checkpoints (open, delete, continue from one).
 Everything comes from the engine, off the GUI thread (``CallRunner``): the job list once a
 second while the window shows (and at once from the app's status pushes, ``apply_snapshot``),
 the selected job's log from where the last read ended, its events after the last one seen, its
-curves, memory and checkpoints while their tab shows.
+curves, memory and checkpoints while their tab shows. The detail tabs and their polling are a
+part the window holds (``jobs_window_tabs.DetailTabs``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableView,
-    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -38,7 +38,6 @@ from trayapp.engine.status_record import Status
 from trayapp.jobs.options import holds_checkpoint
 from trayapp.jobs.record import JobRecord, records
 from trayapp.text import one_line as printable
-from trayapp.ui import job_checkpoints
 from trayapp.ui.forms import (
     ERROR_STYLE,
     NOTE_STYLE,
@@ -49,16 +48,8 @@ from trayapp.ui.forms import (
     set_message,
     window_title,
 )
-from trayapp.ui.job_checkpoints import CheckpointPane, row_message, say
-from trayapp.ui.job_details import (
-    CurvesChart,
-    EventList,
-    LogPane,
-    MemoryChart,
-    chart_request,
-    fill_options,
-    options_tree,
-)
+from trayapp.ui.job_checkpoints import row_message, say
+from trayapp.ui.job_details import fill_options
 from trayapp.ui.job_rows import (
     ACTIONS,
     COL_PROGRESS,
@@ -69,20 +60,23 @@ from trayapp.ui.job_rows import (
     action_words,
     actions_for,
     job_folder,
-    later_checkpoints,
     relaunch_spec,
     state_text,
     stop_question,
 )
 from trayapp.ui.jobs_table import JobsFilter, JobsModel, ProgressDelegate
+from trayapp.ui.jobs_window_tabs import (  # noqa: F401 - the tabs' numbers, given here as before
+    CHECKPOINTS_SECONDS,
+    CHECKPOINTS_TAB,
+    CURVES_SECONDS,
+    TRAINING_TAB,
+    DetailTabs,
+)
 from trayapp.ui.worker import CallRunner
 from trayapp.vocab import GuardAct as A
 
 log = logging.getLogger("headroom.ui")
 
-TRAINING_TAB, CHECKPOINTS_TAB = 3, 4  # the curves and memory; the checkpoints
-CURVES_SECONDS = 2.0  # a live job's curves are asked for this often while they show
-CHECKPOINTS_SECONDS = 5.0
 KERNEL_LOG = (
     "A Jupyter kernel's output is in its notebook: Headroom keeps no log of it. The "
     "progress of its fit() is in the table above and under Curves and memory; what "
@@ -152,13 +146,6 @@ class JobsWindow(QWidget):
             _choose(self, text, choices)
         )
         self._busy: set = set()  # kinds of request in flight
-        self._log_offset: Optional[int] = None
-        self._log_job: Optional[str] = None
-        self._events_after: Optional[int] = None
-        self._events_job: Optional[str] = None
-        self._chart_due = 0.0
-        self._curves_due = 0.0
-        self._checkpoints_due = 0.0
         self._error_state: Optional[str] = None  # the job's state when the error was said
         self._ticks = 0
 
@@ -181,7 +168,16 @@ class JobsWindow(QWidget):
         outer.addWidget(self.banner)
         self._build_table()
         actions = self._build_actions()
-        self.details = self._build_details()
+        self.tabs = tabs = DetailTabs(self)
+        self.details = tabs.box
+        self.header_label, self.detail_tabs = tabs.header_label, tabs.detail_tabs
+        self.log_pane, self.options_tree = tabs.log_pane, tabs.options_tree
+        self.events_tree, self.checkpoint_pane = tabs.events_tree, tabs.checkpoint_pane
+        self.curves_chart, self.memory_chart = tabs.curves_chart, tabs.memory_chart
+        # The panes' parts under the names the window has always had.
+        self.log_view, self.search_edit = self.log_pane.view, self.log_pane.search_edit
+        self.search_result, self.follow_box = self.log_pane.search_result, self.log_pane.follow_box
+        self.chart, self.rss_curve = self.memory_chart.chart, self.memory_chart.rss_curve
         upper = QWidget()
         ul = QVBoxLayout(upper)
         ul.setContentsMargins(0, 0, 0, 0)
@@ -284,45 +280,6 @@ class JobsWindow(QWidget):
         actions.addWidget(self.action_error, 1)
         return actions
 
-    def _build_details(self) -> QWidget:
-        box = QWidget()
-        layout = QVBoxLayout(box)
-        layout.setContentsMargins(0, 0, 0, 0)
-        self.header_label = QLabel(
-            "Select a job to see its log, options, events, curves, memory and checkpoints."
-        )
-        self.header_label.setWordWrap(True)
-        self.header_label.setTextFormat(Qt.TextFormat.PlainText)  # it shows the job's name
-        self.header_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.header_label.setAccessibleName("Selected job")
-        layout.addWidget(self.header_label)
-        self.detail_tabs = QTabWidget()
-        self.detail_tabs.setAccessibleName("Job details")
-        layout.addWidget(self.detail_tabs, 1)
-
-        self.log_pane = LogPane()
-        # The pane's parts under the names the window has always had.
-        self.log_view, self.search_edit = self.log_pane.view, self.log_pane.search_edit
-        self.search_result, self.follow_box = self.log_pane.search_result, self.log_pane.follow_box
-        self.detail_tabs.addTab(self.log_pane, "Log")
-        self.options_tree = options_tree()
-        self.detail_tabs.addTab(self.options_tree, "Options")
-        self.events_tree = EventList()
-        self.detail_tabs.addTab(self.events_tree, "Events")
-        self.curves_chart = CurvesChart()
-        self.memory_chart = MemoryChart()
-        self.chart, self.rss_curve = self.memory_chart.chart, self.memory_chart.rss_curve
-        training = QSplitter(Qt.Orientation.Horizontal)
-        training.addWidget(self.curves_chart)
-        training.addWidget(self.memory_chart)
-        training.setChildrenCollapsible(False)
-        self.detail_tabs.addTab(training, "Curves and memory")
-        self.checkpoint_pane = CheckpointPane()
-        self.checkpoint_pane.asked.connect(self._checkpoint_asked)
-        self.detail_tabs.addTab(self.checkpoint_pane, "Checkpoints")
-        self.detail_tabs.currentChanged.connect(lambda _i: self._due_tab())
-        return box
-
     # -- life -------------------------------------------------------------------------------------
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt's name
@@ -345,12 +302,7 @@ class JobsWindow(QWidget):
 
     def add_event(self, event: Dict[str, Any]) -> None:
         """An engine event: shown at once when it is about the selected job."""
-        if (
-            self.selected_id
-            and str(event.get("job_id")) == self.selected_id
-            and self._events_job == self.selected_id
-        ):
-            self._add_events([event])
+        self.tabs.add_event(event)
 
     def set_reachable(self, reachable: bool, reason: Optional[str] = None) -> None:
         set_message(
@@ -396,15 +348,7 @@ class JobsWindow(QWidget):
         job_id = self.selected_id
         if job_id is None:
             return
-        self._poll_log(job_id)
-        self._poll_events(job_id)
-        now, tab = time.monotonic(), self.detail_tabs.currentIndex()
-        if tab == TRAINING_TAB and now >= self._chart_due:
-            self._poll_chart(job_id)
-        if tab == TRAINING_TAB and now >= self._curves_due:
-            self._poll_curves(job_id)
-        if tab == CHECKPOINTS_TAB and now >= self._checkpoints_due:
-            self._poll_checkpoints(job_id)
+        self.tabs.poll(job_id)
 
     def _got_jobs(self, jobs: List[JobRecord]) -> None:
         first = not self.loaded
@@ -445,19 +389,10 @@ class JobsWindow(QWidget):
             return
         self.selected_id = new_id
         self._say_error(None)
-        self.log_view.clear()
-        self.events_tree.clear()
-        self._log_offset, self._log_job = None, new_id
-        self._events_after, self._events_job = None, new_id
-        self.memory_chart.clear()
-        self.curves_chart.clear()
-        self.checkpoint_pane.clear()
-        self._chart_due = self._curves_due = self._checkpoints_due = 0.0
+        self.tabs.select(new_id)
         self._selection_changed_data()
         if new_id is not None:
-            self._poll_log(new_id)
-            self._poll_events(new_id)
-            self._due_tab()
+            self.tabs.fill(new_id)
 
     def _selection_changed_data(self) -> None:
         job = self.selected_job()
@@ -513,25 +448,6 @@ class JobsWindow(QWidget):
 
     # -- the log -----------------------------------------------------------------------------------
 
-    def _poll_log(self, job_id: str) -> None:
-        offset = self._log_offset
-        self._submit(
-            "log",
-            lambda c: c.job_log(job_id, offset=offset),
-            lambda r: self._got_log(job_id, offset, r),
-        )
-
-    def _got_log(self, job_id: str, asked: Optional[int], result: Dict[str, Any]) -> None:
-        if job_id != self._log_job or asked != self._log_offset:
-            return  # the selection changed, or another answer came first
-        data = str(result.get("data") or "")
-        self._log_offset = int(result.get("offset") or 0)
-        if data:
-            self.append_log(data)
-        # A long log arrives in pieces: read on at once rather than a second later.
-        if int(result.get("size") or 0) > self._log_offset and self.selected_id == job_id:
-            QTimer.singleShot(0, lambda: self._poll_log(job_id))
-
     def append_log(self, text: str) -> None:
         self.log_pane.append(text)
 
@@ -548,130 +464,8 @@ class JobsWindow(QWidget):
 
     # -- events ---------------------------------------------------------------------------------
 
-    def _poll_events(self, job_id: str) -> None:
-        after = self._events_after
-        self._submit(
-            "events",
-            lambda c: c.events(
-                job=job_id, after_id=after, limit=500 if after is not None else None
-            ),
-            lambda r: self._got_events(job_id, after, r),
-        )
-
-    def _got_events(self, job_id: str, after: Optional[int], events: List[Dict[str, Any]]) -> None:
-        if job_id != self._events_job or after != self._events_after:
-            return
-        self._add_events(events or [])
-        if self._events_after is None:
-            self._events_after = 0
-
-    def _add_events(self, events: List[Dict[str, Any]]) -> None:
-        for ev in events:
-            eid = ev.get("id")
-            if isinstance(eid, int):
-                if self._events_after is not None and eid <= self._events_after:
-                    continue
-                self._events_after = eid
-            self.events_tree.add(ev)
-        if events:
-            self.events_tree.scrollToBottom()
-
     def event_lines(self) -> List[str]:
         return self.events_tree.lines()
-
-    # -- the chart ---------------------------------------------------------------------------------
-
-    def _due_tab(self) -> None:
-        """The tab shown is filled now rather than at the next poll."""
-        job_id, tab = self.selected_id, self.detail_tabs.currentIndex()
-        if job_id and tab == TRAINING_TAB:
-            self._poll_chart(job_id)
-            self._poll_curves(job_id)
-        elif job_id and tab == CHECKPOINTS_TAB:
-            self._poll_checkpoints(job_id)
-
-    def _poll_chart(self, job_id: str) -> None:
-        start, end, names = chart_request(self.model.job(job_id), job_id, time.time())
-        self._chart_due = time.monotonic() + 5.0
-        self._submit(
-            "chart",
-            lambda c: c.history(start, end, series=names),
-            lambda r: self._got_chart(job_id, r),
-        )
-
-    def _got_chart(self, job_id: str, result: Dict[str, Any]) -> None:
-        if job_id == self.selected_id:
-            self.memory_chart.show_history(job_id, result, self.model.job(job_id))
-
-    def _poll_curves(self, job_id: str) -> None:
-        job = self.model.job(job_id)
-        # An ended job's curves do not change: asked again only when it is selected again.
-        self._curves_due = time.monotonic() + (
-            CURVES_SECONDS if job is None or job.state not in FINISHED_STATES else 1e9
-        )
-        self._submit(
-            "curves",
-            lambda c: c.job_get(job_id, curves=True),
-            lambda r: self._got_curves(job_id, r),
-        )
-
-    def _got_curves(self, job_id: str, result: Dict[str, Any]) -> None:
-        if job_id == self.selected_id:
-            self.curves_chart.show_curves((result or {}).get("curves"), self.model.job(job_id))
-
-    # -- checkpoints ------------------------------------------------------------------------
-
-    def _poll_checkpoints(self, job_id: str) -> None:
-        self._checkpoints_due = time.monotonic() + CHECKPOINTS_SECONDS
-        self._submit(
-            "checkpoints",
-            lambda c: c.job_checkpoints(job_id),
-            lambda r: self._got_checkpoints(job_id, r),
-            lambda m: self.checkpoint_pane.show_error(one_line(m)),
-        )
-
-    def _got_checkpoints(self, job_id: str, listing: Dict[str, Any]) -> None:
-        if job_id == self.selected_id:
-            self.checkpoint_pane.show_listing(self.model.job(job_id), listing)
-
-    def _checkpoint_asked(self, action: str, name: str) -> None:
-        """The checkpoint manager's buttons: open ``name``'s folder, delete it (asks first),
-        or continue the job from it (asks first)."""
-        job = self.selected_job()
-        listing = self.checkpoint_pane.listing
-        found = next((c for c in listing.get("checkpoints") or [] if c.get("name") == name), None)
-        if job is None or found is None:
-            return
-        pane = self.checkpoint_pane
-        if action == "open":
-            path = str(found.get("path"))
-            if not QDesktopServices.openUrl(QUrl.fromLocalFile(path)):
-                pane.show_error(f"No file manager opened {path}.")
-            return
-        if action == "delete":
-            if not self.confirm(job_checkpoints.delete_question(job, found)):
-                return
-            job_id = job.id
-            self._runner.submit(
-                lambda c: c.job_checkpoint_delete(job_id, name),
-                lambda _r: self._poll_checkpoints(job_id),
-                lambda m: pane.show_error(one_line(m)),
-            )
-            return
-        later = later_checkpoints(listing, name)
-        if not self.confirm(job_checkpoints.continue_question(job, found, later)):
-            return
-        self._runner.submit(
-            lambda c: job_checkpoints.continue_from(c, job, later),
-            self._continued,
-            lambda m: pane.show_error(one_line(m)),
-        )
-
-    def _continued(self, job: Dict[str, Any]) -> None:
-        if job.get("id") == self.selected_id:
-            self._acted(job)  # resumed under its own id (a parked or stopped job)
-        else:
-            self._relaunched(job)
 
     # -- actions --------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ plain-language summary of what they mean, validated as they change, handed to th
 The spec is built and checked by ``trayapp.jobs.options`` (the same rules as ``headroom run``);
 the GPUs come from the engine's status, never from a probe here. Interpreters are discovered and
 probed on background threads; the last settings used for a script come back when it is chosen
-again (``launch-recent.json`` in the state folder).
+again (``launch-recent.json`` in the state folder). What code writes into the form is in
+``launch_fill``; a kernel spec is written by ``launch_kernel``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QShowEvent
@@ -33,11 +34,13 @@ from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
 from trayapp.readings import GpuReading
 from trayapp.ui.background import Background
 from trayapp.ui.forms import ERROR_STYLE, one_line, set_message, window_title
-from trayapp.ui.launch_form import AUTO_PYTHON, KERNEL_BUTTON, LaunchForm, select
+from trayapp.ui.launch_fill import clear_form, fill_gpus, fill_options
+from trayapp.ui.launch_form import KERNEL_BUTTON, LaunchForm, select
+from trayapp.ui.launch_kernel import install_kernel_spec
 from trayapp.ui.launch_plan import (
     RecentLaunches,
+    engine_plan,
     form_row,
-    gpu_choices,
     mib_text,
     summary_text,
 )
@@ -238,27 +241,9 @@ class LaunchDialog(LaunchForm):
         return self.status.memory.total_bytes if self.status.memory is not None else None
 
     def _fill_gpus(self) -> None:
-        combo = self.gpu_combo
-        current = combo.currentData()
-        items = gpu_choices(self.status)
         self._filling = True
         try:
-            same = [combo.itemData(i) for i in range(combo.count())] == [d for _, d in items]
-            if same:
-                for i, (text, _d) in enumerate(items):
-                    combo.setItemText(i, text)
-            else:
-                combo.clear()
-                for text, data in items:
-                    combo.addItem(text, data)
-                if self._wanted_gpu is not None and combo.findData(self._wanted_gpu) >= 0:
-                    select(combo, self._wanted_gpu)
-                elif current is not None and combo.findData(current) >= 0:
-                    select(combo, current)
-                elif len(self.gpus()) == 1:
-                    select(combo, self.gpus()[0].index)
-                if self.gpus():
-                    self._wanted_gpu = None
+            self._wanted_gpu = fill_gpus(self.gpu_combo, self.status, self._wanted_gpu)
         finally:
             self._filling = False
 
@@ -341,26 +326,7 @@ class LaunchDialog(LaunchForm):
         """The form's defaults: the desktop-safe preset, no checkpoints, no variables."""
         self._filling = True
         try:
-            if not keep_script:
-                self.script_combo.setEditText("")
-            for edit in (
-                self.args_edit,
-                self.cwd_edit,
-                self.name_edit,
-                self.ram_budget_edit,
-                self.vram_budget_edit,
-                self.ckpt_edit,
-            ):
-                edit.clear()
-            self.env_edit.clear()
-            self.manual_resume_box.setChecked(False)
-            select(self.on_oom_combo, "shrink")
-            self.min_batch_spin.setValue(sv.MIN_BATCH_DEFAULT)
-            self.fit_batch_box.setChecked(JobSpec.fit_batch)  # on unless turned off
-            self.resume_box.setChecked(False)
-            self.fresh_box.setChecked(False)
-            self.ckpt_every_spin.setValue(0)
-            select(self.python_combo, AUTO_PYTHON)
+            clear_form(self, keep_script)
         finally:
             self._filling = False
         self.apply_preset("desktop-safe")
@@ -395,30 +361,7 @@ class LaunchDialog(LaunchForm):
         self._changed()
 
     def _fill_options(self, o: MemoryOptions) -> None:
-        self._wanted_gpu = None
-        if o.cpu_only:
-            select(self.gpu_combo, "cpu")
-        elif o.gpus and len(o.gpus) == 1:
-            if self.gpu_combo.findData(o.gpus[0]) >= 0:
-                select(self.gpu_combo, o.gpus[0])
-            else:  # the engine's GPUs are not known yet: chosen once they are
-                self._wanted_gpu = o.gpus[0]
-        elif self.gpu_combo.currentData() == "cpu":
-            select(self.gpu_combo, "all")
-        select(self.growth_combo, o.memory_growth)
-        if o.vram_limit_mb is not None:
-            select(self.vram_mode, "limit")
-            self.vram_spin.setValue(o.vram_limit_mb)
-        elif o.vram_reserve_mb is not None:
-            select(self.vram_mode, "reserve")
-            self.vram_spin.setValue(o.vram_reserve_mb)
-        else:
-            select(self.vram_mode, "none")
-        select(self.allocator_combo, None if o.allocator == "bfc" else o.allocator)
-        select(self.precision_combo, None if o.precision == "float32" else o.precision)
-        select(self.xla_combo, o.xla)
-        self.intra_spin.setValue(o.intra_threads or 0)
-        self.inter_spin.setValue(o.inter_threads or 0)
+        self._wanted_gpu = fill_options(self, o)
 
     def fill_from_spec(self, spec: JobSpec) -> None:
         """Show ``spec`` in the form (the settings remembered for a script)."""
@@ -536,19 +479,7 @@ class LaunchDialog(LaunchForm):
         """The plan the engine makes of ``spec`` when this dialog launches it: the same
         environment (``self.environ``, sent with the launch), GPUs and settings file. Raises
         SpecError (or ValueError) for a spec the engine would refuse."""
-        # The job's id is only known once the engine starts it: "new" stands in for it.
-        # The priority and log cap: from the settings file the engine reads.
-        process = planmod.JobProcess.from_config(load_config(self.paths.config_file))
-        return planmod.build_launch(
-            spec,
-            job_id="new",
-            address=self.paths.job_address("new"),
-            keyfile=str(self.paths.jobs_dir / "new" / "key"),
-            gpus=tuple(self.gpus()),
-            base_env=self.environ,
-            process=process,
-            log_path=str(self.paths.jobs_dir / "new" / "log"),
-        )
+        return engine_plan(spec, self.paths, tuple(self.gpus()), self.environ)
 
     def plan_text(self) -> str:
         """The dry-run plan of the current spec, or why there is none."""
@@ -664,39 +595,3 @@ class LaunchDialog(LaunchForm):
     def done(self, result: int) -> None:
         self._revalidate_timer.stop()
         super().done(result)
-
-
-def install_kernel_spec(
-    spec: JobSpec,
-    gpus: Sequence[Any],
-    ram_total_bytes: Optional[int],
-    process: planmod.JobProcess,
-    environ: Dict[str, str],
-) -> Tuple[bool, str]:
-    """Write ``spec`` as a kernel spec in the user's Jupyter folder (``headroom kernel install``
-    with the dialog's options; runs off the GUI thread). Returns (done, the line to show)."""
-    try:
-        ks.check_spec(spec, gpus)
-        problem = ks.ipykernel_problem(spec.python or "")
-        if problem:
-            return False, f"Not installed: {problem}"
-        name = ks.default_name(spec.preset)
-        data = ks.kernel_json(
-            spec, name, gpus=gpus, ram_total_bytes=ram_total_bytes, process=process, environ=environ
-        )
-        done = ks.install(data, name, ks.user_kernels_dir(environ), private=True)
-    except (SpecError, ks.KernelSpecError) as e:
-        return False, f"Not installed: {one_line(e)}"
-    verb = "Replaced" if done.replaced is not None else "Installed"
-    return True, (
-        f"{verb} the Jupyter kernel \u201c{data['display_name']}\u201d, which runs "
-        f"{_home_short(spec.python or '')}, in {_home_short(str(done.path.parent))}"
-    )
-
-
-def _home_short(path: str) -> str:
-    """``path`` with the home folder as ``~``."""
-    home = os.path.expanduser("~")
-    if home not in ("", "~", os.sep) and (path == home or path.startswith(home + os.sep)):
-        return "~" + path[len(home) :]
-    return path

@@ -9,7 +9,7 @@ import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontDatabase, QPainter, QPaintEvent
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -42,6 +42,7 @@ from trayapp.ui.forms import (
     chain_tab_order,
     message_label,
 )
+from trayapp.ui.launch_rows import RowProblem, one_line_note
 
 AUTO_PYTHON = "__auto__"
 # Rows without a line of their own say their problems in this row's line.
@@ -88,49 +89,6 @@ def combo(items: Sequence[Tuple[str, Any]], name: str) -> QComboBox:
         box.addItem(text, data)
     box.setAccessibleName(name)
     return box
-
-
-class OneLine(QLabel):
-    """One line of text, cut with "…" to the width there is (the whole of it: ``text()``)."""
-
-    def __init__(self, text: str = "", style: str = NOTE_STYLE, parent: Optional[QWidget] = None):
-        super().__init__(text, parent)
-        self.setStyleSheet(style)
-        self.setTextFormat(Qt.TextFormat.PlainText)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
-        self.setFixedHeight(self.fontMetrics().lineSpacing() + 2)
-
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
-        painter = QPainter(self)
-        painter.setPen(self.palette().color(self.foregroundRole()))
-        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.width())
-        painter.drawText(
-            self.rect(), int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter), text
-        )
-
-
-class RowProblem(OneLine):
-    """A row's problem, in the place of its explanation (which hides while it shows): one line,
-    the whole text in its tooltip and in ``text()``. So a problem that comes or goes moves no
-    field of the form."""
-
-    def __init__(self, hint: Optional[QLabel], parent: Optional[QWidget] = None):
-        super().__init__("", ERROR_STYLE, parent)
-        self.hint = hint
-        super().setVisible(False)
-
-    def setVisible(self, visible: bool) -> None:  # noqa: N802 - Qt's name
-        super().setVisible(visible)
-        if self.hint is not None:
-            self.hint.setVisible(not visible)
-        self.setToolTip(self.text() if visible else "")
-
-
-def one_line_note(text: str) -> QLabel:
-    """A row's explanation: one line, as tall as a problem in its place."""
-    note = OneLine(text)
-    note.setToolTip(text)
-    return note
 
 
 def select(box: QComboBox, data: Any) -> None:
@@ -467,7 +425,13 @@ class LaunchForm(QDialog):
         self.plan_view.setMinimumHeight(140)
         self.plan_view.hide()
         outer.addWidget(self.plan_view)
+        self._buttons(outer)
+        self._chain_tabs()
+        self.script_combo.setFocus()
+        self.resize(1060, 780)
 
+    def _buttons(self, outer: QVBoxLayout) -> None:
+        """The buttons at the foot, with the Jupyter kernel's line above them."""
         self.buttons = QDialogButtonBox()
         self.plan_button = QPushButton("Show command")
         self.plan_button.setCheckable(True)
@@ -496,6 +460,8 @@ class LaunchForm(QDialog):
         outer.addWidget(self.buttons)
         self.launch_button.setDefault(True)  # Enter launches
 
+    def _chain_tabs(self) -> None:
+        """Tab goes down the form as it reads, then along the buttons."""
         chain_tab_order(
             [
                 self.script_combo,
@@ -534,8 +500,6 @@ class LaunchForm(QDialog):
                 self.cancel_button,
             ]
         )
-        self.script_combo.setFocus()
-        self.resize(1060, 780)
 
     # -- what the form says ----------------------------------------------------------------
 

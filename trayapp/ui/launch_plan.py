@@ -1,5 +1,6 @@
 """What the launch dialog works out without Qt: the engine's GPUs as readings, the form row of
-a refusal, the plain-words summary of a spec, and the settings remembered per script.
+a refusal, the plain-words summary of a spec, the plan the engine makes of it, and the settings
+remembered per script.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from trayapp.config import atomic_write, format_bytes
+from trayapp.config import Paths, atomic_write, format_bytes
+from trayapp.config import load as load_config
 from trayapp.engine.status_record import Status
 from trayapp.jobs import options as opts
+from trayapp.jobs import plan as planmod
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
 from trayapp.readings import GpuReading
@@ -203,6 +206,26 @@ def summary_text(
 
 
 # -- remembering the last settings per script ---------------------------------------------------
+
+
+def engine_plan(
+    spec: JobSpec, paths: Paths, gpus: Tuple[Any, ...], environ: Dict[str, str]
+) -> planmod.LaunchPlan:
+    """The plan the engine makes of ``spec`` launched with ``environ``, on ``gpus``, with the
+    settings file of ``paths``. Raises SpecError (or ValueError) for a spec it would refuse."""
+    # The job's id is only known once the engine starts it: "new" stands in for it.
+    # The priority and log cap: from the settings file the engine reads.
+    process = planmod.JobProcess.from_config(load_config(paths.config_file))
+    return planmod.build_launch(
+        spec,
+        job_id="new",
+        address=paths.job_address("new"),
+        keyfile=str(paths.jobs_dir / "new" / "key"),
+        gpus=gpus,
+        base_env=environ,
+        process=process,
+        log_path=str(paths.jobs_dir / "new" / "log"),
+    )
 
 
 class RecentLaunches:

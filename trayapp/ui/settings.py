@@ -8,7 +8,7 @@ and is not sent; one the engine refuses shows the engine's reason the same way.
 The file may be edited by hand while the dialog is open. Fields the user has not touched then
 take the file's new values; a field the user changed that the file changed too is a conflict,
 and saving asks which to keep. Every save names the version of the file it was based on, so
-the engine refuses to write over an edit the dialog has not seen.
+the engine refuses to write over an edit the dialog has not seen (``settings_conflicts``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QDialog,
@@ -46,6 +46,7 @@ from trayapp.ui.forms import (
     set_message,
     window_title,
 )
+from trayapp.ui.settings_conflicts import conflict_box, file_changes
 from trayapp.ui.settings_fields import Field, label_of, make_field, same
 from trayapp.ui.settings_ladder import LADDER, ThresholdBar, order_problem, threshold_preview
 from trayapp.ui.worker import CallRunner
@@ -328,21 +329,12 @@ class SettingsDialog(QDialog):
             self._changed()
             self._show_conflicts()
 
-    def _file_value(self, config: Dict[str, Any], name: str) -> Any:
-        s = self.fields[name].setting
-        if name == "ui.start_at_login":
-            return self.loaded.get(name)  # the autostart entry decides, not the file
-        return ((config.get("values") or {}).get(s.section) or {}).get(s.key, s.default)
-
     def _note_file_changes(self, config: Dict[str, Any]) -> None:
         """Before ``config`` replaces what the fields were loaded from: remember each field the
         user changed whose value the file changed too (to something else than the user's)."""
         if str(config.get("version") or "") == self.version:
             return
-        for name, mine in self.changes().items():
-            theirs = self._file_value(config, name)
-            if not same(theirs, self.loaded[name]) and not same(theirs, mine):
-                self.file_changed[name] = theirs
+        self.file_changed.update(file_changes(config, self.fields, self.loaded, self.changes()))
 
     def _conflicts(self) -> Dict[str, Any]:
         """The user's changes that the file changed too since: name -> the file's value."""
@@ -478,25 +470,7 @@ class SettingsDialog(QDialog):
 
     def _ask(self, conflicts: Dict[str, Any]) -> None:
         """Which to keep, the file's values or the user's (``conflict_box``, not blocking)."""
-        changes = self.changes()
-        lines = [
-            f"{label_of(n)}: the file says {v!r}, this window {changes[n]!r}"
-            for n, v in conflicts.items()
-        ]
-        box = QMessageBox(
-            QMessageBox.Icon.Question,
-            window_title("Settings"),
-            "The settings file changed since this window read it:\n\n"
-            + "\n".join(lines)
-            + "\n\nWhich values should it keep?",
-            QMessageBox.StandardButton.NoButton,
-            self,
-        )
-        keep = box.addButton("Keep the file's values", QMessageBox.ButtonRole.AcceptRole)
-        mine = box.addButton("Overwrite with mine", QMessageBox.ButtonRole.DestructiveRole)
-        box.addButton(QMessageBox.StandardButton.Cancel)
-        box.setDefaultButton(keep)
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box, keep, mine = conflict_box(self, conflicts, self.changes())
 
         def closed(*_: Any) -> None:
             if self.conflict_box is box:
