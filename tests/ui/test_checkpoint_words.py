@@ -13,22 +13,23 @@ from trayapp import formats
 from trayapp.jobs import messages
 from trayapp.jobs.checkpoint_folder import checkpoint_position
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record_parts import Checkpoint
 from trayapp.ui.job_rows import checkpoint_text, option_sections, progress_text
 
 
 def test_a_checkpoint_mid_epoch_names_that_epoch_and_its_batch() -> None:
     assert formats.checkpoint_at(14, 67) == "epoch 15, batch 67"
-    assert checkpoint_text({"path": "/c/fit-1", "epoch": 14, "step": 67}) == \
+    assert checkpoint_text(Checkpoint('/c/fit-1', 14, 67)) == \
         "/c/fit-1 (epoch 15, batch 67)"
 
 
 def test_a_checkpoint_at_an_epoch_end_names_the_epoch_done() -> None:
-    assert checkpoint_text({"path": "/c/fit-1", "epoch": 15, "step": 0}) == \
+    assert checkpoint_text(Checkpoint('/c/fit-1', 15, 0)) == \
         "/c/fit-1 (end of epoch 15)"
-    assert checkpoint_text({"path": "/c/fit-1", "epoch": 15}) == "/c/fit-1 (end of epoch 15)"
-    assert checkpoint_text({"path": "/c/fit-1", "epoch": 0, "step": 0}) == \
+    assert checkpoint_text(Checkpoint('/c/fit-1', 15)) == "/c/fit-1 (end of epoch 15)"
+    assert checkpoint_text(Checkpoint('/c/fit-1', 0, 0)) == \
         "/c/fit-1 (before epoch 1)"
-    assert checkpoint_text({"path": "/c/fit-1", "epoch": None}) == "/c/fit-1"
+    assert checkpoint_text(Checkpoint('/c/fit-1', None)) == "/c/fit-1"
     assert formats.checkpoint_at(True, 3) == ""
 
 

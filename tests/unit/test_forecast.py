@@ -13,6 +13,7 @@ import pytest
 
 from trayapp.jobs import forecasts, messages
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record_parts import hello_from_json
 from trayapp.readings import GpuProcess, GpuReading, GpuStatus, MemoryReading, Snapshot
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
@@ -214,7 +215,7 @@ def test_a_gpu_has_its_free_memory_what_the_job_holds_and_its_limit() -> None:
     assert rooms["GPU:1"].free == 10 * GiB
     # Only GPU 1 for the job: TensorFlow calls it GPU:0; its limit of 6000 MB bounds it.
     one = record(spec={"script": "t.py", "options": {"gpus": [1]}},
-                 hello={"options": {"vram_limit_mb": [6000]}})
+                 hello=hello_from_json({"options": {"vram_limit_mb": [6000]}}))
     rooms = forecasts.rooms(one, snap)
     assert rooms["GPU:0"].label == "GPU 1" and rooms["GPU:0"].free == 6000 * MiB
     assert rooms["GPU:0"].bound == "its limit" and "GPU:1" not in rooms

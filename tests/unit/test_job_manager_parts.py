@@ -72,7 +72,7 @@ USER, GUARD = ("user", ""), ("guard", "memory")
 ])
 def test_how_a_job_ended(state: str, bye: Optional[Dict[str, Any]], code: Optional[int],
                          gone: bool, expected: Any) -> None:
-    rec = JobRecord(id="j1", name="mnist", state=state, bye=bye)
+    rec = JobRecord.from_json({"id": "j1", "name": "mnist", "state": state, "bye": bye})
     end = ending(rec, code, GUARD, USER, adopted_gone=gone)
     assert (end.state, end.reason, end.kind, end.level) == expected
     assert end.message.startswith("job j1 (mnist)")

@@ -19,6 +19,8 @@ from trayapp.engine.parts import Parts
 from trayapp.engine.store import Store
 from trayapp.jobs import messages as m
 from trayapp.jobs.manager import JobManager
+from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record_parts import Checkpoint, Note
 from trayapp.runner import protocol as rp
 
 DEEP = "[" * 600 + "]" * 600
@@ -187,12 +189,16 @@ def test_a_saved_record_poisoned_by_an_earlier_engine_is_reset_when_read_back() 
             "checkpoint": {"path": "/x", "epoch": 2, "time": 3.0}, "runner_state": "evil",
             "epoch": 2**70, "rss_bytes": 5}
     reset = m.clean_record(info)
-    assert set(reset) == {"tf_memory", "metrics", "notes", "runner_state", "epoch"}
-    assert info["tf_memory"] is None and info["metrics"] == {} and info["notes"] == []
-    assert info["hello"] == {"pid": 7}  # the hello is parsed again: its bad field dropped
-    assert info["checkpoint"] == {"path": "/x", "epoch": 2, "step": None, "time": 3.0}
-    assert info["rss_bytes"] == 5  # the engine's own fields are not touched
-    copy.deepcopy(info)
+    assert set(reset) == {"tf_memory", "metrics", "runner_state", "epoch"}
+    # The parts of the record are read again as the engine reads the job's messages.
+    rec = JobRecord.from_json(info)
+    assert rec.tf_memory is None and rec.metrics == {} and rec.runner_state is None
+    assert rec.epoch is None
+    assert rec.notes == (Note("\\x1b[2J", "warn", 1.0),)  # escaped; the junk one left out
+    assert rec.hello is not None and rec.hello.to_json() == {"pid": 7}  # its bad field dropped
+    assert rec.checkpoint == Checkpoint("/x", 2, None, 3.0)
+    assert rec.rss_bytes == 5  # the engine's own fields are not touched
+    copy.deepcopy(rec.to_json())  # nothing nested too deep is kept
 
 
 def test_a_clean_record_is_left_as_it_is() -> None:

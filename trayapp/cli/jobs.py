@@ -144,7 +144,7 @@ def describe_interrupt(job: JobRecord) -> str:
         return f"{head}: its fit is interrupted at the next batch end (the kernel stays)"
     if job.state in vocab.ENDED:
         return describe(job)
-    point = (job.checkpoint or {}).get("path")
+    point = job.checkpoint.path if job.checkpoint is not None else None
     saved = f"; its checkpoint is in {point}" if point else " (no checkpoint folder: nothing saved)"
     return (
         f"{head}: its fit was interrupted{saved}. The kernel and its variables are kept; run "

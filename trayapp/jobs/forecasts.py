@@ -75,7 +75,7 @@ def _job_gpus(rec: JobRecord, gpus: Sequence[GpuReading]) -> List[GpuReading]:
 
 
 def _limit_mb(rec: JobRecord, i: int) -> Optional[int]:
-    options = (rec.hello or {}).get("options")
+    options = rec.hello.options if rec.hello is not None else None
     limit = options.get("vram_limit_mb") if isinstance(options, Mapping) else None
     if isinstance(limit, list):
         limit = limit[i] if i < len(limit) else None

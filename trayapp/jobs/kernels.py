@@ -295,10 +295,10 @@ class KernelJobs(JobControl):
             paused_at=None,
         )
         self._save(job)
-        point = job.rec.checkpoint or {}
+        point = job.rec.checkpoint.path if job.rec.checkpoint is not None else None
         where = (
-            f"; its checkpoint is in {point['path']}"
-            if point.get("path")
+            f"; its checkpoint is in {point}"
+            if point
             else " (no checkpoint folder: nothing was saved)"
         )
         who = "you" if by == BY_USER else f"the {by}"
@@ -311,7 +311,7 @@ class KernelJobs(JobControl):
                 "kept; TensorFlow keeps the GPU memory it holds until the kernel "
                 "restarts. Run the same fit() again to go on from the checkpoint.",
                 job.id,
-                {"by": by, "reason": why, "checkpoint": point.get("path")},
+                {"by": by, "reason": why, "checkpoint": point},
             )
         )
 

@@ -501,8 +501,7 @@ def ending(
 ) -> Ending:
     """How the job of ``rec`` ended with exit status ``code`` (None: unknown), from its state,
     the runner's bye and who parked or stopped it."""
-    bye = rec.bye or {}
-    said = bye.get("reason")
+    said = rec.bye.reason if rec.bye is not None else None
     head = f"job {rec.id} ({rec.name})"
     # Parked only when the engine asked for it: a job that says "parked" unasked exited.
     if rec.state == S.PARKING and (
@@ -544,5 +543,5 @@ def ending(
 
 
 def _bye_code(rec: JobRecord) -> Optional[int]:
-    code = (rec.bye or {}).get("exit_code")
+    code = rec.bye.exit_code if rec.bye is not None else None
     return code if isinstance(code, int) and not isinstance(code, bool) else None

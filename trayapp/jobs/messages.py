@@ -395,65 +395,12 @@ def parse_message(raw: Mapping[str, Any]) -> Tuple[JobMessage, List[str]]:
 _RECORD_FIELDS: Dict[str, Callable[[Any], Any]] = {
     "tf_memory": _optional(lambda v: [t.to_json() for t in _objects(_tf_memory)(v)]),
     "metrics": lambda v: dict(_metrics(v)),
-    "hello": lambda v: _reparse(rp.HELLO, v),
-    "bye": lambda v: _reparse(rp.BYE, v),
-    "checkpoint": lambda v: _checkpoint_record(v),
-    "notes": lambda v: list(_objects(_note_record, 1000)(v)),
     "runner_state": _optional(_choice(RUNNER_STATES)),
-    "forecast": lambda v: _forecast_record(v),
     "epoch": _COUNT,
     "epochs": _COUNT,
     "step": _COUNT,
     "steps": _COUNT,
 }
-
-
-def _note_record(value: Any) -> Dict[str, Any]:
-    if not isinstance(value, dict):
-        raise Bad("not an object")
-    level = value.get("level")
-    return {
-        "time": _optional(_number)(value.get("time")),
-        "level": level if level in NOTE_LEVELS else NOTE_INFO,
-        "message": _text(MAX_TEXT)(value.get("message") or ""),
-    }
-
-
-def _reparse(kind: str, value: Any) -> Optional[Dict[str, Any]]:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise Bad("not an object")
-    record, _ = parse_message({**{k: v for k, v in value.items() if k != "time"}, "type": kind})
-    return record.to_json()
-
-
-def _forecast_record(value: Any) -> Optional[Dict[str, Any]]:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise Bad("not an object")
-    size = _optional(_int_in(0, MAX_BYTES))
-    return {
-        "message": _text(MAX_TEXT)(value.get("message") or ""),
-        "fits": _bool(value.get("fits", False)),
-        "accumulation": _COUNT(value.get("accumulation")),
-        "need_bytes": size(value.get("need_bytes")),
-        "free_bytes": size(value.get("free_bytes")),
-    }
-
-
-def _checkpoint_record(value: Any) -> Optional[Dict[str, Any]]:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise Bad("not an object")
-    return {
-        "path": _PATH(value.get("path")),
-        "epoch": _COUNT(value.get("epoch")),
-        "step": _COUNT(value.get("step")),
-        "time": _optional(_number)(value.get("time")),
-    }
 
 
 def clean_record(info: Dict[str, Any]) -> List[str]:

@@ -15,11 +15,21 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trayapp import vocab
+from trayapp.jobs import messages
 from trayapp.jobs import spec_values as sv
+from trayapp.jobs.record_parts import (
+    Checkpoint,
+    Forecast,
+    Note,
+    bye_from_json,
+    hello_from_json,
+)
 from trayapp.runner.protocol import STATE_IDLE as RUNNER_IDLE  # a kernel between fit() calls
 from trayapp.vocab import JobState
 
 KERNEL = "kernel"  # the kind of a Jupyter kernel adopted as a job (trayapp.jobs.kernels)
+
+MAX_NOTES = 1000  # notes read back from a record (the engine keeps far fewer)
 
 # Fields renamed since: read the old name when the new one is absent.
 _OLD_NAMES = {"parked_by": "park_by", "stopped_by": "stop_by"}
@@ -49,7 +59,7 @@ class JobRecord:
     accumulation: Optional[int] = None  # ... this many to an optimizer update
     shrinkable: bool = False  # the runner can train it at a smaller micro-batch
     # The engine's reading of the fit's last forecast (trayapp.jobs.forecasts.Judgement).
-    forecast: Optional[Mapping[str, Any]] = None
+    forecast: Optional[Forecast] = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     eta_seconds: Optional[float] = None
     tf_memory: Optional[Tuple[Mapping[str, Any], ...]] = None
@@ -63,14 +73,14 @@ class JobRecord:
     # then handled by signals, as one without a runner, until its process is launched again.
     answering: bool = True
     runner_state: Optional[str] = None  # the runner's own word (trayapp.runner.protocol)
-    hello: Optional[Mapping[str, Any]] = None
-    bye: Optional[Mapping[str, Any]] = None
+    hello: Optional[messages.Hello] = None
+    bye: Optional[messages.Bye] = None
     spec: Mapping[str, Any] = field(default_factory=dict)
     script: str = ""
     cwd: Optional[str] = None
     argv: Tuple[str, ...] = ()
     checkpoint_dir: Optional[str] = None
-    checkpoint: Optional[Mapping[str, Any]] = None  # the last checkpoint the runner saved
+    checkpoint: Optional[Checkpoint] = None  # the last checkpoint the runner saved
     log_path: Optional[str] = None
     process: Optional[Mapping[str, Any]] = None  # the priority it was given (nice, oom_score_adj)
     paused_by: Optional[str] = None
@@ -84,7 +94,7 @@ class JobRecord:
     ram_budget_bytes: Optional[int] = None
     vram_budget_bytes: Optional[int] = None
     auto_resume: bool = True
-    notes: Tuple[Mapping[str, Any], ...] = ()
+    notes: Tuple[Note, ...] = ()
     warnings: Tuple[str, ...] = ()
     dropped_fields: int = 0
     runs: int = 0
@@ -170,6 +180,8 @@ class JobRecord:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, (Checkpoint, Note, Forecast, messages.Message)):
+        return value.to_json()
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -241,6 +253,21 @@ def _strs(v: Any) -> Tuple[str, ...]:
     return tuple(x for x in v if isinstance(x, str))
 
 
+def _parts(read: Any) -> Any:
+    def parts(v: Any) -> Tuple[Any, ...]:
+        if not isinstance(v, (list, tuple)):
+            raise TypeError("not a list")
+        out = []
+        for x in v[:MAX_NOTES]:
+            try:
+                out.append(read(x))
+            except ValueError:
+                continue
+        return tuple(out)
+
+    return parts
+
+
 def _mappings(v: Any) -> Tuple[Dict[str, Any], ...]:
     if not isinstance(v, (list, tuple)):
         raise TypeError("not a list")
@@ -266,7 +293,7 @@ _READERS: Dict[str, Any] = {
     "micro_batch": _opt(_int),
     "accumulation": _opt(_int),
     "shrinkable": _bool,
-    "forecast": _opt(_mapping),
+    "forecast": _opt(Forecast.from_json),
     "metrics": _metrics,
     "eta_seconds": _opt(_float),
     "tf_memory": _opt(_mappings),
@@ -278,14 +305,14 @@ _READERS: Dict[str, Any] = {
     "connected": _bool,
     "answering": _bool,
     "runner_state": _opt(_str),
-    "hello": _opt(_mapping),
-    "bye": _opt(_mapping),
+    "hello": _opt(hello_from_json),
+    "bye": _opt(bye_from_json),
     "spec": _mapping,
     "script": _str,
     "cwd": _opt(_str),
     "argv": _strs,
     "checkpoint_dir": _opt(_str),
-    "checkpoint": _opt(_mapping),
+    "checkpoint": _opt(Checkpoint.from_json),
     "log_path": _opt(_str),
     "process": _opt(_mapping),
     "paused_by": _opt(_str),
@@ -299,7 +326,7 @@ _READERS: Dict[str, Any] = {
     "ram_budget_bytes": _opt(_int),
     "vram_budget_bytes": _opt(_int),
     "auto_resume": _bool,
-    "notes": _mappings,
+    "notes": _parts(Note.from_json),
     "warnings": _strs,
     "dropped_fields": _int,
     "runs": _int,

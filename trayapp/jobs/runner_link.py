@@ -19,6 +19,7 @@ from trayapp.jobs.curves import Curves
 from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now
 from trayapp.jobs.ladder import Stage, grace
 from trayapp.jobs.record import smallest_micro_batch
+from trayapp.jobs.record_parts import Checkpoint, Forecast, Note
 from trayapp.jobs.table import JobTable
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
@@ -190,21 +191,14 @@ class RunnerLink(JobTable):
             self._on_state(job, msg, events)
         elif isinstance(msg, messages.Checkpointed):
             if msg.path is not None:
-                job.change(
-                    checkpoint={
-                        "path": msg.path,
-                        "epoch": msg.epoch,
-                        "step": msg.step,
-                        "time": now(),
-                    }
-                )
+                job.change(checkpoint=Checkpoint(msg.path, msg.epoch, msg.step, now()))
                 self._save(job)
         elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
         elif isinstance(msg, messages.Forecast):
             self._on_forecast(job, msg, events)
         elif isinstance(msg, messages.Bye):
-            job.change(bye=msg.to_json())
+            job.change(bye=msg)
             self._save(job)
 
     def _on_hello(self, job: Job, peer: Peer, msg: messages.Hello, events: List[Event]) -> None:
@@ -213,7 +207,7 @@ class RunnerLink(JobTable):
         job.peer = peer
         peer.context["job"] = job.id
         job.change(
-            hello=msg.to_json(),
+            hello=msg,
             connected=True,
             hooked=msg.fit_hook == messages.FIT_HOOK_INSTALLED or bool(msg.hooked),
         )
@@ -311,7 +305,7 @@ class RunnerLink(JobTable):
 
     def _on_note(self, job: Job, msg: messages.Note, events: List[Event]) -> None:
         level, text = msg.level, msg.message  # one line, control characters escaped
-        note = {"time": now(), "level": level, "message": text}
+        note = Note(text, level, now())
         job.change(notes=(job.rec.notes + (note,))[-MAX_NOTES:])
         job.dirty = True
         # Info notes ("no fit() seen") stay with the job; warnings and errors are events too.
@@ -355,7 +349,9 @@ class RunnerLink(JobTable):
             return
         need = forecasts.ram_need(msg)  # what the guard waits for before resuming it
         job.change(
-            forecast={**verdict.to_json(), **({"ram_need_bytes": need} if need is not None else {})}
+            forecast=Forecast(
+                verdict.text, verdict.fits, verdict.accumulation, verdict.need, verdict.free, need
+            )
         )
         job.dirty = True
         if job.forecasts_said >= MAX_FORECAST_EVENTS:

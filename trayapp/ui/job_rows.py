@@ -16,6 +16,7 @@ from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record_parts import Checkpoint
 from trayapp.ui.model import (
     INTERRUPT_TEXT,
     JOB_ACTIONS,
@@ -268,11 +269,11 @@ def process_rows(process: Any) -> Rows:
     return rows
 
 
-def checkpoint_text(ck: Mapping[str, Any]) -> str:
+def checkpoint_text(ck: Checkpoint) -> str:
     """The last checkpoint with where it stands, as Keras numbers the epochs:
     ``/ckpt/fit-1 (epoch 22, batch 2)`` or ``(end of epoch 26)`` (``formats.checkpoint_at``)."""
-    where = formats.checkpoint_at(ck.get("epoch"), ck.get("step"))
-    return f"{ck.get('path')} ({where})" if where else str(ck.get("path"))
+    where = formats.checkpoint_at(ck.epoch, ck.step)
+    return f"{ck.path} ({where})" if where else ck.path
 
 
 def applied_lines(hello: Optional[Mapping[str, Any]]) -> List[str]:
@@ -291,7 +292,8 @@ def applied_lines(hello: Optional[Mapping[str, Any]]) -> List[str]:
 
 
 def _hello_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
-    hello = job.hello or {}
+    # The runner's own report, as it sent it: every field it gave is shown.
+    hello = job.hello.to_json() if job.hello is not None else {}
     if not hello:
         return [("Options applied", [("", "not reported yet (the runner has not said hello)")])]
     rows = [
@@ -329,14 +331,14 @@ def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
         sections.append(("Process", rows))
     if job.checkpoint:
         sections.append(("Checkpoint", [("last", checkpoint_text(job.checkpoint))]))
-    said = (job.forecast or {}).get("message")
+    said = job.forecast.message if job.forecast is not None else ""
     if said:
         batch = (
             formats.batch(job.batch, job.micro_batch, job.accumulation) if job.accumulation else ""
         )
         rows = [("forecast", f"this job {said}")] + ([("batch", batch)] if batch else [])
         sections.append(("Memory forecast", rows))
-    notes = [f"{n.get('level')}: {n.get('message')}" for n in job.notes]
+    notes = [f"{n.level}: {n.message}" for n in job.notes]
     if job.warnings or notes:
         sections.append(("Warnings and notes", [("", w) for w in list(job.warnings) + notes]))
     return sections
@@ -345,28 +347,9 @@ def option_sections(job: JobRecord) -> List[Tuple[str, Rows]]:
 def options_key(job: JobRecord) -> str:
     """What the Options tab is made of, as one string: the tab is filled again when it
     changes."""
-    return (
-        job.id
-        + ":"
-        + json.dumps(
-            [
-                job.hello,
-                job.warnings,
-                job.notes,
-                job.checkpoint,
-                job.process,
-                job.forecast,
-                job.accumulation,
-                job.protection,
-            ],
-            default=_jsonable,
-            sort_keys=True,
-        )
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    return dict(value) if isinstance(value, Mapping) else str(value)
+    shown = job.to_json()
+    parts = ("hello", "warnings", "notes", "checkpoint", "process", "forecast", "accumulation")
+    return job.id + ":" + json.dumps([shown[k] for k in parts + ("protection",)], sort_keys=True)
 
 
 def action_refusal(job: Optional[JobRecord], action: str) -> Optional[str]:

@@ -146,7 +146,7 @@ class Policy:
 
 def _ram_need(job: JobRecord) -> Optional[int]:
     """The RAM the job's fit needs at the micro-batch it trains, from its last forecast."""
-    need = (job.forecast or {}).get("ram_need_bytes")
+    need = job.forecast.ram_need_bytes if job.forecast is not None else None
     return need if isinstance(need, int) and not isinstance(need, bool) and need > 0 else None
 
 
