@@ -10,7 +10,6 @@ from pathlib import Path
 
 from tests.ui.statuses import job
 from trayapp import formats
-from trayapp.jobs import messages
 from trayapp.jobs.checkpoint_folder import checkpoint_position
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.record_parts import Checkpoint
@@ -50,6 +49,7 @@ def test_the_folder_message_says_the_same_epoch(tmp_path: Path) -> None:
 
 
 def test_the_step_of_a_checkpoint_is_kept_through_the_checks() -> None:
-    record = messages._checkpoint_record({"path": "/c/fit-1", "epoch": 21, "step": 2,
-                                          "time": 1.0})
-    assert record is not None and record["step"] == 2
+    sent = {"id": "j1", "checkpoint": {"path": "/c/fit-1", "epoch": 21, "step": 2, "time": 1.0}}
+    record = JobRecord.from_json(sent)
+    assert record.checkpoint == Checkpoint("/c/fit-1", 21, 2, 1.0)
+    assert record.to_json()["checkpoint"] == sent["checkpoint"]
