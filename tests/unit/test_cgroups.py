@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 import pytest
 
 from trayapp.jobs import cgroups
-from trayapp.jobs.braking import (
+from trayapp.jobs.brake_ends import (
     OOM_KILL,
     STALL,
     brake_accumulation,

@@ -108,14 +108,14 @@ def test_every_action_has_its_operation_and_wait(paths: Paths, store: Store) -> 
     assert control.ACTIONS == ("pause", "resume", "park", "stop", "kill")
     manager = JobManager(paths, store, emit=Events(), subreaper=False)
     try:
-        waits = {name: op.wait(manager) for name, op in control.OPS.items()}
+        waits = {name: op.wait(manager.control) for name, op in control.OPS.items()}
         assert waits["resume"] == 0 and waits["park"] == control.PARK_SETTLE_SECONDS
-        assert waits["pause"] == manager._pause_deadline(None) + 1.0
+        assert waits["pause"] == manager.table.pause_deadline(None) + 1.0
         assert all(w >= 0 for w in waits.values())
         with pytest.raises(ValueError, match=r"^unknown action 'explode' \(one of pause, "):
-            manager._op_action(None, {"action": "explode", "job": "x"})  # type: ignore[arg-type]
+            manager.control.op_action(None, {"action": "explode", "job": "x"})  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="^unknown action"):
-            manager._op_action(None, {"action": ["stop"], "job": "x"})  # type: ignore[arg-type]
+            manager.control.op_action(None, {"action": ["stop"], "job": "x"})  # type: ignore[arg-type]
     finally:
         manager.close()
 
