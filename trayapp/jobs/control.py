@@ -21,7 +21,6 @@ from trayapp.jobs.job import (
     Event,
     Job,
     now,
-    resumable_stop,
     who,
 )
 from trayapp.jobs.kernels import KernelJobs, stops_itself
@@ -29,6 +28,7 @@ from trayapp.jobs.ladder import Stage, Step
 from trayapp.jobs.record import JobRecord, smaller_accumulation
 from trayapp.jobs.starting import Launcher
 from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
 from trayapp.runner import protocol as rp
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -86,7 +86,7 @@ class Controller:
             job.change(paused_by=by, pause_reason=reason or None, paused_at=now())
             wait = self.table.pause_deadline(deadline)
             if job.rec.hooked and wait > 0 and self.table.send(job, rp.PAUSE):
-                job.move(S.PAUSING, pause_mode=None)
+                self.table.move(job, On.PAUSE_ASKED, by=by, reason=reason)
                 job.pause_deadline = time.monotonic() + wait
                 self.table.save(job)
             else:
@@ -148,7 +148,7 @@ class Controller:
                 job, 1.0 - float(self.table.setting("guard.budget_warn_percent", 90.0)) / 100.0
             )
         trees.resume(job)
-        job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None, paused_at=None)
+        self.table.move(job, On.RESUMED)
         job.pause_deadline = None
         job.rate_ref = None
         self.table.save(job)
@@ -233,7 +233,7 @@ class Controller:
                 )
             job.park_note = (by, reason)
             job.smaller = k
-            job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
+            self.table.move(job, On.PARK_ASKED, by=by, reason=reason)
             job.pause_deadline = None
             self.table.save(job)
             return job.rec.to_json()
@@ -265,12 +265,7 @@ class Controller:
     def _stop_parked(self, job: Job, by: str, reason: str) -> Dict[str, Any]:
         """A parked job has no process: stopping it just closes it (the checkpoint stays)."""
         end_reason = f"stopped by {by} while parked" + (f": {reason}" if reason else "")
-        job.move(
-            S.STOPPED,
-            end_reason=end_reason,
-            ended=now(),
-            resumable=resumable_stop(job.rec, S.STOPPED),
-        )
+        self.table.move(job, On.CLOSED, reason=end_reason, ended=now())
         self.table.save(job)
         self.table.retire(job)
         self.table.emit(
@@ -290,7 +285,7 @@ class Controller:
                 )
             return
         job.stop_note = (by, reason)
-        job.move(S.STOPPING, stopped_by=by, stop_reason=reason or None)
+        self.table.move(job, On.STOP_ASKED, by=by, reason=reason)
         job.pause_deadline = None
         self.table.save(job)
         if job.rec.pause_mode == SUSPENDED:

@@ -36,6 +36,7 @@ from trayapp.jobs.record import KERNEL
 from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.starting import Launcher, remove_folder
 from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
@@ -284,7 +285,7 @@ class KernelJobs:
             if not self.table.send(job, rp.PARK):
                 raise Refused(f"kernel {job.id} did not take the request (its channel closed)")
             job.park_note = (by, reason)
-            job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
+            self.table.move(job, On.PARK_ASKED, by=by, reason=reason)
             job.pause_deadline = None
             self.table.save(job)
             return job.rec.to_json()
@@ -295,15 +296,7 @@ class KernelJobs:
         if job.state != S.PARKING:
             return
         by, why = job.park_note
-        job.move(
-            S.RUNNING,
-            parked_by=None,
-            park_reason=None,
-            pause_mode=None,
-            paused_by=None,
-            pause_reason=None,
-            paused_at=None,
-        )
+        self.table.move(job, On.INTERRUPTED)
         self.table.save(job)
         point = job.rec.checkpoint or {}
         where = (

@@ -45,7 +45,7 @@ from trayapp.jobs.braking import Brakes
 from trayapp.jobs.cgroups import Offer
 from trayapp.jobs.control import Controller
 from trayapp.jobs.endings import Ending, bye_code, ending
-from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop
+from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now
 from trayapp.jobs.kernels import KernelJobs
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.logcap import LogKeeper
@@ -53,6 +53,7 @@ from trayapp.jobs.record import JobRecord
 from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.starting import Launcher
 from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import ENDS
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
@@ -402,19 +403,7 @@ class JobManager:
             if brake is not None
             else ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
         )
-        job.move(
-            end.state,
-            exit_code=code,
-            ended=now(),
-            end_reason=end.reason,
-            pids=(),
-            rss_bytes=None,
-            vram_bytes=None,
-            eta_seconds=None,
-            pause_mode=None,
-            connected=False,
-            resumable=end.state == S.PARKED or resumable_stop(job.rec, end.state),
-        )
+        self.table.move(job, ENDS[end.state], reason=end.reason, exit_code=code, ended=now())
         self.link.close_channel(job)
         job.popen = None
         trees.remnants(job)

@@ -20,6 +20,7 @@ from trayapp.jobs.job import BY_GUARD, BY_USER, COOPERATIVE, Event, Job, now
 from trayapp.jobs.ladder import Stage, grace
 from trayapp.jobs.record import smallest_micro_batch
 from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -221,7 +222,7 @@ class RunnerLink:
             hooked=msg.fit_hook == messages.FIT_HOOK_INSTALLED or bool(msg.hooked),
         )
         if job.state == S.STARTING:
-            job.move(S.RUNNING)
+            self.table.move(job, On.RUNNER_UP)
         rec, runner_state = job.rec, msg.state
         if runner_state == messages.RUNNER_PAUSED and job.state in (S.RUNNING, S.PAUSING):
             self.table.set_paused(
@@ -239,7 +240,7 @@ class RunnerLink:
             and rec.pause_mode == COOPERATIVE
             and runner_state == messages.RUNNER_RUNNING
         ):
-            job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None)
+            self.table.move(job, On.RESUMED)
         self.table.save(job)
 
     def _on_progress(self, job: Job, msg: messages.Progress) -> None:
@@ -265,7 +266,7 @@ class RunnerLink:
             )
         job.change(**changes)
         if job.state == S.STARTING:
-            job.move(S.RUNNING)
+            self.table.move(job, On.RUNNER_UP)
         self._update_eta(job)
         job.dirty = True
 
@@ -290,11 +291,11 @@ class RunnerLink:
         elif state == messages.RUNNER_RUNNING:
             if job.state == S.PAUSED and rec.pause_mode == COOPERATIVE:
                 # The runner resumed on its own (or on our word): it is running again.
-                job.move(S.RUNNING, pause_mode=None, paused_at=None)
+                self.table.move(job, On.RESUMED)
                 job.rate_ref = None
                 self.table.save(job)
             elif job.state == S.STARTING:
-                job.move(S.RUNNING)
+                self.table.move(job, On.RUNNER_UP)
                 self.table.save(job)
         elif state == messages.RUNNER_IDLE and job.rec.is_kernel:
             self.kernel_idle(job, events)  # an interrupted fit has ended (jobs.kernels)

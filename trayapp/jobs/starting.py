@@ -32,6 +32,7 @@ from trayapp.jobs.plan import JobProcess, LaunchPlan, build_launch
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -244,26 +245,14 @@ class Launcher:
         except psutil.Error:
             job.process, create_time = None, None
         rec = job.rec
-        job.move(
-            S.STARTING,
+        self.table.move(
+            job,
+            On.LAUNCHED,
             pid=popen.pid,
             pids=(popen.pid,),
             create_time=create_time,
             argv=tuple(plan.argv),
             cwd=str(plan.cwd) if plan.cwd else None,
-            exit_code=None,
-            ended=None,
-            end_reason=None,
-            bye=None,
-            hooked=False,
-            answering=True,
-            runs=rec.runs + 1,
-            eta_seconds=None,
-            resumable=False,
-            paused_by=None,
-            pause_reason=None,
-            pause_mode=None,
-            paused_at=None,
             process={
                 "nice": process.nice,
                 "oom_score_adj": process.oom_score_adj,

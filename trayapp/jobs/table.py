@@ -18,9 +18,10 @@ from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.config import Paths
 from trayapp.errors import Refused, Unknown
-from trayapp.jobs import messages, trees
+from trayapp.jobs import messages, transitions, trees
 from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now, who
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.transitions import On
 from trayapp.probes.snapshot import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -151,6 +152,21 @@ class JobTable:
 
     # -- shared by the parts ------------------------------------------------------------------
 
+    @staticmethod
+    def move(
+        job: Job, event: On, *, by: Optional[str] = None, reason: str = "", **given: Any
+    ) -> None:
+        """Move the job as the table of transitions says for ``event`` (``transitions.step``).
+        A change the table does not have is logged, and made all the same: the job is where
+        its process says it is."""
+        try:
+            change = transitions.step(job.rec, event, by=by, reason=reason, **given)
+            job.rec = job.rec.moved(change.state, **change.changes)
+        except transitions.NotAllowed as e:
+            log.warning("%s; moved to %s all the same", e, e.target)
+            change = transitions.step(job.rec, event, by=by, reason=reason, force=True, **given)
+            job.rec = job.rec.with_(state=change.state, **change.changes)
+
     def setting(self, name: str, default: Any) -> Any:
         try:
             return self.config()[name]
@@ -197,7 +213,7 @@ class JobTable:
         self, job: Job, by: str, reason: str, mode: str, events: List[Event], note: str = ""
     ) -> None:
         already = job.state == S.PAUSED
-        job.move(S.PAUSED, pause_mode=mode, paused_by=by, pause_reason=reason or None)
+        self.move(job, On.SUSPENDED if mode == SUSPENDED else On.PAUSED, by=by, reason=reason)
         if job.rec.paused_at is None:
             job.change(paused_at=now())
         job.pause_deadline = None
