@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
-from trayapp.jobs import cgroups, cgroups_v2, scopes
+from trayapp.jobs import cgroups, cgroups_v2, scopes, trees
 from trayapp.jobs.brake_ends import (
     OOM_KILL,
     STALL,
@@ -454,11 +454,7 @@ class Brakes:
             group.kill()
         except CgroupError as e:
             log.warning("job %s: %s", rec.id, e)
-        if job.process is not None:
-            try:
-                job.process.send_signal(signal.SIGKILL)
-            except Exception:  # psutil.Error: it is gone already
-                pass
+        trees.kill_root(job)
 
     def _brake_budget(self, job: Job) -> Optional[int]:
         """The job's RAM budget as the brake holds it: raised by what a resume by hand gave."""

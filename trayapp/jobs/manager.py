@@ -122,10 +122,27 @@ class JobManager:
         return self.launcher.start(spec_json, environ, env_from)
 
     def pause(
-        self, job_ref: str, *, by: str = BY_USER, reason: str = "", deadline: Optional[float] = None
+        self,
+        job_ref: str,
+        *,
+        by: str = BY_USER,
+        reason: str = "",
+        deadline: Optional[float] = None,
+        at_once: bool = False,
     ) -> Dict[str, Any]:
-        """Pause a job (``Controller.pause``)."""
-        return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline)
+        """Pause a job (``Controller.pause``). ``at_once`` (the guard's last resort, by the
+        job's id): its process group is stopped before anything else (``trees.
+        stop_group_now``), and continued again when the pause is refused."""
+        leader = 0
+        if at_once:
+            job = self.table.jobs.get(job_ref)  # no lock: the stop comes before the bookkeeping
+            leader = trees.stop_group_now(job.rec) if job is not None else 0
+        try:
+            return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline)
+        except BaseException:
+            if leader:
+                trees.continue_group(leader)  # refused: undone
+            raise
 
     def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
         """Resume, or relaunch, a job (``Controller.resume``)."""
