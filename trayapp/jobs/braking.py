@@ -45,7 +45,8 @@ from trayapp.jobs.brake_ends import (
     brake_end,
     held_note,
 )
-from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
+from trayapp.jobs.cgroups import CgroupError, Offer
+from trayapp.jobs.cgroups_v1 import JobCgroup
 from trayapp.jobs.job import SUSPENDED, Event, Job
 from trayapp.jobs.scopes import ScopeCgroup
 from trayapp.jobs.table import JobTable
