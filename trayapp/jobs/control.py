@@ -59,12 +59,12 @@ class Controller:
 
     def pause(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", deadline: Optional[float] = None
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Pause a job: a cooperative pause at the next batch end when its runner hooked
         ``fit``, a suspend of the whole tree when ``deadline`` seconds pass first (default: the
         setting ``guard.pause_deadline_seconds``) or at once without the hook.
 
-        Returns the job dict ("pausing" or "paused"). Raises LookupError for an unknown job,
+        Returns the job's record ("pausing" or "paused"). Raises LookupError for an unknown job,
         ValueError for one that cannot be paused now."""
         deadline = self.kernels.pause_deadline(job_ref, deadline)
         events: List[Event] = []
@@ -78,7 +78,7 @@ class Controller:
                 if deadline <= 0:
                     self.suspend(job, events, why=None)
             if job.state in vocab.PAUSED or job.state == S.PAUSING:
-                result = job.rec.to_json()
+                result = job.rec
                 self.table.flush_events(events)
                 return result
             if job.state not in vocab.RUNNING:
@@ -91,7 +91,7 @@ class Controller:
                 self.table.save(job)
             else:
                 self.suspend(job, events, why=None)
-            result = job.rec.to_json()
+            result = job.rec
         self.table.flush_events(events)
         return result
 
@@ -109,9 +109,9 @@ class Controller:
             note=note,
         )
 
-    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """Resume a paused job (the tree continues and/or the runner is told to), or relaunch
-        a parked one from its checkpoint under the same id. Returns the job dict.
+        a parked one from its checkpoint under the same id. Returns the job's record.
 
         Raises LookupError for an unknown job, ValueError for one that is not paused or parked
         or cannot be relaunched."""
@@ -135,7 +135,7 @@ class Controller:
                     f"job {job.id} is {job.state}; only a paused, parked or "
                     "stopped job can be resumed"
                 )
-            result = job.rec.to_json()
+            result = job.rec
         self.table.flush_events(events)
         return result
 
@@ -163,7 +163,7 @@ class Controller:
             )
         )
 
-    def _resume_stopped(self, saved: JobRecord, by: str, reason: str) -> Dict[str, Any]:
+    def _resume_stopped(self, saved: JobRecord, by: str, reason: str) -> JobRecord:
         """Relaunch a stopped job from its checkpoint under the same id, as a parked one."""
         job_id = saved.id
         if not saved.checkpoint_dir:
@@ -182,16 +182,16 @@ class Controller:
         self.launcher.relaunch(job, by, reason)
         self.table.ended.pop(job_id, None)
         self.table.jobs[job_id] = job
-        return job.rec.to_json()
+        return job.rec
 
     # -- park ---------------------------------------------------------------------------------
 
     def park(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Ask the runner to checkpoint, end training and exit (state "parking", then "parked"
         when the process has ended with the park exit status). A suspended tree is resumed
-        first so it can checkpoint. Returns the job dict. ``smaller``: a job that can shrink
+        first so it can checkpoint. Returns the job's record. ``smaller``: a job that can shrink
         is relaunched as soon as it has parked, at half its micro-batch (``jobs.job.
         smaller_accumulation``), instead of waiting for memory to come back.
 
@@ -204,7 +204,7 @@ class Controller:
             job = self.table.live(job_ref, "park")
             rec = job.rec
             if job.state == S.PARKING:
-                return rec.to_json()
+                return rec
             if job.state not in vocab.RUNNING | vocab.PAUSED | {S.PAUSING}:
                 raise Refused(f"job {job.id} is {job.state}; it cannot be parked now")
             if not rec.checkpoint_dir:
@@ -236,17 +236,17 @@ class Controller:
             self.table.move(job, On.PARK_ASKED, by=by, reason=reason)
             job.pause_deadline = None
             self.table.save(job)
-            return job.rec.to_json()
+            return job.rec
 
     # -- stop ---------------------------------------------------------------------------------
 
     def stop(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", force: bool = False
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Stop a job in steps (``trayapp.jobs.ladder``): the runner's own stop (when hooked),
         SIGINT to the group, SIGTERM to the tree, SIGKILL (Windows: CTRL_BREAK_EVENT, then
         terminate); ``force`` goes straight to SIGKILL. A suspended tree is continued first so
-        it can handle the signals. Returns the job dict ("stopping"); ``tick`` finishes it.
+        it can handle the signals. Returns the job's record ("stopping"); ``tick`` finishes it.
 
         Raises LookupError for an unknown job, ValueError for one that has ended."""
         with self.table.lock:
@@ -256,13 +256,13 @@ class Controller:
             if isinstance(job, JobRecord) or job.state not in vocab.LIVE:
                 raise Refused(f"job {job.id} is {job.state}; nothing to stop")
             self.begin_stop(job, by, reason, force)
-            return job.rec.to_json()
+            return job.rec
 
-    def kill(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def kill(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """``stop`` straight to SIGKILL."""
         return self.stop(job_ref, by=by, reason=reason, force=True)
 
-    def _stop_parked(self, job: Job, by: str, reason: str) -> Dict[str, Any]:
+    def _stop_parked(self, job: Job, by: str, reason: str) -> JobRecord:
         """A parked job has no process: stopping it just closes it (the checkpoint stays)."""
         end_reason = f"stopped by {by} while parked" + (f": {reason}" if reason else "")
         self.table.move(job, On.CLOSED, reason=end_reason, ended=now())
@@ -274,7 +274,7 @@ class Controller:
             job_id=job.id,
             data={"state": S.STOPPED.value, "exit_code": job.rec.exit_code},
         )
-        return job.rec.to_json()
+        return job.rec
 
     def begin_stop(self, job: Job, by: str, reason: str, force: bool, ask: bool = True) -> None:
         if job.state == S.STOPPING:
@@ -322,7 +322,7 @@ class Controller:
         job.stop_stage, job.stop_next = step.stage, step.due
         log.info("job %s: stop step %d", job.id, step.stage)
 
-    def pause_all(self, *, by: str = BY_USER, reason: str = "") -> List[Dict[str, Any]]:
+    def pause_all(self, *, by: str = BY_USER, reason: str = "") -> List[JobRecord]:
         """Pause every running job; returns their dicts."""
         with self.table.lock:
             ids = [j.id for j in self.table.jobs.values() if j.state in vocab.RUNNING]
@@ -341,21 +341,21 @@ class Controller:
         op = OPS.get(action) if isinstance(action, str) else None
         if op is None:
             raise Refused(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
-        job = op.run(self, args["job"], args.get("reason") or "")
-        return self._settle(job, op.wait(self))
+        rec = op.run(self, args["job"], args.get("reason") or "")
+        return self._settle(rec, op.wait(self)).to_json()
 
-    def _settle(self, job: Dict[str, Any], wait: float) -> Dict[str, Any]:
-        """Wait (at most ``wait`` seconds) for an action to finish; the job dict then."""
+    def _settle(self, rec: JobRecord, wait: float) -> JobRecord:
+        """Wait (at most ``wait`` seconds) for an action to finish; the job's record then."""
         deadline = time.monotonic() + wait
-        while job.get("state") in vocab.BUSY - {S.STARTING} and time.monotonic() < deadline:
+        while rec.state in vocab.BUSY - {S.STARTING} and time.monotonic() < deadline:
             time.sleep(SETTLE_POLL_SECONDS)
             try:
                 with self.table.lock:
-                    found = self.table.find(str(job["id"]))
+                    found = self.table.find(rec.id)
             except LookupError:
                 break
-            job = (found.rec if isinstance(found, Job) else found).to_json()
-        return job
+            rec = found.rec if isinstance(found, Job) else found
+        return rec
 
 
 @dataclass(frozen=True)
@@ -363,7 +363,7 @@ class Op:
     """One of the control channel's actions: ``run(manager, job, reason)`` and the seconds its
     answer waits, at most, for the job to leave the state the action put it in."""
 
-    run: Callable[[Controller, str, str], Dict[str, Any]]
+    run: Callable[[Controller, str, str], JobRecord]
     wait: Callable[[Controller], float]
 
 

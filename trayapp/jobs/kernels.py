@@ -32,7 +32,7 @@ from trayapp.jobs import trees
 from trayapp.jobs.braking import Brakes
 from trayapp.jobs.job import BY_USER, SUSPENDED, Event, Job
 from trayapp.jobs.options import JobSpec, SpecError
-from trayapp.jobs.record import KERNEL
+from trayapp.jobs.record import KERNEL, JobRecord
 from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.starting import Launcher, remove_folder
 from trayapp.jobs.table import JobTable
@@ -265,7 +265,7 @@ class KernelJobs:
                 "there and run the fit() again: it goes on from its checkpoint)"
             )
 
-    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """Interrupt a kernel's fit: the runner saves a checkpoint at the next batch end (with a
         checkpoint folder) and raises KeyboardInterrupt in the cell; the kernel lives on
         (state "parking" until the runner says so, then "running"). A suspended kernel is
@@ -274,7 +274,7 @@ class KernelJobs:
             job = self.table.live(job_ref, "interrupt")
             rec = job.rec
             if job.state == S.PARKING:
-                return rec.to_json()
+                return rec
             if not rec.kernel_in_fit or job.peer is None:
                 raise Refused(
                     f"kernel {job.id} runs no fit() that Headroom follows: there "
@@ -288,7 +288,7 @@ class KernelJobs:
             self.table.move(job, On.PARK_ASKED, by=by, reason=reason)
             job.pause_deadline = None
             self.table.save(job)
-            return job.rec.to_json()
+            return job.rec
 
     def fit_ended(self, job: Job, events: List[Event]) -> None:
         """The runner of a kernel says no fit runs: an interrupt under way has happened (under

@@ -119,7 +119,7 @@ class JobManager:
         env_from: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Start a job (``Launcher.start``)."""
-        return self.launcher.start(spec_json, environ, env_from)
+        return self.launcher.start(spec_json, environ, env_from).to_json()
 
     def pause(
         self,
@@ -138,7 +138,7 @@ class JobManager:
             job = self.table.jobs.get(job_ref)  # no lock: the stop comes before the bookkeeping
             leader = trees.stop_group_now(job.rec) if job is not None else 0
         try:
-            return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline)
+            return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline).to_json()
         except BaseException:
             if leader:
                 trees.continue_group(leader)  # refused: undone
@@ -146,31 +146,31 @@ class JobManager:
 
     def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
         """Resume, or relaunch, a job (``Controller.resume``)."""
-        return self.control.resume(job_ref, by=by, reason=reason)
+        return self.control.resume(job_ref, by=by, reason=reason).to_json()
 
     def park(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
     ) -> Dict[str, Any]:
         """Park a job; a kernel's fit is interrupted (``Controller.park``)."""
-        return self.control.park(job_ref, by=by, reason=reason, smaller=smaller)
+        return self.control.park(job_ref, by=by, reason=reason, smaller=smaller).to_json()
 
     def stop(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", force: bool = False
     ) -> Dict[str, Any]:
         """Stop a job in steps (``Controller.stop``)."""
-        return self.control.stop(job_ref, by=by, reason=reason, force=force)
+        return self.control.stop(job_ref, by=by, reason=reason, force=force).to_json()
 
     def kill(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
         """``stop`` straight to SIGKILL."""
-        return self.control.kill(job_ref, by=by, reason=reason)
+        return self.control.kill(job_ref, by=by, reason=reason).to_json()
 
     def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
         """Interrupt a kernel's fit (``KernelJobs.interrupt``)."""
-        return self.kernels.interrupt(job_ref, by=by, reason=reason)
+        return self.kernels.interrupt(job_ref, by=by, reason=reason).to_json()
 
     def pause_all(self, *, by: str = BY_USER, reason: str = "") -> List[Dict[str, Any]]:
         """Pause every running job; returns their dicts."""
-        return self.control.pause_all(by=by, reason=reason)
+        return [r.to_json() for r in self.control.pause_all(by=by, reason=reason)]
 
     def adopt_kernel(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         """Make the asking kernel a job (``KernelJobs.adopt_kernel``)."""

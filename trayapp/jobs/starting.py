@@ -80,8 +80,8 @@ class Launcher:
         spec_json: Dict[str, Any],
         environ: Optional[Dict[str, Any]] = None,
         env_from: Optional[str] = None,
-    ) -> Dict[str, Any]:
-        """Validate the spec and launch it. Returns the new job's dict (state "starting").
+    ) -> JobRecord:
+        """Validate the spec and launch it. Returns the new job's record (state "starting").
 
         ``environ``: the environment of the client that asked (``headroom run`` in a shell), so
         the job sees what ``python script.py`` in that shell would; the engine's own otherwise.
@@ -116,7 +116,7 @@ class Launcher:
             job_id=rec.id,
             data={"pid": rec.pid, "argv": list(rec.argv), "warnings": spec_warnings},
         )
-        return rec.to_json()
+        return rec
 
     def _new_job(
         self,

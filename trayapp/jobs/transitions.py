@@ -60,7 +60,8 @@ class Move:
     changes: Mapping[str, Any]
 
 
-Changes = Callable[[JobRecord, Optional[str], str], Dict[str, Any]]
+Fields = Dict[str, Any]  # a record's fields by name, as ``JobRecord.with_`` takes them
+Changes = Callable[[JobRecord, Optional[str], str], Fields]
 
 
 @dataclass(frozen=True)
@@ -78,34 +79,34 @@ _ACTIVE = _states(S.STARTING, S.RUNNING, S.PAUSING, S.PAUSED, S.PARKING)  # not 
 _LIVE = _ACTIVE | _states(S.STOPPING)
 
 
-def _none(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _none(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {}
 
 
-def _pause_asked(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _pause_asked(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {"pause_mode": None, "paused_by": by, "pause_reason": reason or None}
 
 
 def _paused(mode: str) -> Changes:
-    def changes(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+    def changes(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
         return {"pause_mode": mode, "paused_by": by, "pause_reason": reason or None}
 
     return changes
 
 
-def _pause_cleared(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _pause_cleared(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {"pause_mode": None, "paused_by": None, "pause_reason": None, "paused_at": None}
 
 
-def _park_asked(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _park_asked(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {"pause_mode": None, "parked_by": by, "park_reason": reason or None}
 
 
-def _interrupted(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _interrupted(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {"parked_by": None, "park_reason": None, **_pause_cleared(rec, by, reason)}
 
 
-def _stop_asked(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _stop_asked(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {"stopped_by": by, "stop_reason": reason or None}
 
 
@@ -114,12 +115,12 @@ def resumable_stop(rec: JobRecord, state: str) -> bool:
     return state == S.STOPPED and bool(rec.checkpoint_dir) and not rec.is_kernel
 
 
-def _closed(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _closed(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {"end_reason": reason, "resumable": resumable_stop(rec, S.STOPPED)}
 
 
 def _ended(state: S) -> Changes:
-    def changes(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+    def changes(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
         return {
             "end_reason": reason,
             "pids": (),
@@ -134,7 +135,7 @@ def _ended(state: S) -> Changes:
     return changes
 
 
-def _launched(rec: JobRecord, by: Optional[str], reason: str) -> Dict[str, Any]:
+def _launched(rec: JobRecord, by: Optional[str], reason: str) -> Fields:
     return {
         "exit_code": None,
         "ended": None,
