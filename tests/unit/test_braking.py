@@ -15,6 +15,7 @@ from trayapp.jobs.braking import STALL, STALL_SECONDS, Brakes, BrakeState
 from trayapp.jobs.cgroups import CgroupError, Reading
 from trayapp.jobs.job import Event, Job
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.table import JobTable
 from trayapp.readings import GpuStatus, MemoryReading, Snapshot
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -52,14 +53,15 @@ class FakeGroup:
 
 
 class Manager(Brakes):
-    """The brake's part of a job manager, alone: a reading of memory and the settings."""
+    """The brake's part of a job manager, alone: a table with a reading of memory and the
+    settings."""
 
     def __init__(self, available: int = 20 * GiB, total: int = 24 * GiB) -> None:
+        super().__init__(JobTable(None, None, emit=lambda *a, **k: None))  # type: ignore[arg-type]
         memory = MemoryReading(time=0.0, total_bytes=total, available_bytes=available,
                                used_bytes=total - available, swap_total_bytes=0,
                                swap_used_bytes=0, psi_some_avg10=None, psi_full_avg10=None)
-        self._snapshot = Snapshot(0.0, memory, (), GpuStatus("none"))
-        self._config = lambda: configmod.Config()
+        self.table.snapshot = Snapshot(0.0, memory, (), GpuStatus("none"))
         # What the machine offers, as found already (nothing of this machine's is read).
         self._offer = (True, cgroups.Offer(cgroups.V1, "", "/fake"))
 
@@ -76,7 +78,7 @@ def braked_job(**rec: Any) -> Job:
 
 def tick(m: Manager, job: Job, t: float) -> List[Event]:
     events: List[Event] = []
-    m._brake(job, t, events)
+    m.brake(job, t, events)
     return events
 
 
@@ -114,8 +116,8 @@ def test_a_stalled_job_that_can_shrink_is_ended_to_be_relaunched() -> None:
     assert group.killed == 0 and job.rec.rss_bytes == 1350 * MiB  # held: its whole use
     tick(m, job, 1.0 + STALL_SECONDS)
     assert group.killed == 1 and job.brake.ended == (STALL, 1350 * MiB)
-    assert m._brake_ending_now(job)
-    end = m._brake_ending(job, -9)
+    assert m.brake_ending_now(job)
+    end = m.brake_ending(job, -9)
     assert end is not None and end.state == S.PARKED and end.accumulation == 2
     assert end.cause == "stalled at its cgroup's limit of 1.3 GiB"
 
@@ -126,7 +128,7 @@ def test_a_limit_raised_as_memory_comes_back_lets_a_waiting_job_go_on() -> None:
     tick(m, job, 0.0)
     group.usage, group.under_oom = group.limit or 0, True
     tick(m, job, 1.0)
-    m._snapshot = Manager(available=3 * GiB, total=20 * GiB)._snapshot  # memory back
+    m.table.snapshot = Manager(available=3 * GiB, total=20 * GiB).table.snapshot  # memory back
     tick(m, job, 1.0 + STALL_SECONDS)
     assert group.killed == 0  # its limit went up: it is not taken for stalled
     tick(m, job, 1.0 + 2 * STALL_SECONDS)
@@ -154,7 +156,7 @@ def test_a_job_at_its_min_batch_held_at_its_budget_is_ended_to_be_stopped() -> N
     tick(m, job, 1.0)
     tick(m, job, 2.0)
     assert group.killed == 1
-    end = m._brake_ending(job, -9)
+    end = m.brake_ending(job, -9)
     assert end is not None and end.state == S.STOPPED and end.accumulation is None
 
 
@@ -164,7 +166,7 @@ def test_a_stop_asked_for_stays_a_stop() -> None:
     group.usage, group.under_oom = 1350 * MiB, True
     tick(m, job, 0.0)
     tick(m, job, 5.0)
-    assert group.killed == 0 and m._brake_ending(job, -9) is None
+    assert group.killed == 0 and m.brake_ending(job, -9) is None
 
 
 def test_a_cgroup_lost_under_a_job_is_one_line_and_the_guard_goes_on(
@@ -197,14 +199,14 @@ def test_a_budget_below_what_the_job_uses_is_said_once_and_the_limit_stays_above
 def test_a_resume_by_hand_gives_the_budget_a_tenth_more() -> None:
     m, job = Manager(), braked_job(ram_budget_bytes=1000 * MiB)
     job.cgroup.usage = 1000 * MiB
-    m._brake_resumed(job, 0.1)
+    m.brake_resumed(job, 0.1)
     tick(m, job, 0.0)
     assert job.cgroup.writes == [1100 * MiB]
 
 
 def test_turned_off_the_job_leaves_its_cgroup() -> None:
     m, job = Manager(), braked_job()
-    m._config = lambda: configmod.Config(values={"guard.kernel_brake": False})
+    m.table.config = lambda: configmod.Config(values={"guard.kernel_brake": False})
     tick(m, job, 0.0)
     assert job.cgroup is None and job.rec.protection == \
         "none: the guard only (the kernel brake was turned off)"
@@ -217,7 +219,7 @@ def test_with_the_guard_off_or_in_its_dry_run_nothing_holds_the_job(mode: str) -
     assert job.cgroup.writes == [1350 * MiB]  # acting: held at its budget
     config = configmod.Config()
     config.values["guard.mode"] = mode
-    m._config = lambda: config
+    m.table.config = lambda: config
     group = job.cgroup
     group.usage, group.under_oom = 1400 * MiB, True
     tick(m, job, 1.0)

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 import pytest
 
 from trayapp.jobs import cgroups
-from trayapp.jobs.braking import (
+from trayapp.jobs.brake_ends import (
     OOM_KILL,
     STALL,
     brake_accumulation,
@@ -23,7 +23,6 @@ from trayapp.jobs.cgroups import (
     NONE,
     V1,
     CgroupError,
-    JobCgroup,
     Offer,
     brake_limit,
     charged_elsewhere,
@@ -35,6 +34,7 @@ from trayapp.jobs.cgroups import (
     tag_of,
     worth_writing,
 )
+from trayapp.jobs.cgroups_v1 import JobCgroup
 from trayapp.jobs.record import JobRecord
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S

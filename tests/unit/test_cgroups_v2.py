@@ -345,7 +345,7 @@ def test_the_manager_places_a_job_in_a_scope_or_guards_it_without(
 
     monkeypatch.setattr(scopes, "_ask", ask)
     job = braked_job()
-    m._cgroup_place(job, 4242)
+    m.cgroup_place(job, 4242)
     assert isinstance(job.cgroup, ScopeCgroup)
     assert job.rec.protection == "kernel brake (cgroup v2, systemd)"
     folder = Path(job.cgroup.memory)
@@ -357,7 +357,7 @@ def test_the_manager_places_a_job_in_a_scope_or_guards_it_without(
     monkeypatch.setattr(scopes, "_ask", refuse)
     other = braked_job(id="j2")
     with caplog.at_level(logging.WARNING, logger="headroom.jobs"):
-        m._cgroup_place(other, 4242)
+        m.cgroup_place(other, 4242)
     assert other.cgroup is None
     assert other.rec.protection == ("none: the guard only (the systemd user manager made no "
                                     "scope for it: Failed to connect to bus)")

@@ -15,6 +15,7 @@ from trayapp.config import Config
 from trayapp.engine.guard import Policy
 from trayapp.engine.guarding import ConfigPolicy, GuardService
 from trayapp.engine.service import Engine
+from trayapp.jobs import trees
 from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import NoGpuBackend
 from trayapp.probes.processes import ProcessSampler
@@ -53,6 +54,7 @@ class Manager:
         self.records = {r.id: r for r in records}
         self.acts: List[Tuple[str, str, str, Optional[float]]] = []
         self.refuse = False
+        self.stopped_at_once: List[int] = []
 
     def jobs(self) -> List[JobRecord]:
         return list(self.records.values())
@@ -61,7 +63,10 @@ class Manager:
         return None  # not metered: the service sums the pids' RSS itself
 
     def pause(self, job_ref: str, /, *, by: str, reason: str,
-              deadline: Optional[float]) -> Dict[str, Any]:
+              deadline: Optional[float], at_once: bool = False) -> Dict[str, Any]:
+        if at_once:  # as the job manager does: the group stopped before anything else
+            leader = trees.stop_group_now(self.records[job_ref])
+            self.stopped_at_once.append(leader)
         if self.refuse:
             raise ValueError(f"job {job_ref} cannot be paused now")
         self.acts.append(("pause", job_ref, by, deadline))
@@ -121,6 +126,7 @@ def test_a_service_without_an_engine_pauses_and_resumes_a_job(child) -> None:  #
     # Short: the job is suspended at once (no Keras hook), its group before the manager.
     tick(svc, machine, pct(7))
     assert manager.acts == [("pause", "a1", "guard", 0.0)]
+    assert manager.stopped_at_once == [child.pid]  # asked of the manager: at once
     deadline = time.monotonic() + 5.0
     while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED:
         assert time.monotonic() < deadline, "the job's group was not stopped"

@@ -7,15 +7,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
+import psutil
 import pytest
 
 from tests.unit.test_launcher import Events, ticker, until
 from trayapp.config import Paths, get_paths
 from trayapp.engine.store import Store
 from trayapp.jobs import control, eta
+from trayapp.jobs.job import Job
 from trayapp.jobs.manager import JobManager, ending
 from trayapp.jobs.record import JobRecord
 from trayapp.runner import protocol as rp
@@ -108,14 +113,14 @@ def test_every_action_has_its_operation_and_wait(paths: Paths, store: Store) -> 
     assert control.ACTIONS == ("pause", "resume", "park", "stop", "kill")
     manager = JobManager(paths, store, emit=Events(), subreaper=False)
     try:
-        waits = {name: op.wait(manager) for name, op in control.OPS.items()}
+        waits = {name: op.wait(manager.control) for name, op in control.OPS.items()}
         assert waits["resume"] == 0 and waits["park"] == control.PARK_SETTLE_SECONDS
-        assert waits["pause"] == manager._pause_deadline(None) + 1.0
+        assert waits["pause"] == manager.table.pause_deadline(None) + 1.0
         assert all(w >= 0 for w in waits.values())
         with pytest.raises(ValueError, match=r"^unknown action 'explode' \(one of pause, "):
-            manager._op_action(None, {"action": "explode", "job": "x"})  # type: ignore[arg-type]
+            manager.control.op_action(None, {"action": "explode", "job": "x"})  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="^unknown action"):
-            manager._op_action(None, {"action": ["stop"], "job": "x"})  # type: ignore[arg-type]
+            manager.control.op_action(None, {"action": ["stop"], "job": "x"})  # type: ignore[arg-type]
     finally:
         manager.close()
 
@@ -176,4 +181,44 @@ def test_adoption_leaves_out_a_saved_row_it_cannot_read(paths: Paths, store: Sto
         with pytest.raises(LookupError):
             manager.get("0bad0001")
     finally:
+        manager.close()
+
+
+# -- a pause at once ------------------------------------------------------------------------------
+
+
+def stopped(proc: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="process groups")
+@pytest.mark.parametrize("state, refused", [(S.RUNNING, False), (S.STOPPING, True)])
+def test_a_pause_at_once_stops_the_group_first_and_undoes_it_when_refused(
+        paths: Paths, store: Store, state: S, refused: bool) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    manager = JobManager(paths, store, emit=Events(), subreaper=False)
+    try:
+        rec = JobRecord(id="a0000001", name="train.py", state=state.value, pid=child.pid,
+                        pids=(child.pid,), create_time=psutil.Process(child.pid).create_time())
+        job = Job(rec, b"")  # not the manager's child: its tree is not walked here
+        manager.table.jobs[rec.id] = job
+        if refused:
+            with pytest.raises(ValueError, match="cannot be paused now"):
+                manager.pause(rec.id, by="guard", reason="memory", deadline=0, at_once=True)
+            time.sleep(0.2)
+            assert psutil.Process(child.pid).status() != psutil.STATUS_STOPPED  # continued
+        else:
+            paused = manager.pause(rec.id, by="guard", reason="memory", deadline=0, at_once=True)
+            assert paused["state"] == "paused" and paused["pause_mode"] == "suspended"
+            assert stopped(child)  # by its group, before the manager's bookkeeping
+        manager.table.jobs.pop(rec.id)
+    finally:
+        child.kill()
+        child.wait(10)
         manager.close()

@@ -17,8 +17,6 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -74,11 +72,22 @@ BY = "guard"  # who the job manager is told paused, parked or stopped a job
 
 class JobActs(Protocol):
     """What the guard asks of the job manager besides its jobs: a job's memory now, and the
-    four acts (each raises LookupError or ValueError when it cannot be done)."""
+    four acts (each raises LookupError or ValueError when it cannot be done). A pause
+    ``at_once`` stops the job's process group before anything else, and continues it again
+    when the pause is refused: the job's side signals its processes, never the guard."""
 
     def tree_bytes(self, job_id: str, pids: Sequence[int], /) -> Optional[int]: ...
 
-    def pause(self, job_ref: str, /, *, by: str, reason: str, deadline: Optional[float]) -> Any: ...
+    def pause(
+        self,
+        job_ref: str,
+        /,
+        *,
+        by: str,
+        reason: str,
+        deadline: Optional[float],
+        at_once: bool = ...,
+    ) -> Any: ...
 
     def resume(self, job_ref: str, /, *, by: str, reason: str) -> Any: ...
 
@@ -400,39 +409,21 @@ class GuardService:
         ref = action.job_id
         assert ref is not None
         if action.kind == A.PAUSE:
-            group = self._stop_group_now(action) if action.deadline_seconds == 0 else None
-            try:
-                manager.pause(ref, by=BY, reason=action.reason, deadline=action.deadline_seconds)
-            except BaseException:
-                if group is not None:
-                    _signal_group(group, signal.SIGCONT)  # the manager refused: undo
-                raise
+            # At its last resort (no deadline) the job's group is stopped before the manager's
+            # bookkeeping, by the manager (trayapp.jobs.trees signals a job's processes).
+            manager.pause(
+                ref,
+                by=BY,
+                reason=action.reason,
+                deadline=action.deadline_seconds,
+                at_once=action.deadline_seconds == 0,
+            )
         elif action.kind == A.RESUME:
             manager.resume(ref, by=BY, reason=action.reason)
         elif action.kind == A.PARK:
             manager.park(ref, by=BY, reason=action.reason, smaller=bool(action.data.get("smaller")))
         elif action.kind == A.STOP:
             manager.stop(ref, by=BY, reason=action.reason)
-
-    def _stop_group_now(self, action: Action) -> Optional[int]:
-        """SIGSTOP the job's process group at once, before the manager's bookkeeping (its
-        lock, a walk of the tree, a write to the store) delays the suspend by milliseconds of
-        growth. The manager then suspends the whole tree as usual. Returns the group, or None
-        where there is none to stop (Windows, a job that is gone)."""
-        if sys.platform == "win32" or self._last_input is None:
-            return None
-        job = next((j for j in self._last_input.jobs if j.id == action.job_id), None)
-        if job is None or not job.pids:
-            return None
-        group = job.pids[0]  # jobs start in their own session: the root leads the group
-        if job.create_time is not None and same_process(group, job.create_time) is None:
-            return None  # an adopted root (a kernel) that has ended: its pid may be reused
-        try:
-            if os.getpgid(group) != group:
-                return None
-        except OSError:
-            return None
-        return group if _signal_group(group, signal.SIGSTOP) else None
 
     def _act_on_process(self, action: Action) -> None:
         pid = action.pid
@@ -548,14 +539,6 @@ class GuardService:
             "suspended_processes": sorted(self._foreign_paused),
             "last_action": self.state.last_action,
         }
-
-
-def _signal_group(group: int, sig: int) -> bool:
-    try:
-        os.killpg(group, sig)
-        return True
-    except OSError:
-        return False
 
 
 def _rule_for(name: str, rules: Sequence[Rule]) -> Optional[Rule]:

@@ -36,10 +36,18 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
-from trayapp.jobs import cgroups, cgroups_v2, scopes
-from trayapp.jobs.cgroups import CgroupError, JobCgroup, Offer
+from trayapp.jobs import cgroups, cgroups_v2, scopes, trees
+from trayapp.jobs.brake_ends import (
+    OOM_KILL,
+    STALL,
+    BrakeEnd,
+    brake_accumulation,
+    brake_end,
+    held_note,
+)
+from trayapp.jobs.cgroups import CgroupError, Offer
+from trayapp.jobs.cgroups_v1 import JobCgroup
 from trayapp.jobs.job import SUSPENDED, Event, Job
-from trayapp.jobs.record import JobRecord, smallest_micro_batch
 from trayapp.jobs.scopes import ScopeCgroup
 from trayapp.jobs.table import JobTable
 from trayapp.vocab import EventKind as E
@@ -52,8 +60,6 @@ log = logging.getLogger("headroom.jobs")
 STALL_SECONDS = 0.5
 PARK_RESERVE_DEFAULT = "5%"
 STOP_RESERVE_DEFAULT = "2%"
-STALL = "stall"
-OOM_KILL = "oom_kill"
 
 
 @dataclass
@@ -69,133 +75,21 @@ class BrakeState:
     grace_bytes: int = 0  # the budget a resume by hand raised it to (as the guard's grace)
 
 
-@dataclass(frozen=True)
-class BrakeEnd:
-    """How a run that the brake ended (or the OOM killer did) ends: the state, end reason and
-    event, and the accumulation to relaunch at (None: not relaunched)."""
-
-    state: str
-    reason: str
-    kind: str
-    level: str
-    message: str
-    accumulation: Optional[int] = None
-    from_checkpoint: bool = True
-    cause: str = ""  # what happened, in words ("stalled at its cgroup's limit of 1.1 GiB")
-
-
-def brake_accumulation(rec: JobRecord) -> Optional[int]:
-    """The accumulation of a relaunch at half the micro-batch (the same training), or None
-    where the job cannot train smaller (``why_not_smaller`` says why). Unlike the guard's
-    "relaunch smaller" it needs no checkpoint folder: without one, the relaunch starts over."""
-    if not rec.hooked or not rec.shrinkable or not rec.batch or rec.is_kernel:
-        return None
-    k = (rec.accumulation or 1) * 2
-    if rec.batch % k or rec.batch // k < smallest_micro_batch(rec):
-        return None
-    return k
-
-
-def why_not_smaller(rec: JobRecord) -> str:
-    """Why ``brake_accumulation`` is None for ``rec``, in words."""
-    if rec.is_kernel:
-        return "a Jupyter kernel is not relaunched"
-    if not rec.hooked:
-        return "it does not report to Headroom (no Keras fit hooked), so it cannot train smaller"
-    if not rec.shrinkable or not rec.batch:
-        return (
-            "its fit cannot train at a smaller micro-batch (Keras 2, input it cannot "
-            "re-batch, or --on-oom stop)"
-        )
-    micro = rec.batch // (rec.accumulation or 1)
-    floor = smallest_micro_batch(rec)
-    if micro // 2 < floor:
-        return f"half its micro-batch of {micro} would be below --min-batch {floor}"
-    return f"its batch of {rec.batch} does not split into micro-batches of {micro // 2}"
-
-
-def held_note(rec: JobRecord, limit: int, where: str) -> str:
-    """The note for a job the kernel holds at its cgroup's ``limit`` (``where``: what the
-    limit is) that is not relaunched: a kernel's state lives in its process, so it is held,
-    never killed; the note says how to go on."""
-    if rec.is_kernel:
-        return (
-            f"kernel {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
-            f"{format_bytes(limit)} ({where}): its variables live in the process, so it is "
-            "not relaunched, and the OOM killer does not end it. To go on, interrupt the "
-            f"cell (it takes effect once the kernel runs again), or resume it by hand "
-            f"('headroom resume {rec.id}'), which raises its limit by a tenth of its "
-            "budget; it also goes on by itself when its limit rises"
-        )
-    return (
-        f"job {rec.id} ({rec.name}) is held by the kernel at its cgroup's limit of "
-        f"{format_bytes(limit)} ({where}): {why_not_smaller(rec)}; it goes on when its "
-        "limit rises"
-    )
-
-
-def progress_lost(rec: JobRecord) -> str:
-    """What a start from the beginning costs, in words."""
-    done = []
-    if rec.epoch and rec.epochs:
-        done.append(f"epoch {rec.epoch} of {rec.epochs}")
-    if rec.step is not None and rec.steps:
-        done.append(f"step {rec.step} of {rec.steps}")
-    where = f" (it was at {', '.join(done)})" if done else ""
-    return f"no checkpoint folder: the training so far is lost{where}"
-
-
-def brake_end(rec: JobRecord, cause: str, size: int) -> BrakeEnd:
-    """How a run ends that the brake ended (``cause`` STALL: held at its cgroup's limit of
-    ``size`` bytes) or the kernel's OOM killer did (OOM_KILL: at ``size`` bytes)."""
-    head = f"job {rec.id} ({rec.name})"
-    shown = format_bytes(size)
-    what = (
-        f"stalled at its cgroup's limit of {shown}"
-        if cause == STALL
-        else f"the kernel's OOM killer ended it at {shown}"
-    )
-    k = brake_accumulation(rec)
-    if k is not None and rec.batch:
-        micro = rec.batch // k
-        ck = bool(rec.checkpoint_dir)
-        how = "from its checkpoint" if ck else "from the beginning"
-        said = f"{what}; relaunched {how} at micro-batches of {micro} x {k} (the same training)"
-        if not ck:
-            said += f"; {progress_lost(rec)}"
-        return BrakeEnd(
-            S.PARKED,
-            f"ended by the engine: {what}",
-            E.JOB_BRAKED,
-            "warn",
-            f"{head} {said}",
-            k,
-            ck,
-            what,
-        )
-    why = why_not_smaller(rec)
-    if cause == STALL:
-        reason = f"stopped by the engine: {what}; {why}"
-        message = f"{head} {reason}"
-        if rec.checkpoint_dir:
-            message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
-        return BrakeEnd(S.STOPPED, reason, E.JOB_STOPPED, "warn", message, cause=what)
-    reason = f"{what}; not relaunched: {why}"
-    return BrakeEnd(S.FAILED, reason, E.JOB_FAILED, "error", f"{head} failed: {reason}", cause=what)
-
-
-class Brakes(JobTable):
-    """The job manager's kernel brake (see the module docstring). ``cgroup_root`` and
-    ``proc_cgroup`` point it at another cgroupfs (tests)."""
+class Brakes:
+    """The job manager's kernel brake (see the module docstring), on the jobs of ``table``.
+    ``cgroup_root`` and ``proc_cgroup`` point it at another cgroupfs (tests)."""
 
     cgroup_root = cgroups.ROOT
     proc_cgroup = "/proc/self/cgroup"
-    _offer: Optional[Tuple[bool, Offer]] = None
+
+    def __init__(self, table: JobTable) -> None:
+        self.table = table
+        self._offer: Optional[Tuple[bool, Offer]] = None
 
     def cgroup_offer(self) -> Offer:
         """What this machine offers the jobs (found once; again when the setting
         ``guard.kernel_brake`` changes)."""
-        enabled = bool(self._setting("guard.kernel_brake", True))
+        enabled = bool(self.table.setting("guard.kernel_brake", True))
         found = self._offer
         if found is None or found[0] != enabled:
             offer = cgroups.detect(self.cgroup_root, self.proc_cgroup, enabled=enabled)
@@ -215,7 +109,7 @@ class Brakes(JobTable):
 
     # -- a job's cgroups ----------------------------------------------------------------------
 
-    def _cgroup_place(self, job: Job, pid: int) -> None:
+    def cgroup_place(self, job: Job, pid: int) -> None:
         """Put the job's new process ``pid`` in cgroups of its own, its first limit written
         before it is moved in. Where that fails, one log line: the guard alone guards it."""
         job.cgroup, job.brake = None, BrakeState()
@@ -252,7 +146,7 @@ class Brakes(JobTable):
         job.cgroup = group
         job.change(protection=offer.words, cgroup_memory=None)
 
-    def _cgroup_place_kernel(self, job: Job, pids: List[int]) -> None:
+    def cgroup_place_kernel(self, job: Job, pids: List[int]) -> None:
         """A Jupyter kernel, adopted: its running process tree (``pids``, its root first) is
         moved into cgroups of its own, as a script job's is at its start. The memory it holds
         already stays charged where it was (v1 is asked to move it where it can, v2 never
@@ -310,7 +204,7 @@ class Brakes(JobTable):
                 continue
         return cgroups.charged_elsewhere(r.usage, total if seen else None)
 
-    def _cgroup_adopt(self, job: Job) -> None:
+    def cgroup_adopt(self, job: Job) -> None:
         """An earlier engine's job, taken back: its cgroups too, where its process still is
         in them; else the guard alone."""
         job.cgroup, job.brake = None, BrakeState()
@@ -344,7 +238,7 @@ class Brakes(JobTable):
             except CgroupError:
                 pass
 
-    def _cgroup_release(self, job: Job) -> None:
+    def cgroup_release(self, job: Job) -> None:
         """The run has ended: its cgroups go (what is left in them moves to the parents)."""
         group, job.cgroup = job.cgroup, None
         if group is not None:
@@ -365,7 +259,7 @@ class Brakes(JobTable):
         else:
             job.change(cgroup_memory=shown)
 
-    def _cgroup_bytes(self, job: Job) -> Optional[int]:
+    def cgroup_bytes(self, job: Job) -> Optional[int]:
         """The job's memory now from its cgroup (``Reading.held``), None without one."""
         group = job.cgroup
         if group is None:
@@ -381,7 +275,7 @@ class Brakes(JobTable):
         """The limit for the job now (``cgroups.brake_limit``; with ``outside`` bytes its
         processes hold charged elsewhere, ``cgroups.kernel_limit``), None before the engine's
         first reading of memory."""
-        snap = self._snapshot
+        snap = self.table.snapshot
         if snap is None:
             return None
         mem = snap.memory
@@ -393,7 +287,7 @@ class Brakes(JobTable):
             else ("guard.park_available", PARK_RESERVE_DEFAULT)
         )
         try:
-            reserve = Threshold.parse(self._setting(name, default))
+            reserve = Threshold.parse(self.table.setting(name, default))
         except ValueError:
             reserve = Threshold.parse(default)
         budget = self._brake_budget(job)
@@ -429,7 +323,7 @@ class Brakes(JobTable):
             r.limit,
         )
 
-    def _brake(self, job: Job, t: float, events: List[Event]) -> None:
+    def brake(self, job: Job, t: float, events: List[Event]) -> None:
         """One tick of the brake for a live job: read its cgroup, write its limit, take its
         memory from it, and handle a stall (``_stalled``)."""
         group = job.cgroup
@@ -446,7 +340,7 @@ class Brakes(JobTable):
             shown = r.to_json()
             if job.rec.is_kernel:
                 shown["charged_elsewhere_bytes"] = outside
-            if str(self._setting("guard.mode", "act")) != "act":
+            if str(self.table.setting("guard.mode", "act")) != "act":
                 # The guard off or in its dry run: nothing holds the job; its memory still
                 # read exactly from its cgroup.
                 if r.limit is not None:
@@ -488,7 +382,7 @@ class Brakes(JobTable):
         except CgroupError:
             pass  # the next read says it
 
-    def _cgroup_hand_over(self, job: Job) -> None:
+    def cgroup_hand_over(self, job: Job) -> None:
         """The engine goes away: a frozen job is left stopped by signal instead (paused still,
         and a SIGKILL from anyone ends it); the next engine takes its cgroups back."""
         group = job.cgroup
@@ -561,11 +455,7 @@ class Brakes(JobTable):
             group.kill()
         except CgroupError as e:
             log.warning("job %s: %s", rec.id, e)
-        if job.process is not None:
-            try:
-                job.process.send_signal(signal.SIGKILL)
-            except Exception:  # psutil.Error: it is gone already
-                pass
+        trees.kill_root(job)
 
     def _brake_budget(self, job: Job) -> Optional[int]:
         """The job's RAM budget as the brake holds it: raised by what a resume by hand gave."""
@@ -575,7 +465,7 @@ class Brakes(JobTable):
             return budget
         return max(budget, st.grace_bytes)
 
-    def _brake_resumed(self, job: Job, share: float) -> None:
+    def brake_resumed(self, job: Job, share: float) -> None:
         """A resume by hand of a job at (or near) its budget: its limit gets ``share`` of the
         budget more than it uses now, as the guard's own threshold does, so the resume sticks
         instead of leaving it stalled in the kernel."""
@@ -590,11 +480,11 @@ class Brakes(JobTable):
             st.grace_bytes = max(st.grace_bytes, int(used + share * budget))
             st.stalled_since = None
 
-    def _brake_ending_now(self, job: Job) -> bool:
+    def brake_ending_now(self, job: Job) -> bool:
         """The brake is ending this run (to relaunch it smaller): the guard leaves it be."""
         return job.brake is not None and job.brake.ended is not None
 
-    def _brake_ending(self, job: Job, code: Optional[int]) -> Optional[BrakeEnd]:
+    def brake_ending(self, job: Job, code: Optional[int]) -> Optional[BrakeEnd]:
         """How the run ends when the brake ended it, or the kernel's OOM killer did (SIGKILL
         with its cgroup's ``oom_kill`` counter risen); None for any other end."""
         st, group = job.brake, job.cgroup

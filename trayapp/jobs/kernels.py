@@ -28,11 +28,16 @@ import psutil
 from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.errors import Refused
-from trayapp.jobs.control import JobControl
-from trayapp.jobs.job import BY_USER, Job
+from trayapp.jobs import trees
+from trayapp.jobs.braking import Brakes
+from trayapp.jobs.job import BY_USER, SUSPENDED, Event, Job
 from trayapp.jobs.options import JobSpec, SpecError
-from trayapp.jobs.record import KERNEL
-from trayapp.jobs.starting import remove_folder
+from trayapp.jobs.record import KERNEL, JobRecord
+from trayapp.jobs.runner_link import RunnerLink
+from trayapp.jobs.starting import Launcher, remove_folder
+from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
+from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -126,8 +131,18 @@ def kernel_name(args: Dict[str, Any]) -> str:
     return one_line(name, MAX_NAME) if isinstance(name, str) and name.strip() else KERNEL
 
 
-class KernelJobs(JobControl):
-    """The job manager's kernels: adoption, and the kernel's ladder."""
+class KernelJobs:
+    """The job manager's kernels, among the jobs of ``table``: adoption (each with its channel,
+    ``link``, its folder and record as a job's, ``launcher``, its cgroups, ``brakes``), and
+    the kernel's ladder, which the controller asks of it."""
+
+    def __init__(
+        self, table: JobTable, link: RunnerLink, launcher: Launcher, brakes: Brakes
+    ) -> None:
+        self.table = table
+        self.link = link
+        self.launcher = launcher
+        self.brakes = brakes
 
     def kernel_handlers(self) -> Dict[str, Any]:
         return {"kernel_adopt": self.adopt_kernel}
@@ -135,36 +150,36 @@ class KernelJobs(JobControl):
     def adopt_kernel(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         """Make the asking kernel a job (or find the one it is already); returns ``{"job",
         "address", "key" (hex)}``. Raises ValueError for a request it does not take."""
-        if self._closed:
+        if self.table.closed:
             raise Refused("the engine is shutting down")
         proc = kernel_process(args.get("pid"), peer_credentials(peer))
         try:
             create_time = proc.create_time()
         except psutil.Error:
             raise Refused("kernel_adopt: the process is gone") from None
-        with self._lock:
+        with self.table.lock:
             job = self._kernel_job(proc.pid, create_time)
             if job is None:
-                live = sum(1 for j in self._jobs.values() if j.rec.is_kernel)
+                live = sum(1 for j in self.table.jobs.values() if j.rec.is_kernel)
                 if live >= MAX_KERNELS:
                     raise Refused(
                         f"kernel_adopt: {live} kernels are watched already, the "
                         "most the engine takes"
                     )
                 job = self._new_kernel(proc, create_time, args)
-                self._jobs[job.id] = job
-                self._save(job)
+                self.table.jobs[job.id] = job
+                self.table.save(job)
                 fresh = True
             else:
                 fresh = False
             answer = {
                 "job": job.id,
-                "address": self.paths.job_address(job.id),
+                "address": self.table.paths.job_address(job.id),
                 "key": job.key.hex(),
             }
             rec = job.rec
         if fresh:
-            self._emit(
+            self.table.emit(
                 E.JOB_ADOPTED,
                 f"kernel {rec.id} ({rec.name}) is a job now (pid {rec.pid}): the guard watches it",
                 job_id=rec.id,
@@ -173,7 +188,7 @@ class KernelJobs(JobControl):
         return answer
 
     def _kernel_job(self, pid: int, create_time: float) -> Optional[Job]:
-        for job in self._jobs.values():
+        for job in self.table.jobs.values():
             rec = job.rec
             if (
                 rec.is_kernel
@@ -183,7 +198,7 @@ class KernelJobs(JobControl):
                 and abs(rec.create_time - create_time) < 0.01
             ):
                 if job.server is None:
-                    self._open_channel(job)
+                    self.link.open_channel(job)
                 return job
         return None
 
@@ -191,18 +206,18 @@ class KernelJobs(JobControl):
         """The kernel's folder, key, spec and channel (under the lock)."""
         spec = kernel_spec(args.get("kernel"))
         try:
-            applied = self._with_preset(spec)
+            applied = self.launcher.with_preset(spec)
         except SpecError as e:
             log.warning("a kernel's preset was not applied (%s)", one_line(e))
             applied = spec
         spec_data = {k: v for k, v in spec.to_json().items() if k not in ("script", "args")}
         try:
-            job_id, folder, key = self._new_folder(spec_data)
+            job_id, folder, key = self.launcher.new_folder(spec_data)
         except OSError as e:
             raise Refused(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
         connection = args.get("connection_file")
         rec = dataclasses.replace(
-            self._new_record(job_id, applied, spec_data, folder, []),
+            self.launcher.new_record(job_id, applied, spec_data, folder, []),
             name=kernel_name(args),
             kind=KERNEL,
             pid=proc.pid,
@@ -215,86 +230,74 @@ class KernelJobs(JobControl):
         job.process = proc
         job.known = {proc.pid: proc}
         try:
-            self._open_channel(job)
+            self.link.open_channel(job)
         except ValueError:
             remove_folder(folder)
             raise
-        self._cgroup_place_kernel(job, kernel_tree(proc))
+        self.brakes.cgroup_place_kernel(job, kernel_tree(proc))
         return job
 
-    # -- the kernel's ladder ------------------------------------------------------------------
+    # -- the kernel's ladder (the controller asks) ---------------------------------------------
 
-    def pause(
-        self, job_ref: str, *, by: str = BY_USER, reason: str = "", deadline: Optional[float] = None
-    ) -> Dict[str, Any]:
-        """As for a script; a kernel between fits is suspended at once (nothing to wait for)."""
-        with self._lock:
-            job = self._find(job_ref)
+    def pause_deadline(self, job_ref: str, deadline: Optional[float]) -> Optional[float]:
+        """The pause deadline for the job: as asked for a script; 0 for a kernel between fits
+        (it is suspended at once: nothing to wait for)."""
+        with self.table.lock:
+            job = self.table.find(job_ref)
             idle = isinstance(job, Job) and job.rec.is_kernel and not job.rec.kernel_in_fit
-        return super().pause(job_ref, by=by, reason=reason, deadline=0 if idle else deadline)
+        return 0 if idle else deadline
 
-    def park(
-        self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
-    ) -> Dict[str, Any]:
-        """A kernel is not parked: its fit is interrupted (``interrupt``)."""
-        with self._lock:
-            job = self._find(job_ref)
-            kernel = isinstance(job, Job) and job.rec.is_kernel
-        if kernel:
-            return self.interrupt(job_ref, by=by, reason=reason)
-        return super().park(job_ref, by=by, reason=reason, smaller=smaller)
+    def is_kernel(self, job_ref: str) -> bool:
+        """Whether the job is a live (or parked) kernel: it is not parked, its fit is
+        interrupted instead (``interrupt``)."""
+        with self.table.lock:
+            job = self.table.find(job_ref)
+            return isinstance(job, Job) and job.rec.is_kernel
 
-    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def check_resume(self, job_ref: str) -> None:
+        """Refuse (ValueError) to resume a kernel that has ended: Jupyter starts kernels."""
+        with self.table.lock:
+            found = self.table.find(job_ref)
+        rec = found.rec if isinstance(found, Job) else found
+        if rec.is_kernel and rec.state in vocab.ENDED:
+            raise Refused(
+                f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
+                "there and run the fit() again: it goes on from its checkpoint)"
+            )
+
+    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """Interrupt a kernel's fit: the runner saves a checkpoint at the next batch end (with a
         checkpoint folder) and raises KeyboardInterrupt in the cell; the kernel lives on
         (state "parking" until the runner says so, then "running"). A suspended kernel is
         continued first. Raises ValueError when no fit runs or the kernel is not connected."""
-        from trayapp.jobs import trees
-
-        with self._lock:
-            job = self._live(job_ref, "interrupt")
+        with self.table.lock:
+            job = self.table.live(job_ref, "interrupt")
             rec = job.rec
             if job.state == S.PARKING:
-                return rec.to_json()
+                return rec
             if not rec.kernel_in_fit or job.peer is None:
                 raise Refused(
                     f"kernel {job.id} runs no fit() that Headroom follows: there "
                     "is nothing to interrupt (pause or stop it instead)"
                 )
-            if rec.pause_mode == vocab.PauseMode.SUSPENDED:
+            if rec.pause_mode == SUSPENDED:
                 trees.resume(job)
-            if not self._send(job, "park"):
+            if not self.table.send(job, rp.PARK):
                 raise Refused(f"kernel {job.id} did not take the request (its channel closed)")
             job.park_note = (by, reason)
-            job.move(S.PARKING, pause_mode=None, parked_by=by, park_reason=reason or None)
+            self.table.move(job, On.PARK_ASKED, by=by, reason=reason)
             job.pause_deadline = None
-            self._save(job)
-            return job.rec.to_json()
+            self.table.save(job)
+            return job.rec
 
-    def _stops_itself(self, job: Job) -> bool:
-        """A connected kernel ends itself on a stop, Keras or not: at once between fits, at the
-        next batch end in one. (Signals are slow on a kernel: ipykernel takes SIGINT as an
-        interrupt of the cell, so the stop would wait for SIGTERM.)"""
-        if job.rec.is_kernel and job.peer is not None:
-            return True
-        return super()._stops_itself(job)
-
-    def kernel_idle(self, job: Job, events: list) -> None:
+    def fit_ended(self, job: Job, events: List[Event]) -> None:
         """The runner of a kernel says no fit runs: an interrupt under way has happened (under
-        the lock; its event goes to ``events``)."""
+        the lock; its event goes to ``events``). The runner link tells it."""
         if job.state != S.PARKING:
             return
         by, why = job.park_note
-        job.move(
-            S.RUNNING,
-            parked_by=None,
-            park_reason=None,
-            pause_mode=None,
-            paused_by=None,
-            pause_reason=None,
-            paused_at=None,
-        )
-        self._save(job)
+        self.table.move(job, On.INTERRUPTED)
+        self.table.save(job)
         point = job.rec.checkpoint.path if job.rec.checkpoint is not None else None
         where = (
             f"; its checkpoint is in {point}"
@@ -315,13 +318,12 @@ class KernelJobs(JobControl):
             )
         )
 
-    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
-        with self._lock:
-            found = self._find(job_ref)
-        rec = found.rec if isinstance(found, Job) else found
-        if rec.is_kernel and rec.state in vocab.ENDED:
-            raise Refused(
-                f"kernel {rec.id} has ended; Jupyter starts kernels (restart it "
-                "there and run the fit() again: it goes on from its checkpoint)"
-            )
-        return super().resume(job_ref, by=by, reason=reason)
+
+def stops_itself(job: Job) -> bool:
+    """The runner is the stop's first step: it hooked ``fit`` (its stop saves first), or the
+    job is a connected kernel, which ends itself on a stop, Keras or not: at once between
+    fits, at the next batch end in one. (Signals are slow on a kernel: ipykernel takes SIGINT
+    as an interrupt of the cell, so the stop would wait for SIGTERM.)"""
+    if job.rec.is_kernel and job.peer is not None:
+        return True
+    return job.rec.hooked

@@ -15,10 +15,13 @@ A parked job that is resumed is relaunched under the same id (same folder, log a
 checkpoint. So is a stopped job that has a checkpoint folder: the runner's stop saves where
 training is, ends ``fit()`` and exits with ``STOP_EXIT_CODE`` before the rest of the script.
 
-The parts: ``table`` (the jobs, the store), ``runner_link`` (the runner's messages),
-``braking`` (each job's cgroups and the kernel brake), ``starting`` (launching), ``control``
-(pause, resume, park, stop), ``ladder`` (the stop's steps), ``trees`` (process trees),
-``logpages`` (logs), ``eta``; this module ties them up.
+The parts, each an object holding the one table of jobs: ``table`` (the jobs, the store),
+``runner_link`` (the runner's messages), ``braking`` (each job's cgroups and the kernel
+brake), ``starting`` (launching), ``control`` (pause, resume, park, stop), ``kernels``
+(Jupyter kernels); and pure helpers: ``ladder`` (the stop's steps), ``transitions`` (the
+state changes), ``endings`` (how a job ended); ``trees`` (process trees, the one place a
+job's processes are signalled), ``logpages`` (logs), ``eta``. This module makes the parts
+and ties them up.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -37,17 +39,22 @@ from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.config import Paths
 from trayapp.errors import Refused
-from trayapp.jobs import forecasts, ladder, logpages, messages, trees
-from trayapp.jobs.braking import BrakeEnd
-from trayapp.jobs.curves import Curves
-from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now, resumable_stop, signal_name
+from trayapp.jobs import ladder, logpages, trees
+from trayapp.jobs.brake_ends import BrakeEnd
+from trayapp.jobs.braking import Brakes
+from trayapp.jobs.cgroups import Offer
+from trayapp.jobs.control import Controller
+from trayapp.jobs.endings import Ending, bye_code, ending
+from trayapp.jobs.job import BY_ENGINE, BY_USER, Emit, Event, Job, now
 from trayapp.jobs.kernels import KernelJobs
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.logcap import LogKeeper
 from trayapp.jobs.record import JobRecord
-from trayapp.jobs.runner_link import Rate
+from trayapp.jobs.runner_link import RunnerLink
+from trayapp.jobs.starting import Launcher
+from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import ENDS
 from trayapp.readings import GpuReading, Snapshot
-from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -63,11 +70,16 @@ STOP_ALL_KILL_WAIT_SECONDS = 2.0  # after SIGKILL to what is left, when the engi
 LOG_MAX_MB = 32  # the log cap of a job launched before the cap was kept with it
 
 
-class JobManager(KernelJobs):
+class JobManager:
     """The engine's jobs. See the module docstring for threads and life cycle.
 
     ``emit(kind, message, *, level, job_id, data)`` records and pushes an event; ``gpus()``
     returns the engine's latest GPU readings; ``config()`` its current settings.
+
+    Built of parts that each hold the one table of jobs (``table``): ``brakes``, ``link``,
+    ``launcher``, ``kernels`` and ``control``; this object makes them, takes the engine's
+    calls to them, and watches the jobs (``tick``), takes them back (``adopt``) and lets them
+    go (``close``).
     """
 
     def __init__(
@@ -82,15 +94,98 @@ class JobManager(KernelJobs):
         subreaper: bool = True,
         wake: Callable[[], None] = lambda: None,
     ):
-        super().__init__(
+        self.table = JobTable(
             paths, store, emit=emit, gpus=gpus, config=config, runner_dir=runner_dir, wake=wake
         )
+        self.paths, self.store = paths, store
+        self.brakes = Brakes(self.table)
+        self.link = RunnerLink(self.table)
+        self.launcher = Launcher(self.table, self.link, self.brakes)
+        self.kernels = KernelJobs(self.table, self.link, self.launcher, self.brakes)
+        self.control = Controller(self.table, self.launcher, self.brakes, self.kernels)
+        self.link.kernel_idle = self.kernels.fit_ended  # an interrupted fit has ended
         self.subreaper = trees.become_subreaper() if subreaper else False
-        self.curves = Curves()  # each job's loss and metrics, for the jobs window
-        self._rate = Rate()  # the messages each job may send a second
+        self.curves = self.link.curves  # each job's loss and metrics, for the jobs window
         # Each running job's log is kept under its cap (jobs.log_max_mb) by its own thread.
         self._log_keeper = LogKeeper(self._running_logs)
         self._log_keeper.start()
+
+    # -- the parts' calls ---------------------------------------------------------------------
+
+    def start(
+        self,
+        spec_json: Dict[str, Any],
+        environ: Optional[Dict[str, Any]] = None,
+        env_from: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Start a job (``Launcher.start``)."""
+        return self.launcher.start(spec_json, environ, env_from).to_json()
+
+    def pause(
+        self,
+        job_ref: str,
+        *,
+        by: str = BY_USER,
+        reason: str = "",
+        deadline: Optional[float] = None,
+        at_once: bool = False,
+    ) -> Dict[str, Any]:
+        """Pause a job (``Controller.pause``). ``at_once`` (the guard's last resort, by the
+        job's id): its process group is stopped before anything else (``trees.
+        stop_group_now``), and continued again when the pause is refused."""
+        leader = 0
+        if at_once:
+            job = self.table.jobs.get(job_ref)  # no lock: the stop comes before the bookkeeping
+            leader = trees.stop_group_now(job.rec) if job is not None else 0
+        try:
+            return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline).to_json()
+        except BaseException:
+            if leader:
+                trees.continue_group(leader)  # refused: undone
+            raise
+
+    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+        """Resume, or relaunch, a job (``Controller.resume``)."""
+        return self.control.resume(job_ref, by=by, reason=reason).to_json()
+
+    def park(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
+    ) -> Dict[str, Any]:
+        """Park a job; a kernel's fit is interrupted (``Controller.park``)."""
+        return self.control.park(job_ref, by=by, reason=reason, smaller=smaller).to_json()
+
+    def stop(
+        self, job_ref: str, *, by: str = BY_USER, reason: str = "", force: bool = False
+    ) -> Dict[str, Any]:
+        """Stop a job in steps (``Controller.stop``)."""
+        return self.control.stop(job_ref, by=by, reason=reason, force=force).to_json()
+
+    def kill(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+        """``stop`` straight to SIGKILL."""
+        return self.control.kill(job_ref, by=by, reason=reason).to_json()
+
+    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+        """Interrupt a kernel's fit (``KernelJobs.interrupt``)."""
+        return self.kernels.interrupt(job_ref, by=by, reason=reason).to_json()
+
+    def pause_all(self, *, by: str = BY_USER, reason: str = "") -> List[Dict[str, Any]]:
+        """Pause every running job; returns their dicts."""
+        return [r.to_json() for r in self.control.pause_all(by=by, reason=reason)]
+
+    def adopt_kernel(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+        """Make the asking kernel a job (``KernelJobs.adopt_kernel``)."""
+        return self.kernels.adopt_kernel(peer, args)
+
+    def kernel_handlers(self) -> Dict[str, Any]:
+        return self.kernels.kernel_handlers()
+
+    def cgroup_offer(self) -> Offer:
+        """What this machine offers the jobs (``Brakes.cgroup_offer``)."""
+        return self.brakes.cgroup_offer()
+
+    def protection(self) -> Dict[str, Any]:
+        """The protection new jobs get here, for the status."""
+        return self.brakes.protection()
 
     # -- the engine's calls -------------------------------------------------------------------
 
@@ -102,7 +197,7 @@ class JobManager(KernelJobs):
             "job_start": lambda peer, a: self.start(
                 a["spec"], environ=a.get("environ"), env_from=a.get("env_from")
             ),
-            "job_action": self._op_action,
+            "job_action": self.control.op_action,
             "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
             "jobs_pause_all": lambda peer, a: self.pause_all(by=BY_USER),
             **self.kernel_handlers(),
@@ -112,10 +207,10 @@ class JobManager(KernelJobs):
         """Job dicts, newest first: live and parked jobs, stopped ones that can still be
         resumed (a checkpoint to continue from), and with ``include_finished`` every ended one
         the store keeps."""
-        with self._lock:
-            out = {j.id: j.rec for j in self._jobs.values()}
-            recent = dict(self._ended)
-        for rec in self._stored_list(True, LIST_LIMIT):
+        with self.table.lock:
+            out = {j.id: j.rec for j in self.table.jobs.values()}
+            recent = dict(self.table.ended)
+        for rec in self.table.stored_list(True, LIST_LIMIT):
             if include_finished or (rec.resumable and rec.state == S.STOPPED):
                 out.setdefault(rec.id, rec)
         for k, v in recent.items():
@@ -128,30 +223,32 @@ class JobManager(KernelJobs):
         """The records of the live and parked jobs, as the guard's ladder reads them (frozen:
         nothing the guard does changes them, and nothing a job sends can make this fail). A
         run the kernel brake is ending is left out: it is relaunched smaller at once."""
-        with self._lock:
-            return [job.rec for job in self._jobs.values() if not self._brake_ending_now(job)]
+        with self.table.lock:
+            return [
+                job.rec for job in self.table.jobs.values() if not self.brakes.brake_ending_now(job)
+            ]
 
     def get(self, job_ref: str, curves: bool = False) -> Dict[str, Any]:
         """The job dict for an id, a unique id prefix or a unique name; with ``curves``, its
         loss and metric curves under ``"curves"`` (``Curves.get``).
 
         Raises LookupError ("no job named x" / "x matches 2 jobs (...)")."""
-        with self._lock:
-            job = self._find(job_ref)
+        with self.table.lock:
+            job = self.table.find(job_ref)
             found = (job.rec if isinstance(job, Job) else job).to_json()
         if curves:
-            found["curves"] = self.curves.get(found["id"])
+            found["curves"] = self.link.curves.get(found["id"])
         return found
 
     def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:
         """A job's memory now from its processes ``pids``, each page counted once as of the
         last exact reading (cheap enough for every guard tick); None for a job not watched or
         no readable process."""
-        with self._lock:
-            job = self._jobs.get(job_id)
+        with self.table.lock:
+            job = self.table.jobs.get(job_id)
             meter = job.meter if job is not None else None
         if job is not None and job.cgroup is not None:
-            exact = self._cgroup_bytes(job)  # its cgroup's own count, where it has one
+            exact = self.brakes.cgroup_bytes(job)  # its cgroup's own count, where it has one
             if exact:  # 0: nothing charged to it yet (a process just moved in): its RSS
                 return exact
         if meter is None:
@@ -160,8 +257,8 @@ class JobManager(KernelJobs):
 
     def active_count(self) -> int:
         """Jobs with a process (parked ones have none)."""
-        with self._lock:
-            return sum(1 for j in self._jobs.values() if j.state in vocab.LIVE)
+        with self.table.lock:
+            return sum(1 for j in self.table.jobs.values() if j.state in vocab.LIVE)
 
     # -- adoption -----------------------------------------------------------------------------
 
@@ -171,13 +268,13 @@ class JobManager(KernelJobs):
         rest end as "lost", or as the runner's ``bye`` said. A saved record that cannot be read
         is left out (logged). Returns the adopted ids."""
         adopted: List[str] = []
-        for saved in self.store.list_jobs(include_finished=False, limit=ADOPT_LIMIT):
-            with self._lock:
-                rec = self._stored(saved, adopting=True)
-                if rec is None or rec.id in self._jobs or not self._adopt(rec):
+        for saved in self.table.store.list_jobs(include_finished=False, limit=ADOPT_LIMIT):
+            with self.table.lock:
+                rec = self.table.stored(saved, adopting=True)
+                if rec is None or rec.id in self.table.jobs or not self._adopt(rec):
                     continue
             adopted.append(rec.id)
-            self._emit(
+            self.table.emit(
                 E.JOB_ADOPTED,
                 f"job {rec.id} ({rec.name}) is watched again (pid {rec.pid}, {rec.state})",
                 job_id=rec.id,
@@ -187,12 +284,12 @@ class JobManager(KernelJobs):
     def _adopt(self, rec: JobRecord) -> bool:
         """Take one saved job back (under the lock); True for a live one now watched."""
         try:
-            key = (self.paths.jobs_dir / rec.id / "key").read_bytes()
+            key = (self.table.paths.jobs_dir / rec.id / "key").read_bytes()
         except OSError:
             key = b""
         job = Job(rec, key)
         if rec.state in vocab.PARKED:
-            self._jobs[rec.id] = job
+            self.table.jobs[rec.id] = job
             return False
         if rec.state not in vocab.LIVE:
             return False
@@ -203,31 +300,20 @@ class JobManager(KernelJobs):
         job.process = proc
         job.known = {proc.pid: proc}
         job.change(connected=False)
-        self._cgroup_adopt(job)
+        self.brakes.cgroup_adopt(job)
         try:
             if not key:
                 raise Refused("its key is missing")
-            self._open_channel(job)
+            self.link.open_channel(job)
         except ValueError as e:
             log.warning("job %s: %s; it runs on without progress reports", rec.id, e)
-        self._jobs[rec.id] = job
+        self.table.jobs[rec.id] = job
         if rec.state == S.PAUSING:
-            job.pause_deadline = time.monotonic() + self._pause_deadline(None)
+            job.pause_deadline = time.monotonic() + self.table.pause_deadline(None)
         elif rec.state == S.STOPPING:
             job.stop_note = (rec.stopped_by or BY_USER, rec.stop_reason or "")
-            self._take_step(job, ladder.step(Stage.INT, time.monotonic()))
+            self.control.take_step(job, ladder.step(Stage.INT, time.monotonic()))
         return True
-
-    # -- a job's forecast ---------------------------------------------------------------------
-
-    def _on_forecast(self, job: Job, msg: messages.Forecast, events: List[Event]) -> None:
-        # Bounded by the machine here, where its latest reading is kept (the parse knows no
-        # machine): a figure none of its devices can hold is dropped and counted like a field
-        # that fails its check, then the rest is judged as the runner link does.
-        msg, dropped = forecasts.bounded(msg, job.rec, self._snapshot)
-        if dropped:
-            self._note_dropped(job, dropped, events)
-        super()._on_forecast(job, msg, events)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -235,27 +321,29 @@ class JobManager(KernelJobs):
         """Reap ended jobs, sample each tree's memory (at most 4 Hz), move stops and pause
         deadlines along, save progress. Cheap when nothing is due."""
         gpus: Tuple[GpuReading, ...] = (
-            tuple(snapshot.gpus) if snapshot is not None else tuple(self._gpus())
+            tuple(snapshot.gpus) if snapshot is not None else tuple(self.table.gpus())
         )
         if snapshot is not None:
-            self._memory_total = snapshot.memory.total_bytes  # cgroup-aware
-            self._snapshot = snapshot
+            self.table.memory_total = snapshot.memory.total_bytes  # cgroup-aware
+            self.table.snapshot = snapshot
         events: List[Event] = []
-        with self._lock:
+        with self.table.lock:
             t = time.monotonic()
-            for job in list(self._jobs.values()):
+            for job in list(self.table.jobs.values()):
                 if job.state not in vocab.LIVE:
                     continue
                 try:
                     self._tick_job(job, t, gpus, events)
                 except Exception:  # one job's trouble must not stop the others' watch
                     log.exception("job %s: watching failed", job.id)
-            if self._orphans.due(t):
+            if self.table.orphans.due(t):
                 self._reap_orphans()
-        self._flush_events(events)
+        self.table.flush_events(events)
 
     def _reap_orphans(self) -> None:
-        self._orphans.reap({j.popen.pid for j in self._jobs.values() if j.popen is not None})
+        self.table.orphans.reap(
+            {j.popen.pid for j in self.table.jobs.values() if j.popen is not None}
+        )
 
     def _tick_job(
         self, job: Job, t: float, gpus: Tuple[GpuReading, ...], events: List[Event]
@@ -268,7 +356,7 @@ class JobManager(KernelJobs):
         if job.exit_seen:
             # A stop ends only when the whole tree is gone; anything else ends with its root.
             if job.state == S.STOPPING and trees.remnants(job):
-                self._advance_stop(job, t, runner_gone=True)  # no one left to ask
+                self.control.advance_stop(job, t, runner_gone=True)  # no one left to ask
                 return
             if job.state == S.PARKING:
                 trees.end_remnants(job)
@@ -277,29 +365,29 @@ class JobManager(KernelJobs):
         if t >= job.next_sample:
             job.next_sample = t + SAMPLE_INTERVAL
             trees.sample(job, gpus)
-        self._brake(job, t, events)  # every tick: the limit follows what the machine has
+        self.brakes.brake(job, t, events)  # every tick: the limit follows what the machine has
         if not job.rec.answering:
             self._without_runner(job, t, events)
         if job.state == S.PAUSING and job.pause_deadline is not None and t >= job.pause_deadline:
-            self._suspend(job, events, why="the pause deadline passed")
+            self.control.suspend(job, events, why="the pause deadline passed")
         if job.state == S.STOPPING:
-            self._advance_stop(job, t)
+            self.control.advance_stop(job, t)
         if job.dirty and t - job.last_saved >= SAVE_INTERVAL:
-            self._save(job)
+            self.table.save(job)
 
     def _without_runner(self, job: Job, t: float, events: List[Event]) -> None:
         """A job that does not answer gets what was asked of its runner by signals: a pause
         or a park under way becomes a suspend of its tree (a park needs the runner), a stop
         goes on to its signals."""
         if job.state == S.PAUSING:
-            self._suspend(job, events, why="it does not answer")
+            self.control.suspend(job, events, why="it does not answer")
         elif job.state == S.PARKING and not job.rec.is_kernel:
             by, why = job.park_note
             job.change(paused_by=by, pause_reason=why or None, paused_at=now())
             job.smaller = None
-            self._suspend(job, events, why="it does not answer, so it cannot park")
+            self.control.suspend(job, events, why="it does not answer, so it cannot park")
         elif job.state == S.STOPPING and job.stop_stage == Stage.ASK:
-            self._take_step(job, ladder.step(Stage.INT, t))
+            self.control.take_step(job, ladder.step(Stage.INT, t))
 
     def _poll_exit(self, job: Job) -> Tuple[Optional[int], bool]:
         """(exit code or None when unknown, whether the root process is gone)."""
@@ -308,12 +396,12 @@ class JobManager(KernelJobs):
             return rc, rc is not None
         proc = job.process
         if proc is None:
-            return _bye_code(job.rec), True
+            return bye_code(job.rec), True
         try:
             gone = not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
         except psutil.Error:
             gone = True
-        return (_bye_code(job.rec) if gone else None), gone
+        return (bye_code(job.rec) if gone else None), gone
 
     def _end(
         self,
@@ -325,56 +413,44 @@ class JobManager(KernelJobs):
     ) -> None:
         """Record how the job ended, close its channel and move it out of the live set; one
         that the kernel brake ended (or the OOM killer) is relaunched smaller at once."""
-        brake = self._brake_ending(job, code)
-        self._cgroup_release(job)
+        brake = self.brakes.brake_ending(job, code)
+        self.brakes.cgroup_release(job)
         end: Union[Ending, BrakeEnd] = (
             brake
             if brake is not None
             else ending(job.rec, code, job.park_note, job.stop_note, adopted_gone)
         )
-        job.move(
-            end.state,
-            exit_code=code,
-            ended=now(),
-            end_reason=end.reason,
-            pids=(),
-            rss_bytes=None,
-            vram_bytes=None,
-            eta_seconds=None,
-            pause_mode=None,
-            connected=False,
-            resumable=end.state == S.PARKED or resumable_stop(job.rec, end.state),
-        )
-        self._close_channel(job)
+        self.table.move(job, ENDS[end.state], reason=end.reason, exit_code=code, ended=now())
+        self.link.close_channel(job)
         job.popen = None
         trees.remnants(job)
-        self._orphans.procs.update(job.known)  # what still runs, or waits to be reaped
+        self.table.orphans.procs.update(job.known)  # what still runs, or waits to be reaped
         job.process = None
         job.known = {}
-        self._save(job)
+        self.table.save(job)
         if end.state != S.PARKED:
-            self._retire(job)
+            self.table.retire(job)
         data = {"state": end.state, "exit_code": code, "end_reason": end.reason}
         event: Event = (end.kind, end.level, end.message, job.id, data)
         smaller, job.smaller = job.smaller, None
         if brake is not None and brake.accumulation:
-            self._flush_events([event])  # braked, then relaunched: in that order
+            self.table.flush_events([event])  # braked, then relaunched: in that order
             self._relaunch_braked(job, brake.accumulation, brake.from_checkpoint, brake.cause)
         elif end.state == S.PARKED and smaller:
-            self._flush_events([event])  # parked, then relaunched: in that order
+            self.table.flush_events([event])  # parked, then relaunched: in that order
             self._relaunch_smaller(job, smaller)
         elif events is not None:
             events.append(event)
         else:
-            self._flush_events([event])
+            self.table.flush_events([event])
 
     def _relaunch_smaller(self, job: Job, accumulation: int) -> None:
         """A job parked to shrink is relaunched at once, without waiting for memory."""
         by, why = job.park_note
         try:
-            self._relaunch(job, by, why or "smaller, to fit", accumulation=accumulation)
+            self.launcher.relaunch(job, by, why or "smaller, to fit", accumulation=accumulation)
         except ValueError as e:
-            self._emit(
+            self.table.emit(
                 E.JOB_NOTE,
                 f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
                 level="warn",
@@ -386,11 +462,11 @@ class JobManager(KernelJobs):
     ) -> None:
         """A job the kernel brake ended is relaunched at once at half its micro-batch."""
         try:
-            self._relaunch(
+            self.launcher.relaunch(
                 job, BY_ENGINE, reason, accumulation=accumulation, from_checkpoint=from_checkpoint
             )
         except ValueError as e:
-            self._emit(
+            self.table.emit(
                 E.JOB_NOTE,
                 f"job {job.id} ({job.rec.name}) stays parked: {one_line(e)}",
                 level="warn",
@@ -402,15 +478,15 @@ class JobManager(KernelJobs):
     def stop_all(self, reason: str, timeout: float = 7.0) -> None:
         """Stop every live job and wait (up to ``timeout`` seconds) until they have ended;
         what is left then is killed. Starts at SIGINT: the engine is on its way out."""
-        with self._lock:
-            for job in list(self._jobs.values()):
+        with self.table.lock:
+            for job in list(self.table.jobs.values()):
                 if job.state in vocab.LIVE:
-                    self._begin_stop(job, BY_ENGINE, reason, force=False, ask=False)
+                    self.control.begin_stop(job, BY_ENGINE, reason, force=False, ask=False)
         self._wait_ended(timeout)
-        with self._lock:
-            for job in list(self._jobs.values()):
+        with self.table.lock:
+            for job in list(self.table.jobs.values()):
                 if job.state in vocab.LIVE:
-                    self._take_step(job, ladder.step(Stage.KILL, time.monotonic()))
+                    self.control.take_step(job, ladder.step(Stage.KILL, time.monotonic()))
         self._wait_ended(STOP_ALL_KILL_WAIT_SECONDS)
 
     def _wait_ended(self, seconds: float) -> None:
@@ -423,12 +499,12 @@ class JobManager(KernelJobs):
         """The engine exits: close every job's channel and save its state. The jobs keep
         running; the next engine adopts them."""
         self._log_keeper.close()
-        with self._lock:
-            self._closed = True
+        with self.table.lock:
+            self.table.closed = True
             # What ended jobs left to this process (as their subreaper) is collected now: once
             # it exits, a zombie would pass to whoever is next up the tree.
             self._reap_orphans()
-            for job in self._jobs.values():
+            for job in self.table.jobs.values():
                 if job.server is not None:
                     job.server.close()
                     job.server = None
@@ -439,9 +515,9 @@ class JobManager(KernelJobs):
                         warnings.simplefilter("ignore", ResourceWarning)
                         job.popen = None
                 if job.state in vocab.LIVE:
-                    self._cgroup_hand_over(job)  # frozen: stopped by signal, killable
+                    self.brakes.cgroup_hand_over(job)  # frozen: stopped by signal, killable
                     job.change(connected=False)
-                    self._save(job)
+                    self.table.save(job)
 
     # -- logs ---------------------------------------------------------------------------------
 
@@ -454,10 +530,10 @@ class JobManager(KernelJobs):
         read from}``; a character cut at either end is left for the next read. Raises
         LookupError for an unknown job, ValueError for a negative offset or a log that cannot
         be read."""
-        with self._lock:
-            found = self._find(job_ref)
+        with self.table.lock:
+            found = self.table.find(job_ref)
             rec = found.rec if isinstance(found, Job) else found
-        path = Path(str(rec.log_path or self.paths.jobs_dir / rec.id / "log"))
+        path = Path(str(rec.log_path or self.table.paths.jobs_dir / rec.id / "log"))
         try:
             return logpages.read_page(path, offset, max_bytes, self._log_cap(rec))
         except OSError as e:
@@ -466,82 +542,13 @@ class JobManager(KernelJobs):
             ) from None
 
     def _log_cap(self, rec: JobRecord) -> int:
-        return logpages.log_cap(rec, int(self._setting("jobs.log_max_mb", LOG_MAX_MB)) << 20)
+        return logpages.log_cap(rec, int(self.table.setting("jobs.log_max_mb", LOG_MAX_MB)) << 20)
 
     def _running_logs(self) -> List[Tuple[str, int]]:
         """(log path, cap) of every job with a process, for the log keeper's thread."""
-        with self._lock:
+        with self.table.lock:
             return [
                 (str(j.rec.log_path), self._log_cap(j.rec))
-                for j in self._jobs.values()
+                for j in self.table.jobs.values()
                 if j.state in vocab.LIVE and j.rec.log_path
             ]
-
-
-# -- how a job ended -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How a job ended: its state and end reason, and the event that says so."""
-
-    state: str
-    reason: str
-    kind: str
-    level: str
-    message: str
-
-
-def ending(
-    rec: JobRecord,
-    code: Optional[int],
-    park_note: Tuple[str, str],
-    stop_note: Tuple[str, str],
-    adopted_gone: bool = False,
-) -> Ending:
-    """How the job of ``rec`` ended with exit status ``code`` (None: unknown), from its state,
-    the runner's bye and who parked or stopped it."""
-    said = rec.bye.reason if rec.bye is not None else None
-    head = f"job {rec.id} ({rec.name})"
-    # Parked only when the engine asked for it: a job that says "parked" unasked exited.
-    if rec.state == S.PARKING and (
-        code == rp.PARK_EXIT_CODE or (code is None and said == messages.BYE_PARKED)
-    ):
-        by, why = park_note
-        reason = f"parked by {by}" + (f": {why}" if why else "")
-        return Ending(
-            S.PARKED,
-            reason,
-            E.JOB_PARKED,
-            "info",
-            f"{head} parked; resume it with 'headroom resume {rec.id}'",
-        )
-    if rec.state == S.STOPPING or (said == messages.BYE_STOPPED and code == rp.STOP_EXIT_CODE):
-        by, why = stop_note
-        reason = f"stopped by {by}" + (f": {why}" if why else "")
-        message = f"{head} {reason}"
-        if rec.checkpoint_dir and not rec.is_kernel:
-            message += f"; continue it from its checkpoint with 'headroom resume {rec.id}'"
-        return Ending(S.STOPPED, reason, E.JOB_STOPPED, "info", message)
-    # The job's own word, where it claimed a park it was not asked for: kept, not believed.
-    claim = (
-        "; it said it parked, which Headroom had not asked" if said == messages.BYE_PARKED else ""
-    )
-    if code is None:
-        reason = (
-            "the process ended while no engine watched it (exit status unknown)"
-            if adopted_gone
-            else "the process ended (exit status unknown)"
-        )
-        return Ending(S.LOST, reason + claim, E.JOB_LOST, "warn", f"{head}: {reason}{claim}")
-    if code == 0:
-        return Ending(S.FINISHED, S.FINISHED.value, E.JOB_FINISHED, "info", f"{head} finished")
-    reason = f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
-    return Ending(
-        S.FAILED, reason + claim, E.JOB_FAILED, "error", f"{head} failed ({reason}{claim})"
-    )
-
-
-def _bye_code(rec: JobRecord) -> Optional[int]:
-    code = rec.bye.exit_code if rec.bye is not None else None
-    return code if isinstance(code, int) and not isinstance(code, bool) else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from trayapp.channel import ChannelServer, Peer
 from trayapp.errors import Refused
@@ -21,6 +21,7 @@ from trayapp.jobs.ladder import Stage, grace
 from trayapp.jobs.record import smallest_micro_batch
 from trayapp.jobs.record_parts import Checkpoint, Forecast, Note
 from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -90,17 +91,20 @@ class Rate:
             self._buckets.pop(job_id, None)
 
 
-class RunnerLink(JobTable):
-    """The job manager's side of each job's channel."""
+class RunnerLink:
+    """The job manager's side of each job's channel, on the jobs of ``table``.
 
-    curves: Curves  # each job's loss and metrics (the manager's)
-    _rate: Rate  # the messages each job may send (the manager's)
+    ``kernel_idle(job, events)`` is told when a kernel's runner says no fit runs (under the
+    lock; the manager points it at its kernels, ``KernelJobs.fit_ended``)."""
 
-    def kernel_idle(self, job: Job, events: List[Event]) -> None:
-        """A kernel's runner says no fit runs (``jobs.kernels`` does something with it)."""
+    def __init__(self, table: JobTable) -> None:
+        self.table = table
+        self.curves = Curves()  # each job's loss and metrics, for the jobs window
+        self.rate = Rate()  # the messages each job may send a second
+        self.kernel_idle: Callable[[Job, List[Event]], None] = lambda job, events: None
 
-    def _open_channel(self, job: Job) -> None:
-        address = self.paths.job_address(job.id)
+    def open_channel(self, job: Job) -> None:
+        address = self.table.paths.job_address(job.id)
         job_id = job.id
         server = ChannelServer(
             address,
@@ -118,16 +122,16 @@ class RunnerLink(JobTable):
             ) from None
         job.server = server
 
-    def _close_channel(self, job: Job) -> None:
+    def close_channel(self, job: Job) -> None:
         if job.server is not None:
             job.server.close()
             job.server = None
-        self._rate.forget(job.id)
+        self.rate.forget(job.id)
         job.peer = None
         job.change(connected=False)
 
     def _on_message(self, job_id: str, peer: Peer, data: bytes) -> None:
-        if not self._rate.take(job_id):
+        if not self.rate.take(job_id):
             # Over the rate: dropped unread, counted, said with a later one; and this peer's
             # thread (it holds no lock) reads no faster than the rate meanwhile, so that a job
             # sending flat out fills its own socket instead of the engine's time.
@@ -138,25 +142,25 @@ class RunnerLink(JobTable):
             msg, dropped = messages.parse(data)
         except rp.ProtocolError as e:
             msg, dropped = None, [f"a message: {one_line(e, 200)}"]
-        over = self._rate.excess(job_id)
+        over = self.rate.excess(job_id)
         count = len(dropped) + over  # each message over the rate counts as one dropped
         if over:
             dropped.append(f"{over} messages over {MESSAGES_PER_SECOND:g} a second")
         events: List[Event] = []
-        with self._lock:
-            job = self._jobs.get(job_id)
+        with self.table.lock:
+            job = self.table.jobs.get(job_id)
             if job is None:
                 return None
             if msg is not None:
                 try:
                     self._dispatch(job, peer, msg, events)
                 except Exception:  # a bad message must never cost the job its channel
-                    if not self._drops.count(job_id):
+                    if not self.table.drops.count(job_id):
                         log.exception("job %s: handling a message failed", job_id)
                     dropped.append(f"{type(msg).__name__.lower()}: handling it failed")
             if dropped:
                 self._note_dropped(job, dropped, events, count)
-        self._flush_events(events)
+        self.table.flush_events(events)
         return None
 
     def _note_dropped(
@@ -165,8 +169,8 @@ class RunnerLink(JobTable):
         """Count what was dropped from a job's messages (``count``, default one for each line
         of ``dropped``); say so the first time, then at most once a minute (the log and the
         job's events)."""
-        due = self._drops.add(job.id, len(dropped) if count is None else count)
-        job.change(dropped_fields=self._drops.count(job.id))
+        due = self.table.drops.add(job.id, len(dropped) if count is None else count)
+        job.change(dropped_fields=self.table.drops.count(job.id))
         job.dirty = True
         if due is None:
             return
@@ -192,14 +196,14 @@ class RunnerLink(JobTable):
         elif isinstance(msg, messages.Checkpointed):
             if msg.path is not None:
                 job.change(checkpoint=Checkpoint(msg.path, msg.epoch, msg.step, now()))
-                self._save(job)
+                self.table.save(job)
         elif isinstance(msg, messages.Note):
             self._on_note(job, msg, events)
         elif isinstance(msg, messages.Forecast):
             self._on_forecast(job, msg, events)
         elif isinstance(msg, messages.Bye):
             job.change(bye=msg)
-            self._save(job)
+            self.table.save(job)
 
     def _on_hello(self, job: Job, peer: Peer, msg: messages.Hello, events: List[Event]) -> None:
         if job.peer is not None and job.peer is not peer:
@@ -212,26 +216,26 @@ class RunnerLink(JobTable):
             hooked=msg.fit_hook == messages.FIT_HOOK_INSTALLED or bool(msg.hooked),
         )
         if job.state == S.STARTING:
-            job.move(S.RUNNING)
+            self.table.move(job, On.RUNNER_UP)
         rec, runner_state = job.rec, msg.state
         if runner_state == messages.RUNNER_PAUSED and job.state in (S.RUNNING, S.PAUSING):
-            self._set_paused(
+            self.table.set_paused(
                 job, rec.paused_by or BY_USER, rec.pause_reason or "", COOPERATIVE, events
             )
         # A command given while the runner was away is given again now it is back.
         elif job.state == S.PAUSING:
-            self._send(job, rp.PAUSE)
+            self.table.send(job, rp.PAUSE)
         elif job.state == S.PARKING:
-            self._send(job, rp.PARK)
+            self.table.send(job, rp.PARK)
         elif job.state == S.STOPPING and job.stop_stage == Stage.ASK:
-            self._send(job, rp.STOP)
+            self.table.send(job, rp.STOP)
         elif (
             job.state == S.PAUSED
             and rec.pause_mode == COOPERATIVE
             and runner_state == messages.RUNNER_RUNNING
         ):
-            job.move(S.RUNNING, pause_mode=None, paused_by=None, pause_reason=None)
-        self._save(job)
+            self.table.move(job, On.RESUMED)
+        self.table.save(job)
 
     def _on_progress(self, job: Job, msg: messages.Progress) -> None:
         changes: Dict[str, Any] = {
@@ -256,7 +260,7 @@ class RunnerLink(JobTable):
             )
         job.change(**changes)
         if job.state == S.STARTING:
-            job.move(S.RUNNING)
+            self.table.move(job, On.RUNNER_UP)
         self._update_eta(job)
         job.dirty = True
 
@@ -275,18 +279,18 @@ class RunnerLink(JobTable):
             # The runner pauses only when asked; after a resume a late "paused" is followed by
             # "running" as soon as the resume arrives, so only a pause under way counts.
             if job.state == S.PAUSING:
-                self._set_paused(
+                self.table.set_paused(
                     job, rec.paused_by or BY_USER, rec.pause_reason or "", COOPERATIVE, events
                 )
         elif state == messages.RUNNER_RUNNING:
             if job.state == S.PAUSED and rec.pause_mode == COOPERATIVE:
                 # The runner resumed on its own (or on our word): it is running again.
-                job.move(S.RUNNING, pause_mode=None, paused_at=None)
+                self.table.move(job, On.RESUMED)
                 job.rate_ref = None
-                self._save(job)
+                self.table.save(job)
             elif job.state == S.STARTING:
-                job.move(S.RUNNING)
-                self._save(job)
+                self.table.move(job, On.RUNNER_UP)
+                self.table.save(job)
         elif state == messages.RUNNER_IDLE and job.rec.is_kernel:
             self.kernel_idle(job, events)  # an interrupted fit has ended (jobs.kernels)
         elif state == messages.RUNNER_STOPPING and job.state == S.STOPPING:
@@ -336,15 +340,21 @@ class RunnerLink(JobTable):
     def _on_forecast(self, job: Job, msg: messages.Forecast, events: List[Event]) -> None:
         """Say what the fit needs against what is free; answer a --fit-batch probe with the
         accumulation that fits (0: none does)."""
+        # Bounded by the machine here, where its latest reading is kept (the parse knows no
+        # machine): a figure none of its devices can hold is dropped and counted like a field
+        # that fails its check, then the rest is judged.
+        msg, dropped = forecasts.bounded(msg, job.rec, self.table.snapshot)
+        if dropped:
+            self._note_dropped(job, dropped, events)
         probe = msg.how == rf.PROBE
         rec = job.rec
         floor = smallest_micro_batch(rec)
         verdict = forecasts.judge(
-            msg, rec.with_(shrinkable=rec.shrinkable or probe), self._snapshot, floor
+            msg, rec.with_(shrinkable=rec.shrinkable or probe), self.table.snapshot, floor
         )
         if probe and job.fit_answers < MAX_FIT_ANSWERS:
             job.fit_answers += 1
-            self._send(job, rp.FIT, accumulation=verdict.accumulation if verdict else 0)
+            self.table.send(job, rp.FIT, accumulation=verdict.accumulation if verdict else 0)
         if verdict is None:
             return
         need = forecasts.ram_need(msg)  # what the guard waits for before resuming it
@@ -370,12 +380,12 @@ class RunnerLink(JobTable):
 
     def _on_disconnect(self, job_id: str, peer: Peer) -> None:
         events: List[Event] = []
-        with self._lock:
-            job = self._jobs.get(job_id)
+        with self.table.lock:
+            job = self.table.jobs.get(job_id)
             if job is None:
                 return
             if peer.cut_off and job.rec.answering:
-                self._not_answering(job, peer)
+                self.table.not_answering(job, peer)
                 events.append(
                     (
                         E.JOB_NOTE,
@@ -391,4 +401,4 @@ class RunnerLink(JobTable):
                 job.peer = None
                 job.change(connected=False)
                 job.dirty = True
-        self._flush_events(events)
+        self.table.flush_events(events)

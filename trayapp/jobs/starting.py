@@ -31,6 +31,8 @@ from trayapp.jobs.options import JobSpec, SpecError, apply_preset, validate
 from trayapp.jobs.plan import JobProcess, LaunchPlan, build_launch
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.runner_link import RunnerLink
+from trayapp.jobs.table import JobTable
+from trayapp.jobs.transitions import On
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -45,26 +47,32 @@ def refused_on_disk_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     reason in one line, and leaves no half-made job folder behind."""
 
     @functools.wraps(fn)
-    def wrapper(self: Launching, *args: Any, **kwargs: Any) -> Any:
-        before = folders(self.paths.jobs_dir)
+    def wrapper(self: Launcher, *args: Any, **kwargs: Any) -> Any:
+        before = folders(self.table.paths.jobs_dir)
         try:
             return fn(self, *args, **kwargs)
         except OSError as e:
-            with self._lock:
-                known = set(self._jobs) | set(self._ended)
-            for name in folders(self.paths.jobs_dir) - before - known:
-                remove_folder(self.paths.jobs_dir / name)
+            with self.table.lock:
+                known = set(self.table.jobs) | set(self.table.ended)
+            for name in folders(self.table.paths.jobs_dir) - before - known:
+                remove_folder(self.table.paths.jobs_dir / name)
             raise Refused(
                 f"cannot start the job: {(e.strerror or one_line(e)).lower()} "
-                f"under {self.paths.jobs_dir}"
+                f"under {self.table.paths.jobs_dir}"
             ) from None
 
     return wrapper
 
 
-class Launching(RunnerLink, Brakes):
-    """Starting jobs and launching parked or stopped ones again (each run in cgroups of its
-    own where the machine offers them: ``braking``)."""
+class Launcher:
+    """Starting jobs and launching parked or stopped ones again, on the jobs of ``table``: each
+    with its channel (``link``), each run in cgroups of its own where the machine offers them
+    (``brakes``)."""
+
+    def __init__(self, table: JobTable, link: RunnerLink, brakes: Brakes) -> None:
+        self.table = table
+        self.link = link
+        self.brakes = brakes
 
     @refused_on_disk_errors
     def start(
@@ -72,8 +80,8 @@ class Launching(RunnerLink, Brakes):
         spec_json: Dict[str, Any],
         environ: Optional[Dict[str, Any]] = None,
         env_from: Optional[str] = None,
-    ) -> Dict[str, Any]:
-        """Validate the spec and launch it. Returns the new job's dict (state "starting").
+    ) -> JobRecord:
+        """Validate the spec and launch it. Returns the new job's record (state "starting").
 
         ``environ``: the environment of the client that asked (``headroom run`` in a shell), so
         the job sees what ``python script.py`` in that shell would; the engine's own otherwise.
@@ -81,9 +89,9 @@ class Launching(RunnerLink, Brakes):
         spec as shown has its ``env`` values hidden; see ``envfile``).
         Raises ValueError with one line for a bad spec or a launch that fails (no job is
         recorded then)."""
-        if self._closed:
+        if self.table.closed:
             raise Refused("the engine is shutting down")
-        check_free_space(self.paths.jobs_dir)
+        check_free_space(self.table.paths.jobs_dir)
         if environ is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in environ.items()
         ):
@@ -92,23 +100,23 @@ class Launching(RunnerLink, Brakes):
             spec_json = envfile.restore(spec_json, self._env_folder(env_from))
         try:
             spec = JobSpec.from_json(spec_json)
-            spec_warnings = list(validate(spec, tuple(self._gpus()), check_paths=True))
-            applied = self._with_preset(spec)
+            spec_warnings = list(validate(spec, tuple(self.table.gpus()), check_paths=True))
+            applied = self.with_preset(spec)
         except SpecError as e:
             raise Refused(one_line(e)) from None
-        with self._lock:
+        with self.table.lock:
             job = self._new_job(spec, applied, environ, spec_warnings)
-            self._jobs[job.id] = job
-            self._save(job)
+            self.table.jobs[job.id] = job
+            self.table.save(job)
             rec = job.rec
         where = f" in {rec.cwd}" if rec.cwd else ""
-        self._emit(
+        self.table.emit(
             E.JOB_STARTED,
             f"job {rec.id} ({rec.name}) started{where} (pid {rec.pid})",
             job_id=rec.id,
             data={"pid": rec.pid, "argv": list(rec.argv), "warnings": spec_warnings},
         )
-        return rec.to_json()
+        return rec
 
     def _new_job(
         self,
@@ -121,23 +129,23 @@ class Launching(RunnerLink, Brakes):
         # The spec as kept and shown names its --env variables without their values; those
         # (and the shell's environment) are kept for a relaunch in one private file.
         spec_data = envfile.hide(spec.to_json())
-        job_id, folder, key = self._new_folder(spec_data)
+        job_id, folder, key = self.new_folder(spec_data)
         envfile.save(folder, environ, spec.env)
-        job = Job(self._new_record(job_id, applied, spec_data, folder, spec_warnings), key)
+        job = Job(self.new_record(job_id, applied, spec_data, folder, spec_warnings), key)
         try:
-            self._open_channel(job)
+            self.link.open_channel(job)
             self._launch(job, applied, append=False)
         except ValueError:
-            self._close_channel(job)
+            self.link.close_channel(job)
             remove_folder(folder)
             raise
         return job
 
-    def _new_folder(self, spec_data: Dict[str, Any]) -> Tuple[str, Path, bytes]:
+    def new_folder(self, spec_data: Dict[str, Any]) -> Tuple[str, Path, bytes]:
         """A new job's id, its private folder, its key and its spec.json (under the lock).
         Raises OSError when a file cannot be written (the folder is then removed)."""
         job_id = self._new_id()
-        folder = self.paths.jobs_dir / job_id
+        folder = self.table.paths.jobs_dir / job_id
         folder.mkdir(parents=True, exist_ok=False, mode=0o700)
         key = secrets.token_bytes(KEY_BYTES)
         try:
@@ -152,32 +160,34 @@ class Launching(RunnerLink, Brakes):
         """The folder of the job ``env_from`` names (None: no such job, or none named)."""
         if not isinstance(env_from, str) or not env_from:
             return None
-        with self._lock:
+        with self.table.lock:
             try:
-                job = self._find(env_from)
+                job = self.table.find(env_from)
             except LookupError:
                 return None
-        return self.paths.jobs_dir / job.id
+        return self.table.paths.jobs_dir / job.id
 
-    def _with_preset(self, spec: JobSpec) -> JobSpec:
+    def with_preset(self, spec: JobSpec) -> JobSpec:
         """The spec with its preset applied against this machine (GPUs, RAM total), so the
         job's budgets are known here; the stored spec keeps what the user asked for."""
         if not spec.preset:
             return spec
-        total = self._memory_total or psutil.virtual_memory().total
-        return apply_preset(spec, spec.preset, tuple(self._gpus()), ram_total_bytes=total)
+        total = self.table.memory_total or psutil.virtual_memory().total
+        return apply_preset(spec, spec.preset, tuple(self.table.gpus()), ram_total_bytes=total)
 
     def _new_id(self) -> str:
         for _ in range(100):
             job_id = secrets.token_hex(4)
-            if job_id in self._jobs or job_id in self._ended:
+            if job_id in self.table.jobs or job_id in self.table.ended:
                 continue
-            if (self.paths.jobs_dir / job_id).exists() or self.store.get_job(job_id) is not None:
+            if (self.table.paths.jobs_dir / job_id).exists() or self.table.store.get_job(
+                job_id
+            ) is not None:
                 continue
             return job_id
         raise Refused("cannot find a free job id")  # pragma: no cover - 2**32 ids
 
-    def _new_record(
+    def new_record(
         self,
         job_id: str,
         spec: JobSpec,
@@ -187,7 +197,7 @@ class Launching(RunnerLink, Brakes):
     ) -> JobRecord:
         auto = spec.auto_resume
         if auto is None:
-            auto = bool(self._setting("guard.auto_resume", True))
+            auto = bool(self.table.setting("guard.auto_resume", True))
         return JobRecord(
             id=job_id,
             name=spec.name or Path(str(spec.script or "job")).stem,
@@ -205,18 +215,18 @@ class Launching(RunnerLink, Brakes):
 
     def _launch(self, job: Job, spec: JobSpec, *, append: bool) -> None:
         """Build the plan and start the process in its own session, output to the log."""
-        folder = self.paths.jobs_dir / job.id
+        folder = self.table.paths.jobs_dir / job.id
         log_path = Path(str(job.rec.log_path or folder / "log"))
-        process = JobProcess.from_config(self._config())
+        process = JobProcess.from_config(self.table.config())
         try:
             plan = build_launch(
                 spec,
                 job_id=job.id,
-                address=self.paths.job_address(job.id),
+                address=self.table.paths.job_address(job.id),
                 keyfile=str(folder / "key"),
-                gpus=tuple(self._gpus()),
+                gpus=tuple(self.table.gpus()),
                 base_env=job_environ(folder),
-                runner_dir=self.runner_dir,
+                runner_dir=self.table.runner_dir,
                 process=process,
                 log_path=str(log_path),
             )
@@ -225,36 +235,24 @@ class Launching(RunnerLink, Brakes):
         popen = spawn(plan, log_path, process, append=append)
         job.popen = popen
         # At once: the child is still in Python's start-up and has forked nothing yet.
-        self._cgroup_place(job, popen.pid)
-        watch_exit(popen.pid, self._wake)
+        self.brakes.cgroup_place(job, popen.pid)
+        watch_exit(popen.pid, self.table.wake)
         if not WINDOWS:
-            self._orphans.groups.add(popen.pid)
+            self.table.orphans.groups.add(popen.pid)
         try:
             job.process = psutil.Process(popen.pid)
             create_time: Optional[float] = job.process.create_time()
         except psutil.Error:
             job.process, create_time = None, None
         rec = job.rec
-        job.move(
-            S.STARTING,
+        self.table.move(
+            job,
+            On.LAUNCHED,
             pid=popen.pid,
             pids=(popen.pid,),
             create_time=create_time,
             argv=tuple(plan.argv),
             cwd=str(plan.cwd) if plan.cwd else None,
-            exit_code=None,
-            ended=None,
-            end_reason=None,
-            bye=None,
-            hooked=False,
-            answering=True,
-            runs=rec.runs + 1,
-            eta_seconds=None,
-            resumable=False,
-            paused_by=None,
-            pause_reason=None,
-            pause_mode=None,
-            paused_at=None,
             process={
                 "nice": process.nice,
                 "oom_score_adj": process.oom_score_adj,
@@ -271,7 +269,7 @@ class Launching(RunnerLink, Brakes):
         job.rate_ref = None
         job.next_sample = 0.0
 
-    def _relaunch(
+    def relaunch(
         self,
         job: Job,
         by: str,
@@ -283,26 +281,28 @@ class Launching(RunnerLink, Brakes):
         ``accumulation``: at micro-batches of its batch / N (the same training); without
         ``from_checkpoint`` (a job without a checkpoint folder) from the beginning."""
         try:
-            data = envfile.restore(dict(job.rec.spec), self.paths.jobs_dir / job.id)
+            data = envfile.restore(dict(job.rec.spec), self.table.paths.jobs_dir / job.id)
             spec = dataclasses.replace(JobSpec.from_json(data), resume=from_checkpoint, fresh=False)
             if accumulation:
                 spec = dataclasses.replace(spec, accumulation=accumulation)
-            validate(spec, tuple(self._gpus()), check_paths=True)
-            spec = self._with_preset(spec)
+            validate(spec, tuple(self.table.gpus()), check_paths=True)
+            spec = self.with_preset(spec)
         except ValueError as e:  # a SpecError, or an --env value that was not kept
             raise Refused(f"job {job.id} cannot be relaunched: {one_line(e)}") from None
         if not job.key:
             job.key = secrets.token_bytes(KEY_BYTES)
-            configmod.atomic_write_bytes(self.paths.jobs_dir / job.id / "key", job.key, mode=0o600)
-        self._open_channel(job)
+            configmod.atomic_write_bytes(
+                self.table.paths.jobs_dir / job.id / "key", job.key, mode=0o600
+            )
+        self.link.open_channel(job)
         try:
             self._launch(job, spec, append=True)
         except ValueError:
-            self._close_channel(job)
+            self.link.close_channel(job)
             raise
         # "spec" stays what the user asked for (a relaunch from it starts afresh).
         job.change(resumed_at=now())
-        self._save(job)
+        self.table.save(job)
         why = f": {reason}" if reason else ""
         said: Dict[str, Any] = {"by": by, "reason": reason, "relaunched": True}
         smaller = ""
@@ -314,7 +314,7 @@ class Launching(RunnerLink, Brakes):
             )
             said.update(micro_batch=micro, accumulation=accumulation)
         where = "from its checkpoint" if from_checkpoint else "from the beginning"
-        self._emit(
+        self.table.emit(
             E.JOB_RESUMED,
             f"job {job.id} ({job.rec.name}) relaunched {where}"
             f"{smaller} by {by}{why} (pid {job.rec.pid})",

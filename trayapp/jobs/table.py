@@ -1,8 +1,8 @@
 """The job manager's table of jobs: what every part of it shares (the lock, the live and ended
 jobs, the store, finding a job by reference, saving it, reading a saved one back, events).
 
-``JobTable`` is the base of the manager's parts (the runner link, launching, control, the
-manager itself), each a class of its own module built on the one below.
+``JobTable`` is the state the manager's parts hold (each is given it when it is made): the
+runner link, the brakes, the launcher, the controller, the kernels and the manager itself.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from trayapp import config as configmod
 from trayapp import vocab
 from trayapp.config import Paths
 from trayapp.errors import Refused, Unknown
-from trayapp.jobs import messages, trees
+from trayapp.jobs import messages, transitions, trees
 from trayapp.jobs.job import BY_USER, SUSPENDED, Emit, Event, Job, now, who
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.transitions import On
 from trayapp.readings import GpuReading, Snapshot
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -37,9 +38,9 @@ Found = Union[Job, JobRecord]
 
 
 class JobTable:
-    """The jobs and what the manager's parts share. ``emit(kind, message, *, level, job_id,
-    data)`` records and pushes an event; ``gpus()`` returns the engine's latest GPU readings;
-    ``config()`` its current settings."""
+    """The jobs and what the manager's parts share (each part holds it). ``emit(kind,
+    message, *, level, job_id, data)`` records and pushes an event; ``gpus()`` returns the
+    engine's latest GPU readings; ``config()`` its current settings."""
 
     def __init__(
         self,
@@ -54,47 +55,47 @@ class JobTable:
     ):
         self.paths = paths
         self.store = store
-        self._emit = emit
-        self._gpus = gpus
-        self._config = config
+        self.emit = emit
+        self.gpus = gpus
+        self.config = config
         self.runner_dir = runner_dir  # None: the plan's default (also right in a frozen build)
-        self._wake = wake  # the engine's next tick now (a job's process has ended)
-        self._lock = threading.RLock()
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
-        self._ended: OrderedDict[str, JobRecord] = OrderedDict()
-        self._closed = False
-        self._orphans = trees.Orphans()
-        self._memory_total: Optional[int] = None  # from the engine's latest reading
-        self._snapshot: Optional[Snapshot] = None  # the engine's latest reading (forecasts)
-        self._drops = messages.DropLog()  # what jobs sent that was not taken, per job
+        self.wake = wake  # the engine's next tick now (a job's process has ended)
+        self.lock = threading.RLock()
+        self.jobs: OrderedDict[str, Job] = OrderedDict()
+        self.ended: OrderedDict[str, JobRecord] = OrderedDict()
+        self.closed = False
+        self.orphans = trees.Orphans()
+        self.memory_total: Optional[int] = None  # from the engine's latest reading
+        self.snapshot: Optional[Snapshot] = None  # the engine's latest reading (forecasts)
+        self.drops = messages.DropLog()  # what jobs sent that was not taken, per job
 
     # -- finding ------------------------------------------------------------------------------
 
-    def _find(self, job_ref: str) -> Found:
+    def find(self, job_ref: str) -> Found:
         """The Job (live or parked) or the record of an ended one, by id, a unique id prefix or
         a unique name; LookupError else."""
         ref = str(job_ref).strip()
         if not ref:
             raise Unknown("no job named ''")
-        if ref in self._jobs:
-            return self._jobs[ref]
-        if ref in self._ended:
-            return self._ended[ref]
-        saved = self._stored(self.store.get_job(ref))
+        if ref in self.jobs:
+            return self.jobs[ref]
+        if ref in self.ended:
+            return self.ended[ref]
+        saved = self.stored(self.store.get_job(ref))
         if saved is not None:
             return saved
-        found = _match(ref, {j.id: j.rec.name for j in self._jobs.values()})
+        found = _match(ref, {j.id: j.rec.name for j in self.jobs.values()})
         if found is not None:
-            return self._jobs[found]
-        older: Dict[str, JobRecord] = {r.id: r for r in self._stored_list(True, 500)}
-        older.update(self._ended)
+            return self.jobs[found]
+        older: Dict[str, JobRecord] = {r.id: r for r in self.stored_list(True, 500)}
+        older.update(self.ended)
         found = _match(ref, {i: r.name for i, r in older.items()})
         if found is not None:
             return older[found]
         raise Unknown(f"no job named {ref}")
 
-    def _live(self, job_ref: str, what: str) -> Job:
-        job = self._find(job_ref)
+    def live(self, job_ref: str, what: str) -> Job:
+        job = self.find(job_ref)
         if not isinstance(job, Job) or job.state not in vocab.LIVE:
             rec = job if isinstance(job, JobRecord) else job.rec
             done = what + ("d" if what.endswith("e") else "ed")  # paused, parked
@@ -103,7 +104,7 @@ class JobTable:
 
     # -- the store ----------------------------------------------------------------------------
 
-    def _stored(self, data: Any, *, adopting: bool = False) -> Optional[JobRecord]:
+    def stored(self, data: Any, *, adopting: bool = False) -> Optional[JobRecord]:
         """A job record read back from the store: the fields that came from the job's messages
         checked again (an earlier engine's record is not trusted), then read field by field.
         None for no record, or one that cannot be read (logged, and left out)."""
@@ -129,39 +130,54 @@ class JobTable:
             )
             return None
 
-    def _stored_list(self, include_finished: bool, limit: int) -> List[JobRecord]:
+    def stored_list(self, include_finished: bool, limit: int) -> List[JobRecord]:
         out = []
         for data in self.store.list_jobs(include_finished=include_finished, limit=limit):
-            rec = self._stored(data)
+            rec = self.stored(data)
             if rec is not None:
                 out.append(rec)
         return out
 
-    def _save(self, job: Job) -> None:
+    def save(self, job: Job) -> None:
         job.dirty = False
         job.last_saved = time.monotonic()
         self.store.save_job(job.rec.to_json())
 
-    def _retire(self, job: Job) -> None:
+    def retire(self, job: Job) -> None:
         """An ended job leaves the live set; the last ones are kept at hand."""
-        self._jobs.pop(job.id, None)
-        self._ended[job.id] = job.rec
-        while len(self._ended) > RECENT_ENDED:
-            self._ended.popitem(last=False)
+        self.jobs.pop(job.id, None)
+        self.ended[job.id] = job.rec
+        while len(self.ended) > RECENT_ENDED:
+            self.ended.popitem(last=False)
 
     # -- shared by the parts ------------------------------------------------------------------
 
-    def _setting(self, name: str, default: Any) -> Any:
+    @staticmethod
+    def move(
+        job: Job, event: On, *, by: Optional[str] = None, reason: str = "", **given: Any
+    ) -> None:
+        """Move the job as the table of transitions says for ``event`` (``transitions.step``).
+        A change the table does not have is logged, and made all the same: the job is where
+        its process says it is."""
         try:
-            return self._config()[name]
+            change = transitions.step(job.rec, event, by=by, reason=reason, **given)
+            job.rec = job.rec.moved(change.state, **change.changes)
+        except transitions.NotAllowed as e:
+            log.warning("%s; moved to %s all the same", e, e.target)
+            change = transitions.step(job.rec, event, by=by, reason=reason, force=True, **given)
+            job.rec = job.rec.with_(state=change.state, **change.changes)
+
+    def setting(self, name: str, default: Any) -> Any:
+        try:
+            return self.config()[name]
         except (KeyError, TypeError):
             return default
 
-    def _flush_events(self, events: List[Event]) -> None:
+    def flush_events(self, events: List[Event]) -> None:
         for kind, level, message, job_id, data in events:
-            self._emit(kind, message, level=level, job_id=job_id, data=data)
+            self.emit(kind, message, level=level, job_id=job_id, data=data)
 
-    def _send(self, job: Job, kind: str, **fields: Any) -> bool:
+    def send(self, job: Job, kind: str, **fields: Any) -> bool:
         """Give the runner a command without waiting on it: it goes into the job's outbox,
         which its own thread writes (the caller may hold the lock that the tick needs). One
         command of a kind waits at a time (the latest). False when there is no runner to
@@ -172,7 +188,7 @@ class JobTable:
         # A peer that does not read is cut by its channel; on_close marks it not answering.
         return peer.post(rp.make(kind, **fields), key=kind)
 
-    def _not_answering(self, job: Job, peer: Any) -> None:
+    def not_answering(self, job: Job, peer: Any) -> None:
         """The runner does not read what it is sent: its channel is cut, and the job is
         handled by signals from now on (``answering`` False) until it is launched again."""
         if job.peer is peer:
@@ -180,7 +196,7 @@ class JobTable:
         if not job.rec.answering:
             return
         job.change(answering=False, connected=False)
-        self._save(job)
+        self.save(job)
         log.warning(
             "job %s (%s) does not read what the engine sends; cut off: the guard "
             "acts on it by signals",
@@ -188,20 +204,20 @@ class JobTable:
             one_line(job.rec.name, 80),
         )
 
-    def _pause_deadline(self, deadline: Optional[float]) -> float:
+    def pause_deadline(self, deadline: Optional[float]) -> float:
         if deadline is not None:
             return max(0.0, float(deadline))
-        return float(self._setting("guard.pause_deadline_seconds", 2.0))
+        return float(self.setting("guard.pause_deadline_seconds", 2.0))
 
-    def _set_paused(
+    def set_paused(
         self, job: Job, by: str, reason: str, mode: str, events: List[Event], note: str = ""
     ) -> None:
         already = job.state == S.PAUSED
-        job.move(S.PAUSED, pause_mode=mode, paused_by=by, pause_reason=reason or None)
+        self.move(job, On.SUSPENDED if mode == SUSPENDED else On.PAUSED, by=by, reason=reason)
         if job.rec.paused_at is None:
             job.change(paused_at=now())
         job.pause_deadline = None
-        self._save(job)
+        self.save(job)
         if not already or mode == SUSPENDED:
             how = "suspended" if mode == SUSPENDED else "paused at a batch end"
             why = f": {reason}" if reason else ""

@@ -17,6 +17,7 @@ import psutil
 from trayapp.jobs.cgroups import CgroupError
 from trayapp.jobs.job import Job
 from trayapp.jobs.ladder import Stage
+from trayapp.jobs.record import JobRecord
 from trayapp.probes.processes import SAME_PROCESS_TOLERANCE_S, TreeMeter, tree_memory
 from trayapp.readings import GpuReading
 
@@ -174,13 +175,48 @@ def signal_stage(job: Job, stage: Stage) -> None:
                 pass
 
 
-def killpg(pid: int, sig: int) -> None:
+def killpg(pid: int, sig: int) -> bool:
+    """Signal process group ``pid``; True when the signal went."""
     if pid <= 1:
-        return
+        return False
     try:
         os.killpg(pid, sig)
+        return True
     except OSError:
-        pass
+        return False
+
+
+def stop_group_now(rec: JobRecord) -> int:
+    """SIGSTOP the job's process group at once, before the manager's bookkeeping (its lock, a
+    walk of the tree, a write to the store) delays the suspend by milliseconds of growth (the
+    guard's pause at its last resort); the pause then suspends the whole tree as usual.
+    Returns the group, 0 where none was stopped (Windows, a job that is gone, an adopted root
+    that leads no group of its own)."""
+    if WINDOWS or not rec.pids:
+        return 0
+    leader = rec.pids[0]  # jobs start in their own session: the root leads the group
+    if rec.create_time is not None and same_process(leader, rec.create_time) is None:
+        return 0  # an adopted root (a kernel) that has ended: its pid may be reused
+    try:
+        if os.getpgid(leader) != leader:
+            return 0
+    except OSError:
+        return 0
+    return leader if killpg(leader, signal.SIGSTOP) else 0
+
+
+def continue_group(leader: int) -> None:
+    """Undo ``stop_group_now`` (the pause was refused): SIGCONT to the group."""
+    killpg(leader, signal.SIGCONT)
+
+
+def kill_root(job: Job) -> None:
+    """SIGKILL to the job's root process (psutil: never a reused pid)."""
+    if job.process is not None:
+        try:
+            job.process.send_signal(signal.SIGKILL)
+        except Exception:  # psutil.Error: it is gone already
+            pass
 
 
 def signal_tree(job: Job, sig: int) -> None:
