@@ -140,8 +140,8 @@ def test_a_job_on_the_wire_is_its_record(paths: Paths, store: Store) -> None:
                      manager.get(job["id"]))
         assert set(done) == FIELDS and done["exit_code"] == 0
         assert JobRecord.from_json(store.get_job(job["id"])).to_json() == done
-        (rec,) = [r for r in manager.list(include_finished=True) if r["id"] == job["id"]]
-        assert rec == done
+        (rec,) = [r for r in manager.list(include_finished=True) if r.id == job["id"]]
+        assert rec.to_json() == done
         # Every event about the job names it.
         assert events.kinds() == ["job_started", "job_finished"]
         assert {e["job_id"] for e in events.seen} == {job["id"]}
@@ -176,7 +176,7 @@ def test_adoption_leaves_out_a_saved_row_it_cannot_read(paths: Paths, store: Sto
         assert [r.id for r in manager.guard_jobs()] == ["0bad0002"]
         assert manager.get("0bad0003")["state"] == "lost"  # no pid to watch
         assert [e["job_id"] for e in events.seen] == ["0bad0003"]
-        ids = [j["id"] for j in manager.list(include_finished=True)]
+        ids = [j.id for j in manager.list(include_finished=True)]
         assert "0bad0001" not in ids and "0bad0004" not in ids
         with pytest.raises(LookupError):
             manager.get("0bad0001")

@@ -302,7 +302,7 @@ def test_an_engine_adopting_a_poisoned_saved_job_can_list_it(tmp_path: Any,
         try:
             manager.adopt()
             (job,) = manager.list()
-            assert job["id"] == "feedf00d" and job["tf_memory"] is None
+            assert job.id == "feedf00d" and job.tf_memory is None
             assert manager.guard_jobs()[0].state == "parked"
         finally:
             manager.close()

@@ -25,6 +25,7 @@ from trayapp.engine.history import ConsumerScan, RecentHistory
 from trayapp.engine.metrics import MetricsService
 from trayapp.engine.own_process import EngineLock, harden_process, rlimits_json
 from trayapp.engine.parts import Parts
+from trayapp.engine.status_record import EngineView, GuardView, Status
 from trayapp.engine.store import Store
 from trayapp.errors import Refused, Unknown
 from trayapp.jobs.envfile import hide_stored
@@ -53,12 +54,6 @@ STORE_FLUSH_INTERVAL = 1.0  # WAL without fsync per commit: cheap, and a crash l
 def sample_values(snap: Snapshot, jobs: List[Any]) -> Dict[str, Optional[float]]:
     """One snapshot as named series for the history (``trayapp.series``)."""
     return series_values(snap.memory, snap.gpus, jobs)
-
-
-def memory_json(snap: Snapshot) -> Dict[str, Any]:
-    d = snap.memory.to_json()
-    d.pop("time", None)
-    return d
 
 
 class Engine:
@@ -432,43 +427,49 @@ class Engine:
 
     def status(self) -> Dict[str, Any]:
         """The status object of DESIGN.md (``headroom status --json``), plus an ``engine``
-        part."""
+        part: ``status_record``'s JSON."""
+        return self.status_record().to_json()
+
+    def status_record(self) -> Status:
+        """What the engine knows now, as the record its clients read back."""
         with self._state_lock:
             snap = self.latest
         if snap is None:
             snap = self.read_snapshot()
-        gpu_status = snap.gpu_status
-        return {
-            "time": snap.time,
-            "memory": memory_json(snap),
-            "gpus": [g.to_json() for g in snap.gpus],
-            "gpu_status": gpu_status.to_json(),
-            "guard": self.guard.state_json()
-            if self.guard is not None
-            else {
+        if self.guard is not None:
+            guard = self.guard.state_json()
+        else:
+            guard = {
                 "state": GuardLevel.OK,
                 "mode": self.config["guard.mode"],
                 "reasons": [],
                 "seconds_to_exhaustion": None,
-            },
-            "jobs": self.jobs.list(include_finished=False) if self.jobs is not None else [],
-            "consumers": [c.to_json() for c in self.consumers.latest],
-            "engine": {
-                "running": True,
-                "pid": os.getpid(),
-                "version": __version__,
-                "started": self.started,
-                "demo": self.demo,
-                "home": str(self.paths.home),
-                "sample_interval": self.next_interval(),
-                "rlimits": rlimits_json(),
-                "clients": self.server.client_count if self.server is not None else 0,
-                "store_error": getattr(self.store, "write_error", None),
-                "config_problems": shown_problems(self.config.problems),
-                "metrics": self.metrics.state_json(),
-                "protection": self.jobs.protection() if self.jobs is not None else None,
-            },
-        }
+            }
+        return Status(
+            snap.time,
+            snap.memory,
+            snap.gpus,
+            snap.gpu_status,
+            guard=GuardView.from_json(guard),
+            jobs=tuple(self.jobs.list(include_finished=False)) if self.jobs is not None else (),
+            consumers=tuple(self.consumers.latest),
+            engine=EngineView(
+                running=True,
+                pid=os.getpid(),
+                version=__version__,
+                started=self.started,
+                demo=self.demo,
+                home=str(self.paths.home),
+                sample_interval=self.next_interval(),
+                rlimits=rlimits_json(),
+                clients=self.server.client_count if self.server is not None else 0,
+                store_error=getattr(self.store, "write_error", None),
+                config_problems=tuple(shown_problems(self.config.problems)),
+                metrics=self.metrics.state_json(),
+                protection=self.jobs.protection() if self.jobs is not None else {},
+            ),
+            guard_json=guard,
+        )
 
     def _handle(self, peer: Peer, data: bytes) -> Optional[Dict[str, Any]]:
         try:

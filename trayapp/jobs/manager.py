@@ -192,7 +192,9 @@ class JobManager:
     def handlers(self) -> Dict[str, Callable[[Peer, Dict[str, Any]], Any]]:
         """The control-channel ops this manager answers: ``{op: fn(peer, args)}``."""
         return {
-            "jobs": lambda peer, a: self.list(include_finished=bool(a.get("all"))),
+            "jobs": lambda peer, a: [
+                r.to_json() for r in self.list(include_finished=bool(a.get("all")))
+            ],
             "job_get": lambda peer, a: self.get(a["job"], curves=bool(a.get("curves"))),
             "job_start": lambda peer, a: self.start(
                 a["spec"], environ=a.get("environ"), env_from=a.get("env_from")
@@ -203,8 +205,8 @@ class JobManager:
             **self.kernel_handlers(),
         }
 
-    def list(self, include_finished: bool = False) -> List[Dict[str, Any]]:
-        """Job dicts, newest first: live and parked jobs, stopped ones that can still be
+    def list(self, include_finished: bool = False) -> List[JobRecord]:
+        """Job records, newest first: live and parked jobs, stopped ones that can still be
         resumed (a checkpoint to continue from), and with ``include_finished`` every ended one
         the store keeps."""
         with self.table.lock:
@@ -217,7 +219,7 @@ class JobManager:
             if include_finished or (v.resumable and v.state == S.STOPPED):
                 if k not in out or out[k].state in vocab.LIVE:
                     out[k] = v
-        return [r.to_json() for r in sorted(out.values(), key=lambda r: -(r.started or 0))]
+        return sorted(out.values(), key=lambda r: -(r.started or 0))
 
     def guard_jobs(self) -> List[JobRecord]:
         """The records of the live and parked jobs, as the guard's ladder reads them (frozen:
