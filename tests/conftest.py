@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -137,7 +137,10 @@ class EngineProcess:
     """A real engine (``python -m trayapp engine``) on the test's state folder."""
 
     def __init__(self, paths: Paths, demo: bool = False, stay: bool = True,
-                 env: Optional[Dict[str, str]] = None, config: Optional[str] = None):
+                 env: Optional[Dict[str, str]] = None, config: Optional[str] = None,
+                 cgroups: Sequence[Path] = ()):
+        """``cgroups``: folders of cgroup v1 hierarchies the engine starts in (its jobs' cgroups
+        are then made under them, apart from every other engine's)."""
         self.paths = paths
         args = []
         if config:
@@ -152,9 +155,16 @@ class EngineProcess:
         full_env.update(env or {})
         self.stderr_path = paths.home / f"engine-stderr-{time.monotonic_ns()}.log"
         self._stderr = open(self.stderr_path, "wb")
+        procs = [str(folder / "cgroup.procs") for folder in cgroups]
+
+        def join() -> None:  # in the child, before the engine runs
+            for name in procs:
+                with open(name, "w") as f:
+                    f.write(str(os.getpid()))
+
         self.proc = subprocess.Popen(headroom_cmd(*args), env=full_env, cwd=str(REPO),
                                      stdout=subprocess.DEVNULL, stderr=self._stderr,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=join if procs else None)
 
     def wait_ready(self, timeout: float = 20.0) -> EngineProcess:
         deadline = time.monotonic() + timeout
@@ -201,8 +211,9 @@ def start_engine(paths: Paths) -> Iterator:
     started: List[EngineProcess] = []
 
     def start(demo: bool = False, stay: bool = True, wait: bool = True,
-              env: Optional[Dict[str, str]] = None, config: Optional[str] = None) -> EngineProcess:
-        e = EngineProcess(paths, demo=demo, stay=stay, env=env, config=config)
+              env: Optional[Dict[str, str]] = None, config: Optional[str] = None,
+              cgroups: Sequence[Path] = ()) -> EngineProcess:
+        e = EngineProcess(paths, demo=demo, stay=stay, env=env, config=config, cgroups=cgroups)
         started.append(e)
         return e.wait_ready() if wait else e
 

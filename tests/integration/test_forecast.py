@@ -61,7 +61,7 @@ def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the
         # Measured again in the first steps at the micro-batch it trains: it fits.
         steps = [e for e in forecasts if e["data"]["how"] == "steps"]
         assert steps and steps[-1]["data"]["fits"], [(e["message"], e["data"]) for e in forecasts]
-        assert job.forecast and job.forecast["fits"], job.forecast
+        assert job.forecast and job.forecast.fits, job.forecast
         shrunk = [e for e in said if e["kind"] == E.JOB_SHRUNK]
         assert shrunk and f"{job.micro_batch} x {job.accumulation}" in shrunk[0]["message"]
         report = json.loads(out.read_text())

@@ -355,11 +355,15 @@ def test_a_keras_step_over_its_budget_is_braked_and_relaunched_smaller(
 def test_empty_job_cgroups_an_engine_left_are_removed(
         start_engine: Callable[..., EngineProcess], client_of: Any, tmp_path: Path) -> None:
     """Jobs killed while no engine watched them leave their cgroups behind, empty: the next
-    engine to give a job its cgroups removes them."""
-    stale = [job_cgroup("0badc0de"), job_freezer("0badc0de")]
-    for folder in stale:
+    engine to give a job its cgroups removes them. The engine runs in cgroups of its own, so
+    that no other test's engine sweeps these first."""
+    assert OFFER.memory_parent is not None and OFFER.freezer_parent is not None
+    own = [Path(parent) / f"headroom-test-sweep-{os.getpid()}"
+           for parent in (OFFER.memory_parent, OFFER.freezer_parent)]
+    stale = [folder / f"{cgroups.PREFIX}0badc0de" for folder in own]
+    for folder in own + stale:
         folder.mkdir(exist_ok=True)
-    engine = start_engine()
+    engine = start_engine(cgroups=own)
     client = client_of(engine)
     job_id = None
     try:
@@ -367,16 +371,18 @@ def test_empty_job_cgroups_an_engine_left_are_removed(
                                    "args": [str(tmp_path / "daemon"), str(tmp_path / "stop")]
                                    })["id"]
         assert not any(folder.exists() for folder in stale)
-        assert job_cgroup(job_id).is_dir()
+        assert (own[0] / f"{cgroups.PREFIX}{job_id}").is_dir()
         # Said in its log (read from its stderr as it comes: the line may follow the removal).
         wait_for("the engine to say it removed them",
                  lambda: "empty job cgroups an earlier engine left" in engine.stderr, 20)
     finally:
         (tmp_path / "stop").touch()
         kill_job(client, job_id)
-        for folder in stale:
-            if folder.exists():
-                folder.rmdir()
+        engine.stop()
+        for parent in own:  # whatever is left below (the job's, were it still there), then it
+            for folder in [*parent.glob(f"{cgroups.PREFIX}*"), parent]:
+                if folder.is_dir():
+                    folder.rmdir()
 
 
 # -- the kernel's OOM killer ---------------------------------------------------------------------
