@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -50,12 +49,13 @@ WRITE_STEP_BYTES = 1 * MiB
 UNLIMITED = 1 << 62  # v1 reads "no limit" as PAGE_COUNTER_MAX pages: anything this large
 
 
-def stop_each(pids: List[int]) -> int:
-    """SIGSTOP each of ``pids``; how many were stopped (one gone meanwhile is not counted)."""
+def signal_each(pids: List[int], sig: int) -> int:
+    """Send ``sig`` to each of ``pids`` (the processes of a job's cgroup); how many got it (one
+    gone meanwhile is not counted)."""
     count = 0
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, sig)
             count += 1
         except OSError:
             pass

@@ -20,7 +20,7 @@ from trayapp.jobs.cgroups import (
     _why,
     own_cgroups,
     reading,
-    stop_each,
+    signal_each,
 )
 
 
@@ -211,7 +211,7 @@ class JobCgroup:
         CgroupError."""
         if self.freezer_state() not in ("FROZEN", "FREEZING"):
             return 0
-        count = stop_each(self.pids())
+        count = signal_each(self.pids(), signal.SIGSTOP)
         self.thaw()
         return count
 
@@ -222,14 +222,7 @@ class JobCgroup:
             self.thaw()
         except CgroupError:
             pass
-        count = 0
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-                count += 1
-            except OSError:
-                pass
-        return count
+        return signal_each(self.pids(), signal.SIGKILL)
 
     def remove(self) -> None:
         """Thaw it, move what is still in it to the parent cgroups, and remove both folders.

@@ -35,7 +35,7 @@ from trayapp.jobs.cgroups import (
     _below,
     _why,
     own_cgroups,
-    stop_each,
+    signal_each,
 )
 from trayapp.jobs.cgroups import parse_keyed as _keyed
 from trayapp.text import one_line
@@ -321,7 +321,7 @@ class ScopeCgroup:
         many were stopped; raises CgroupError."""
         if self.freezer_state() not in ("FROZEN", "FREEZING"):
             return 0
-        count = stop_each(self.pids())
+        count = signal_each(self.pids(), signal.SIGSTOP)
         self.thaw()
         return count
 
@@ -336,14 +336,7 @@ class ScopeCgroup:
             except CgroupError as e:
                 if "is gone" in str(e):
                     raise
-        count = 0
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                count += 1
-            except OSError:
-                pass
-        return count
+        return signal_each(pids, signal.SIGKILL)
 
     def remove(self) -> None:
         """The engine lets go of the scope: the manager collects it when its last process
