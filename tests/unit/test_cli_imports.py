@@ -16,7 +16,7 @@ import contextlib, io, json, sys
 from trayapp.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
     code = main(sys.argv[1:])
-heavy = ("PySide6", "pyqtgraph", "trayapp.ui", "trayapp.engine.service", "trayapp.jobs.launcher")
+heavy = ("PySide6", "pyqtgraph", "trayapp.ui", "trayapp.engine.service", "trayapp.jobs.manager")
 print(json.dumps([code, sorted(m for m in sys.modules if m.startswith(heavy))]))
 """
 

@@ -15,7 +15,6 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import psutil
 
-from trayapp import vocab
 from trayapp.channel import ChannelServer, Peer
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.record import JobRecord
@@ -91,21 +90,8 @@ class Job:
         return self.rec.state
 
     def change(self, **changes: Any) -> None:
-        """Replace the record with one with ``changes`` (not the state: see ``move``)."""
+        """Replace the record with one with ``changes`` (not the state: ``JobTable.move``)."""
         self.rec = self.rec.with_(**changes)
-
-    def move(self, new: str, **changes: Any) -> None:
-        """Replace the record with one in state ``new`` (see ``move``)."""
-        self.rec = move(self.rec, new, **changes)
-
-
-def move(rec: JobRecord, new: str, **changes: Any) -> JobRecord:
-    """``rec`` in state ``new`` (and with ``changes``). A change the vocabulary's table does
-    not have is logged, and made all the same: the job is where its process says it is."""
-    if not vocab.can_move(rec.state, new):
-        log.warning("job %s: unexpected state change %s -> %s", rec.id, rec.state, new)
-        return rec.with_(state=str(new), **changes)
-    return rec.moved(new, **changes)
 
 
 def now() -> float:
