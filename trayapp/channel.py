@@ -319,6 +319,10 @@ class ChannelServer:
     def client_count(self) -> int:
         return sum(1 for p in self.peers if p.authenticated and not p.closed)
 
+    def subscribed(self, kind: str) -> bool:
+        """Whether any peer takes pushes of ``kind`` (what nobody reads need not be made)."""
+        return any(kind in p.subscriptions and not p.closed for p in list(self.peers))
+
     def broadcast(self, kind: str, obj: Any) -> None:
         """Push ``obj`` to every peer subscribed to ``kind`` (encoded once)."""
         subscribers = [p for p in self.peers if kind in p.subscriptions and not p.closed]

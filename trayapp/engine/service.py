@@ -345,7 +345,8 @@ class Engine:
         self.metrics.publish(snap, guard, jobs)
 
     def _publish_snapshot(self) -> None:
-        if self.server is not None:
+        # Built only for a subscriber: at rest, with no tray, the engine makes no status.
+        if self.server is not None and self.server.subscribed("snapshot"):
             self.server.broadcast("snapshot", self.status())
 
     def _report_store_health(self) -> None:
