@@ -82,7 +82,8 @@ def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
     from tests.unit.test_launcher import _fake_python, ticker
     from trayapp.config import get_paths
     from trayapp.engine.store import Store
-    from trayapp.jobs import ladder, launcher
+    from trayapp.jobs import ladder
+    from trayapp.jobs import manager as managers
     from trayapp.runner import protocol as rp
 
     monkeypatch.setenv("HEADROOM_HOME", str(tmp_path / "home"))
@@ -91,7 +92,7 @@ def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
     paths = get_paths()
     paths.ensure()
     store = Store(paths.db_file)
-    manager = launcher.JobManager(paths, store, emit=lambda *a, **k: None)
+    manager = managers.JobManager(paths, store, emit=lambda *a, **k: None)
     try:
         jid = manager.start(ticker(python=_fake_python(tmp_path)))["id"]
         key = (paths.jobs_dir / jid / "key").read_bytes()

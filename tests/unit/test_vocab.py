@@ -101,21 +101,25 @@ def test_guard_words() -> None:
     assert vocab.JOB_END_EVENTS <= {k.value for k in EventKind}
 
 
-def test_the_launcher_logs_a_change_the_table_lacks_and_makes_it(
+def test_the_job_table_logs_a_change_the_transitions_lack_and_makes_it(
         caplog: pytest.LogCaptureFixture) -> None:
-    from trayapp.jobs.job import move
+    from trayapp.jobs.job import Job
     from trayapp.jobs.record import JobRecord
+    from trayapp.jobs.table import JobTable
+    from trayapp.jobs.transitions import On
 
-    rec = JobRecord(id="j1", state="parking")
+    table = JobTable(None, None, emit=lambda *a, **k: None)  # type: ignore[arg-type]
+    job = Job(JobRecord(id="j1", state="parking"), b"key")
     with caplog.at_level("WARNING", logger="headroom.jobs"):
-        rec = move(rec, S.PARKED)
-    assert rec.state == "parked" and type(rec.state) is str
+        table.move(job, On.PARKED)
+    assert job.rec.state == "parked" and type(job.rec.state) is str
     assert caplog.records == []
+    # A runner that says it runs while its job is parked: the job is where its process is.
     with caplog.at_level("WARNING", logger="headroom.jobs"):
-        rec = move(rec, S.RUNNING)
-    assert rec.state == "running"
+        table.move(job, On.RUNNER_UP)
+    assert job.rec.state == "running"
     assert [r.getMessage() for r in caplog.records] == \
-        ["job j1: unexpected state change parked -> running"]
+        ["job j1: runner-up cannot happen to a job parked; moved to running all the same"]
 
 
 def test_actors_pause_modes_and_event_levels_are_the_wire_words() -> None:
