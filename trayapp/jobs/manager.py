@@ -70,6 +70,13 @@ STOP_ALL_KILL_WAIT_SECONDS = 2.0  # after SIGKILL to what is left, when the engi
 LOG_MAX_MB = 32  # the log cap of a job launched before the cap was kept with it
 
 
+def _may_resume(data: Any) -> bool:
+    """A saved row that may be a stopped job to resume (its record then says for sure)."""
+    return (
+        isinstance(data, dict) and data.get("state") == S.STOPPED and data.get("resumable") is True
+    )
+
+
 class JobManager:
     """The engine's jobs. See the module docstring for threads and life cycle.
 
@@ -212,7 +219,8 @@ class JobManager:
         with self.table.lock:
             out = {j.id: j.rec for j in self.table.jobs.values()}
             recent = dict(self.table.ended)
-        for rec in self.table.stored_list(True, LIST_LIMIT):
+        resumable = None if include_finished else _may_resume
+        for rec in self.table.stored_list(True, LIST_LIMIT, resumable):
             if include_finished or (rec.resumable and rec.state == S.STOPPED):
                 out.setdefault(rec.id, rec)
         for k, v in recent.items():

@@ -130,9 +130,15 @@ class JobTable:
             )
             return None
 
-    def stored_list(self, include_finished: bool, limit: int) -> List[JobRecord]:
+    def stored_list(
+        self, include_finished: bool, limit: int, keep: Optional[Callable[[Any], bool]] = None
+    ) -> List[JobRecord]:
+        """The saved records; with ``keep``, only the rows it keeps are read into records (a
+        record is read with the checks of the job's messages: not for every row, every push)."""
         out = []
         for data in self.store.list_jobs(include_finished=include_finished, limit=limit):
+            if keep is not None and not keep(data):
+                continue
             rec = self.stored(data)
             if rec is not None:
                 out.append(rec)
