@@ -45,7 +45,7 @@ class MemoryReading:
         is the status's); None when the sizes are not there to read."""
         if not isinstance(data, Mapping):
             return None
-        values = _read(cls, data, _MEMORY_TYPES)
+        values = typed_fields(cls, data, _MEMORY_TYPES)
         if not all(k in values for k in ("total_bytes", "available_bytes")):
             return None
         base: Dict[str, Any] = {
@@ -73,7 +73,7 @@ class Consumer:
     @classmethod
     def from_json(cls, data: Any) -> Consumer:
         """A consumer from its JSON; raises ValueError without a name and a size."""
-        values = _read(cls, data, _CONSUMER_TYPES)
+        values = typed_fields(cls, data, _CONSUMER_TYPES)
         if "name" not in values or "rss_bytes" not in values:
             raise ValueError("a consumer needs a name and a size")
         return cls(**{"processes": 0, **values})
@@ -93,7 +93,7 @@ class GpuProcess:
     @classmethod
     def from_json(cls, data: Any) -> GpuProcess:
         """A process from its JSON (``to_json``'s); raises ValueError without a pid."""
-        values = _read(cls, data, _PROCESS_TYPES)
+        values = typed_fields(cls, data, _PROCESS_TYPES)
         if "pid" not in values:
             raise ValueError("a GPU process needs a pid")
         return cls(**{"name": "", "used_memory_bytes": None, **values})
@@ -129,7 +129,7 @@ class GpuReading:
         missing or of the wrong type is not known (None, or its default), an unknown key is
         left out, a process that cannot be read is left out. Raises ValueError without an
         index."""
-        values = _read(cls, data, _GPU_TYPES)
+        values = typed_fields(cls, data, _GPU_TYPES)
         if "index" not in values:
             raise ValueError("a GPU reading needs an index")
         procs = []
@@ -165,7 +165,7 @@ class GpuStatus:
     @classmethod
     def from_json(cls, data: Any) -> GpuStatus:
         """The status from its JSON; anything unreadable reads as backend "none"."""
-        values = _read(cls, data, _STATUS_TYPES) if isinstance(data, Mapping) else {}
+        values = typed_fields(cls, data, _STATUS_TYPES) if isinstance(data, Mapping) else {}
         return cls(**{"backend": "none", **values})
 
 
@@ -216,16 +216,16 @@ def readable(parse: Callable[[Any], T], items: Any) -> Tuple[T, ...]:
 
 # -- reading JSON back ----------------------------------------------------------------------------
 
-_NUMBER = (int, float)
+NUMBER = (int, float)  # a JSON number (a bool is none: ``typed_fields``)
 _MEMORY_TYPES: Mapping[str, Tuple[type, ...]] = {
-    "time": _NUMBER,
+    "time": NUMBER,
     "total_bytes": (int,),
     "available_bytes": (int,),
     "used_bytes": (int,),
     "swap_total_bytes": (int,),
     "swap_used_bytes": (int,),
-    "psi_some_avg10": _NUMBER,
-    "psi_full_avg10": _NUMBER,
+    "psi_some_avg10": NUMBER,
+    "psi_full_avg10": NUMBER,
     "limit_source": (str,),
     "host_total_bytes": (int,),
     "host_available_bytes": (int,),
@@ -253,9 +253,9 @@ _GPU_TYPES: Mapping[str, Tuple[type, ...]] = {
     "memory_used_bytes": (int,),
     "memory_free_bytes": (int,),
     "memory_reserved_bytes": (int,),
-    "utilization_percent": _NUMBER,
-    "temperature_c": _NUMBER,
-    "power_watts": _NUMBER,
+    "utilization_percent": NUMBER,
+    "temperature_c": NUMBER,
+    "power_watts": NUMBER,
     "display_active": (bool,),
     "compute_capability": (str,),
     "simulated": (bool,),
@@ -268,7 +268,7 @@ _STATUS_TYPES: Mapping[str, Tuple[type, ...]] = {
 }
 
 
-def _read(cls: Any, data: Any, types: Mapping[str, Tuple[type, ...]]) -> Dict[str, Any]:
+def typed_fields(cls: Any, data: Any, types: Mapping[str, Tuple[type, ...]]) -> Dict[str, Any]:
     """The fields of ``cls`` that ``data`` holds with their type (a bool is no number, a
     number is finite); the others are left out."""
     if not isinstance(data, Mapping):

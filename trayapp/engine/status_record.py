@@ -10,40 +10,62 @@ the command line then read attributes, not keys.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from trayapp import formats
 from trayapp.jobs.record import JobRecord, records
-from trayapp.readings import Consumer, GpuReading, GpuStatus, MemoryReading, readable
+from trayapp.readings import (
+    NUMBER,
+    Consumer,
+    GpuReading,
+    GpuStatus,
+    MemoryReading,
+    readable,
+    typed_fields,
+)
 from trayapp.vocab import LEVELS, GuardLevel
 
 NO_GPU = GpuStatus("none", "no NVIDIA GPU found")
-
-
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _text(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return dict(value) if isinstance(value, Mapping) else {}
 
 
 def _texts(value: Any) -> Tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         return ()
     return tuple(str(v) for v in value if isinstance(v, (str, int, float)) and str(v))
+
+
+_PROCESS_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "pid": (int,),
+    "name": (str,),
+    "rss_bytes": (int,),
+    "rate_bytes_per_s": NUMBER,
+    "job_id": (str,),
+}
+_GUARD_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "mode": (str,),
+    "seconds_to_exhaustion": NUMBER,
+    "fill_rate_bytes_per_s": NUMBER,
+    "available_bytes": (int,),
+    "total_bytes": (int,),
+    "psi_full_avg10": NUMBER,
+    "interval_seconds": NUMBER,
+    "thresholds": (dict,),
+}
+_ENGINE_TYPES: Mapping[str, Tuple[type, ...]] = {
+    "running": (bool,),
+    "pid": (int,),
+    "version": (str,),
+    "started": NUMBER,
+    "demo": (bool,),
+    "home": (str,),
+    "sample_interval": NUMBER,
+    "rlimits": (dict,),
+    "clients": (int,),
+    "store_error": (str,),
+    "metrics": (dict,),
+    "protection": (dict,),
+}
 
 
 @dataclass(frozen=True)
@@ -58,15 +80,10 @@ class TopProcess:
 
     @classmethod
     def from_json(cls, data: Any) -> TopProcess:
-        if not isinstance(data, Mapping) or _int(data.get("pid")) is None:
+        values = typed_fields(cls, data, _PROCESS_TYPES)
+        if "pid" not in values:
             raise ValueError("a process needs a pid")
-        return cls(
-            int(data["pid"]),
-            _text(data.get("name")) or "",
-            _int(data.get("rss_bytes")),
-            _number(data.get("rate_bytes_per_s")),
-            _text(data.get("job_id")),
-        )
+        return cls(**{"name": "", **values})
 
 
 @dataclass(frozen=True)
@@ -92,16 +109,9 @@ class GuardView:
             return cls()
         state = data.get("state")
         return cls(
+            **{"mode": None, **typed_fields(cls, data, _GUARD_TYPES)},
             state=state if state in LEVELS or state is None else GuardLevel.OK.value,
-            mode=_text(data.get("mode")),
             reasons=_texts(data.get("reasons")),
-            seconds_to_exhaustion=_number(data.get("seconds_to_exhaustion")),
-            fill_rate_bytes_per_s=_number(data.get("fill_rate_bytes_per_s")),
-            available_bytes=_int(data.get("available_bytes")),
-            total_bytes=_int(data.get("total_bytes")),
-            psi_full_avg10=_number(data.get("psi_full_avg10")),
-            interval_seconds=_number(data.get("interval_seconds")),
-            thresholds=_mapping(data.get("thresholds")),
             top_processes=readable(TopProcess.from_json, data.get("top_processes")),
         )
 
@@ -141,22 +151,9 @@ class EngineView:
     def from_json(cls, data: Any) -> EngineView:
         if not isinstance(data, Mapping):
             return cls(running=False)
-        running = data.get("running", True)
-        rlimits = data.get("rlimits")
         return cls(
-            running=running if isinstance(running, bool) else True,
-            pid=_int(data.get("pid")),
-            version=_text(data.get("version")),
-            started=_number(data.get("started")),
-            demo=data.get("demo") is True,
-            home=_text(data.get("home")),
-            sample_interval=_number(data.get("sample_interval")),
-            rlimits=dict(rlimits) if isinstance(rlimits, Mapping) else None,
-            clients=_int(data.get("clients")) or 0,
-            store_error=_text(data.get("store_error")),
+            **typed_fields(cls, data, _ENGINE_TYPES),
             config_problems=_texts(data.get("config_problems")),
-            metrics=_mapping(data.get("metrics")),
-            protection=_mapping(data.get("protection")),
         )
 
     def to_json(self) -> Dict[str, Any]:
@@ -186,7 +183,7 @@ class Status:
         """The status from an answer or a push; anything unreadable in it is not known."""
         if not isinstance(data, Mapping):
             data = {}
-        t = _number(data.get("time")) or 0.0
+        t = float(typed_fields(cls, data, {"time": NUMBER}).get("time", 0.0))
         gpu_status = data.get("gpu_status")
         return cls(
             time=t,
@@ -199,7 +196,7 @@ class Status:
             jobs=tuple(records(data.get("jobs"))),
             consumers=readable(Consumer.from_json, data.get("consumers")),
             engine=EngineView.from_json(data.get("engine")),
-            guard_json=_mapping(data.get("guard")),
+            guard_json=dict(guard) if isinstance(guard := data.get("guard"), Mapping) else {},
         )
 
     def to_json(self) -> Dict[str, Any]:
