@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -59,6 +60,17 @@ def signal_each(pids: List[int], sig: int) -> int:
             count += 1
         except OSError:
             pass
+    return count
+
+
+def stop_and_thaw(group: Any) -> int:
+    """Hand over a frozen job (a v1 group or a v2 scope: ``freezer_state``, ``pids``,
+    ``thaw``) for no engine to watch: every process of it stopped by SIGSTOP, then the group
+    thawed, so it stays paused. Returns how many were stopped; 0 when it is not frozen."""
+    if group.freezer_state() not in ("FROZEN", "FREEZING"):
+        return 0
+    count = signal_each(group.pids(), signal.SIGSTOP)
+    group.thaw()
     return count
 
 

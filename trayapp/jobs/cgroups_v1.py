@@ -21,6 +21,7 @@ from trayapp.jobs.cgroups import (
     own_cgroups,
     reading,
     signal_each,
+    stop_and_thaw,
 )
 
 
@@ -209,11 +210,7 @@ class JobCgroup:
         the cgroup thawed, so it stays paused and a SIGKILL from anyone ends it (a task in the
         v1 freezer does not die until thawed). Returns how many were stopped; raises
         CgroupError."""
-        if self.freezer_state() not in ("FROZEN", "FREEZING"):
-            return 0
-        count = signal_each(self.pids(), signal.SIGSTOP)
-        self.thaw()
-        return count
+        return stop_and_thaw(self)
 
     def kill(self) -> int:
         """SIGKILL every process in it (thawed first: a frozen task does not die until it is

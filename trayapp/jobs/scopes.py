@@ -36,6 +36,7 @@ from trayapp.jobs.cgroups import (
     _why,
     own_cgroups,
     signal_each,
+    stop_and_thaw,
 )
 from trayapp.jobs.cgroups import parse_keyed as _keyed
 from trayapp.text import one_line
@@ -319,11 +320,7 @@ class ScopeCgroup:
         """A frozen job for no engine to watch: every process of it stopped by SIGSTOP, then
         the scope thawed (it stays paused, and the next engine takes it back). Returns how
         many were stopped; raises CgroupError."""
-        if self.freezer_state() not in ("FROZEN", "FREEZING"):
-            return 0
-        count = signal_each(self.pids(), signal.SIGSTOP)
-        self.thaw()
-        return count
+        return stop_and_thaw(self)
 
     def kill(self) -> int:
         """SIGKILL every process in it (``cgroup.kill`` where the kernel has it: 5.14+).
