@@ -195,13 +195,29 @@ class Peer:
                 self._queue.put_nowait(None)
             except queue.Full:
                 pass
-        # shutdown() wakes a thread blocked in recv on this socket; close() alone may not.
-        if self._wake is not None:
-            try:
-                self._wake.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._wake.close()
+        if self._wake is None:  # Windows: a pipe handle, closed at once
+            self._close_conn()
+            return
+        # shutdown() ends every read and write under way on this socket and fails those to
+        # come. Its descriptor is let go only by ``release``, from the thread that reads it:
+        # closed here, from any thread, its number could be handed to the next connection the
+        # engine takes while a reader or writer of this one is about to use it, and that
+        # connection would get this one's bytes (a client then sees "wrong key", or waits).
+        try:
+            self._wake.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Close, and let the descriptors go. Called by the thread that reads the connection,
+        when it has done with it; a write under way ends first (``close`` failed it)."""
+        self.close()
+        with self._send_lock:  # no writer is between taking the descriptor and using it
+            self._close_conn()
+            if self._wake is not None:
+                self._wake.close()
+
+    def _close_conn(self) -> None:
         try:
             self.conn.close()
         except OSError:
@@ -510,7 +526,7 @@ class ChannelServer:
                     peer.last_active = time.monotonic()
                     peer.handling = False
         finally:
-            peer.close()
+            peer.release()
             with self._lock:
                 if peer in self.peers:
                     self.peers.remove(peer)
