@@ -6,7 +6,9 @@ job keeps training; when it comes back the job says ``hello`` again.
 """
 
 import collections
+import os
 import re
+import sys
 import threading
 import time
 
@@ -46,6 +48,28 @@ def start_small(thread):
         threading.stack_size(old)
 
 
+def _shut(conn):
+    """End every read and write under way on ``conn``'s socket, and fail those to come,
+    without letting its descriptor go (the thread that reads it does, in ``_let_go``: a number
+    let go while another thread may still use it can be handed to a file the training opens).
+    False where it is not a socket (a Windows pipe)."""
+    if sys.platform == "win32":
+        return False
+    import socket  # here: a kernel starts before it needs it
+
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except (OSError, ValueError, TypeError):
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return True
+
+
 class NullChannel:
     """Stands in when the job runs without an engine (a plain dry run, no address given)."""
 
@@ -80,6 +104,7 @@ class Channel:
         self._last_progress = 0.0
         self._final = None
         self._conn = None
+        self._send_lock = threading.Lock()  # held over each write (see ``_let_go``)
         self._generation = 0
         self._broken_generation = -1
         self._hello_needed = False
@@ -141,9 +166,15 @@ class Channel:
                     break
                 self._cond.wait(min(left, 0.05))
             self._stopped = True
-            conn, self._conn = self._conn, None
+            conn = self._conn
             self._cond.notify_all()
-        if conn is not None:
+        if conn is not None and not _shut(conn):
+            self._let_go(conn)  # the reader, woken, lets a socket go itself
+
+    def _let_go(self, conn):
+        """Close ``conn`` once no write is under way on it (the reader's, when done with it)."""
+        _shut(conn)  # a write blocked on an engine that does not read ends now
+        with self._send_lock:
             try:
                 conn.close()
             except OSError:
@@ -193,10 +224,7 @@ class Channel:
                         self._conn = None
                     self.connected = False
                     self._cond.notify_all()
-                try:
-                    conn.close()
-                except OSError:
-                    pass
+                self._let_go(conn)
 
     def _receive(self, conn, generation):
         while True:
@@ -273,8 +301,9 @@ class Channel:
             except (ValueError, TypeError):
                 continue  # not JSON-able: drop it rather than stop the channel
             try:
-                conn.send_bytes(data)
-            except (OSError, ValueError):
+                with self._send_lock:
+                    conn.send_bytes(data)
+            except (OSError, ValueError, TypeError):  # TypeError: let go in the middle
                 with self._cond:
                     self._broken_generation = generation
                     if kind == "hello":
