@@ -426,7 +426,13 @@ def test_a_job_the_oom_killer_ended_is_said_so_with_the_cause(paths: Paths,
             said = [e for e in client.events(limit=200) if e["job_id"] == job_id
                     and e["kind"] == E.JOB_FAILED]
             assert said and "the kernel's OOM killer ended it" in said[0]["message"]
-            assert other.poll() is None  # the other program lives: the job was the one taken
+            # The job was the kernel's choice (its oom_score_adj raised; its cgroup's count of
+            # kills rose, or the reason above would not say so). The kernel may take the other
+            # program as well: a killed process with threads (the runner's) lets its pages go
+            # in its last thread's exit, and a charge that fails before then finds no victim
+            # left in the cgroup and ends the next one. That is the kernel's; with the guard
+            # on, the job's own limit keeps such a kill inside the job's cgroup.
+            assert other.poll() in (None, -signal.SIGKILL)
     finally:
         gate.touch()
         if other is not None and other.poll() is None:

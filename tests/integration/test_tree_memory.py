@@ -173,3 +173,8 @@ def test_without_smaps_rollup_the_meter_is_the_summed_rss(tmp_path: Path) -> Non
     assert meter.exact_available
     assert meter.sample([101, 102]) == 1000 * page - (4000 - 1000) * 1024 + 250 * page
     assert meter.method == "pss"
+    # No exact reading asked for (memory is short, or a cgroup counts the job): each member at
+    # its RSS, smaps_rollup left unread; the next sample that may reads it.
+    meter = TreeMeter(str(tmp_path))
+    assert meter.sample([101, 102], exact=False) == 1250 * page and meter.method == "rss"
+    assert meter.sample([101, 102]) == 1000 * page - (4000 - 1000) * 1024 + 250 * page

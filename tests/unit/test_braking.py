@@ -239,3 +239,20 @@ def test_a_cgroup_with_nothing_charged_yet_leaves_the_processes_reading() -> Non
     job.cgroup.usage = 12 * MiB  # charged from now on: its cgroup's count
     tick(m, job, 0.1)
     assert (job.rec.rss_bytes, job.rec.memory_method) == (12 * MiB, "cgroup")
+
+
+def test_a_job_counted_by_its_cgroup_or_short_of_memory_is_not_read_exactly() -> None:
+    """An exact reading (smaps_rollup) holds the process's pages while it lasts: taken as the
+    OOM killer ends it, the kernel ends another process too. None where the cgroup counts the
+    job, nor while available memory is below the warning threshold (15% by default)."""
+    job = braked_job()
+    job.cgroup = None
+    assert Manager(available=20 * GiB, total=24 * GiB).exact_readings(job)
+    assert not Manager(available=3 * GiB, total=24 * GiB).exact_readings(job)  # 12.5%
+    m = Manager()
+    m.table.setting = lambda name, default: "2 GiB" if name == "guard.warn_available" \
+        else default  # type: ignore[method-assign]
+    assert m.exact_readings(job)
+    counted = braked_job()
+    tick(m, counted, 0.0)
+    assert counted.rec.memory_method == "cgroup" and not m.exact_readings(counted)

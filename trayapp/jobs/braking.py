@@ -60,6 +60,7 @@ log = logging.getLogger("headroom.jobs")
 STALL_SECONDS = 0.5
 PARK_RESERVE_DEFAULT = "5%"
 STOP_RESERVE_DEFAULT = "2%"
+WARN_DEFAULT = "15%"  # guard.warn_available's
 
 
 @dataclass
@@ -268,6 +269,24 @@ class Brakes:
             return int(group.read().held)
         except CgroupError:
             return None  # the tick says it
+
+    def exact_readings(self, job: Job) -> bool:
+        """Whether the job's tree may be read exactly now (each member's ``smaps_rollup``).
+        Not when its cgroup counts its memory (the count the job is shown and guarded by), nor
+        while the memory available is below the warning threshold: a read holds the process's
+        pages until it is done, and when the kernel's OOM killer has just ended that process,
+        the kernel, finding its pages still charged, ends another one too."""
+        if job.rec.memory_method == "cgroup":
+            return False
+        snap = self.table.snapshot
+        if snap is None:
+            return True
+        mem = snap.memory
+        try:
+            reserve = Threshold.parse(self.table.setting("guard.warn_available", WARN_DEFAULT))
+        except ValueError:
+            reserve = Threshold.parse(WARN_DEFAULT)
+        return mem.available_bytes >= reserve.bytes_of(mem.total_bytes)
 
     # -- the brake, on every tick -------------------------------------------------------------
 

@@ -374,7 +374,7 @@ class JobManager:
             return
         if t >= job.next_sample:
             job.next_sample = t + SAMPLE_INTERVAL
-            trees.sample(job, gpus)
+            trees.sample(job, gpus, exact=self.brakes.exact_readings(job))
         self.brakes.brake(job, t, events)  # every tick: the limit follows what the machine has
         if not job.rec.answering:
             self._without_runner(job, t, events)

@@ -49,7 +49,7 @@ class JobRecord:
     create_time: Optional[float] = None
     rss_bytes: Optional[int] = None
     vram_bytes: Optional[int] = None
-    memory_method: Optional[str] = None  # how rss_bytes was measured ("pss", "rss")
+    memory_method: Optional[str] = None  # how rss_bytes was measured ("pss", "rss", "cgroup")
     epoch: Optional[int] = None
     epochs: Optional[int] = None
     step: Optional[int] = None

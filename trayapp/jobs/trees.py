@@ -239,9 +239,10 @@ def end_remnants(job: Job) -> None:
             pass
 
 
-def sample(job: Job, gpus: Sequence[GpuReading]) -> None:
+def sample(job: Job, gpus: Sequence[GpuReading], exact: bool = True) -> None:
     """Read the tree's memory into the job's record: each page once (PSS) where the system
-    tells, else the summed RSS; VRAM from ``gpus``; the tree's pids."""
+    tells, else the summed RSS; VRAM from ``gpus``; the tree's pids. ``exact`` False: no
+    ``smaps_rollup`` is read now (``TreeMeter.sample``)."""
     pid = job.rec.pid
     if not pid:
         return
@@ -250,7 +251,7 @@ def sample(job: Job, gpus: Sequence[GpuReading]) -> None:
         return
     if job.meter is None:
         job.meter = TreeMeter()
-    counted = job.meter.sample(mem.tree_pids)
+    counted = job.meter.sample(mem.tree_pids, exact)
     job.change(
         rss_bytes=counted if counted is not None else mem.tree_rss_bytes,
         memory_method=job.meter.method,

@@ -418,10 +418,11 @@ class TreeMeter:
         self.pass_seconds: Optional[float] = None  # what the last whole pass cost
         self.method = "rss"  # "pss" once a member was counted by its PSS
 
-    def sample(self, pids: Sequence[int]) -> Optional[int]:
-        """The tree's bytes now (see the class), after this sample's share of exact readings;
-        None when no member is readable."""
-        if not self.exact_available:
+    def sample(self, pids: Sequence[int], exact: bool = True) -> Optional[int]:
+        """The tree's bytes now (see the class), after this sample's share of exact readings
+        (none with ``exact`` False: a pass waits until it is true again); None when no member
+        is readable."""
+        if not self.exact_available or not exact:
             return self.read(pids)
         now = self._clock()
         rec = self._rec
