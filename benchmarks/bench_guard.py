@@ -163,11 +163,11 @@ def one_run(c: EngineClient, home: Path, rate_mib_s: int, predict: bool) -> Dict
         time.sleep(0.3)
         after = available()
         events = [e for e in c.events(limit=200, since=time.time() - 60)
-                  if e["kind"] == "guard_pause" and e["job_id"] == job_id]
+                  if e.kind == "guard_pause" and e.job_id == job_id]
         if not events:
             raise SystemExit("the hog was paused, but not by the guard")
-        cause = events[-1]["data"].get("cause")
-        paused_at = float(events[-1]["time"])
+        cause = (events[-1].data or {}).get("cause")
+        paused_at = events[-1].time
     finally:
         crossing.done.set()
         try:

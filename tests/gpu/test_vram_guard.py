@@ -101,9 +101,9 @@ def test_a_job_over_its_vram_budget_is_paused(start_engine: Callable[..., Engine
         assert job["state"] == "paused" and job["paused_by"] == "guard", \
             (job, (tmp_path / "run.out").read_text())
         events = [e for e in client.events(limit=200)
-                  if e["kind"] == "guard_pause" and e["job_id"] == job_id]
-        assert events and events[-1]["data"]["cause"] == "budget_vram"
-        vram = events[-1]["data"]["vram_bytes"]
+                  if e.kind == "guard_pause" and e.job_id == job_id]
+        assert events and events[-1].data["cause"] == "budget_vram"
+        vram = events[-1].data["vram_bytes"]
         assert BUDGET_MB * MiB <= vram <= (BUDGET_MB + 768) * MiB  # near its budget
         taken = float(progress.read_text().splitlines()[-1].split()[0])
         time.sleep(2 * EVERY + 0.5)

@@ -69,7 +69,7 @@ def test_a_bad_file_at_start_names_the_problem_and_the_engine_runs_on_defaults(
         cfg = c.config_get()
         events = c.events()
     assert cfg["values"]["guard"]["resume_available"] == "20%"
-    assert [e["kind"] for e in events].count("config_problem") == 1
+    assert [e.kind for e in events].count("config_problem") == 1
     assert paths.config_file.read_text(encoding="utf-8") == text  # left as the user wrote it
     engine.stop()
     assert "Traceback" not in engine.stderr
@@ -86,11 +86,11 @@ def test_a_hand_edit_is_picked_up_and_pushed(paths: Paths,
         wait_for(lambda: value(engine, "guard", "pause_available") == "9%", 10,
                  "the engine to read the edit")
         events = pushes(sub, 1.5)
-    changed = [e for e in events if e["kind"] == "config_changed"]
+    changed = [e for e in events if e.kind == "config_changed"]
     assert len(changed) == 1, events
-    assert "guard.pause_available = '9%'" in changed[0]["message"]
-    assert changed[0]["data"]["names"] == ["guard.pause_available"]
-    assert not [e for e in events if e["kind"] == "config_problem"]
+    assert "guard.pause_available = '9%'" in changed[0].message
+    assert changed[0].data["names"] == ["guard.pause_available"]
+    assert not [e for e in events if e.kind == "config_problem"]
     # The guard acts on it: its pause threshold is 9% of the memory now.
     with engine.client() as c:
         wait_for(lambda: (g := c.status().guard_json).get("thresholds", {}).get("pause_bytes")
@@ -118,11 +118,11 @@ def test_a_bad_edit_is_reported_once_and_the_guard_keeps_guarding(
             wait_for(lambda: any("guard.resume_available" in p
                                  for p in c.config_get()["problems"]), 10, "the problem")
             events = pushes(sub, 3)
-            problems = [e for e in events if e["kind"] == "config_problem"]
+            problems = [e for e in events if e.kind == "config_problem"]
             assert len(problems) == 1, events
-            assert "guard.resume_available" in problems[0]["message"]
-            assert "using the default '20%'" in problems[0]["message"]
-            assert problems[0]["level"] == "warn"
+            assert "guard.resume_available" in problems[0].message
+            assert "using the default '20%'" in problems[0].message
+            assert problems[0].level == "warn"
             cfg = c.config_get()["values"]["guard"]
             assert cfg["resume_available"] == "20%" and cfg["warn_available"] == "14%"
             # A file that cannot be read at all: the settings in use stay; said once.
@@ -130,8 +130,8 @@ def test_a_bad_edit_is_reported_once_and_the_guard_keeps_guarding(
             wait_for(lambda: any("cannot be read" in p for p in c.config_get()["problems"]), 10,
                      "the unreadable file to be noticed")
             events = pushes(sub, 3)
-            problems = [e for e in events if e["kind"] == "config_problem"]
-            assert len(problems) == 1 and "cannot be read" in problems[0]["message"], events
+            problems = [e for e in events if e.kind == "config_problem"]
+            assert len(problems) == 1 and "cannot be read" in problems[0].message, events
             assert c.config_get()["values"]["guard"]["warn_available"] == "14%"
             assert engine.proc.poll() is None
             # And the guard still acts: a hog past its budget is paused.
@@ -181,9 +181,9 @@ def test_config_set_keeps_a_hand_edit_and_refuses_a_stale_version(
         # With the current version, a save goes through.
         c.request("config_set", name="guard.mode", value="dry-run", version=answer["version"])
         events = pushes(sub, 1.5)
-    from_file = [e for e in events if e["kind"] == "config_changed"
-                 and (e.get("data") or {}).get("source") == "file"]
-    assert any("guard.pause_available" in e["message"] for e in from_file), events
+    from_file = [e for e in events if e.kind == "config_changed"
+                 and (e.data or {}).get("source") == "file"]
+    assert any("guard.pause_available" in e.message for e in from_file), events
     with engine.client() as c:
         # Numbers past a float's range are refused with the reason, not an internal error:
         # the control channel's bounds turn them away before the setting sees them.

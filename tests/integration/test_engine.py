@@ -163,7 +163,7 @@ def test_corrupt_database_is_moved_aside(paths, start_engine) -> None:  # type: 
     engine = start_engine()
     with engine.client() as c:
         events = c.events()
-    assert any(e["kind"] == "store_recovered" for e in events)
+    assert any(e.kind == "store_recovered" for e in events)
     aside = [p.name for p in paths.db_file.parent.iterdir() if ".corrupt-" in p.name]
     assert aside, "the damaged database should be kept beside the new one"
 

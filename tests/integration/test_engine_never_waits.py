@@ -132,7 +132,7 @@ def test_a_job_that_never_reads_cannot_stall_the_engine(
                     c.job_get(bad["id"])), 30, "the job to be suspended by signals")
                 assert paused["pause_mode"] == "suspended", paused
                 events = [e for e in c.events(job=bad["id"])]
-                assert any("not answering" in e["message"] for e in events), events
+                assert any("not answering" in e.message for e in events), events
             pausing.join(60)
             # Suspended: stopped by SIGSTOP, or frozen in its cgroup (the kernel brake's).
             assert psutil.Process(bad["pid"]).status() in (psutil.STATUS_STOPPED,

@@ -44,26 +44,26 @@ def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the
     try:
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
         said = events(client, job_id)
-        messages = [e["message"] for e in said]
+        messages = [e.message for e in said]
         assert job.state == S.FINISHED, (job, messages)
         assert job.batch == 4096 and job.accumulation and job.accumulation >= 2, job
         assert job.micro_batch == 4096 // job.accumulation
-        kinds = [e["kind"] for e in said]
+        kinds = [e.kind for e in said]
         # Started small enough: the guard never had to pause, park or relaunch it.
         assert E.GUARD_PAUSE not in kinds and E.GUARD_PARK not in kinds, messages
-        forecasts = [e for e in said if e["kind"] == E.JOB_FORECAST]
-        probe = next(e for e in forecasts if e["data"]["how"] == "probe")
-        assert "of RAM at batch 4096" in probe["message"], probe
-        assert "its budget is" in probe["message"], probe
+        forecasts = [e for e in said if e.kind == E.JOB_FORECAST]
+        probe = next(e for e in forecasts if e.data["how"] == "probe")
+        assert "of RAM at batch 4096" in probe.message, probe
+        assert "its budget is" in probe.message, probe
         assert f"will train micro-batches of {job.micro_batch} x {job.accumulation}" \
-            in probe["message"], probe
-        assert probe["level"] == "warn" and probe["data"]["need_bytes"] > BUDGET_MB * 2**20
+            in probe.message, probe
+        assert probe.level == "warn" and probe.data["need_bytes"] > BUDGET_MB * 2**20
         # Measured again in the first steps at the micro-batch it trains: it fits.
-        steps = [e for e in forecasts if e["data"]["how"] == "steps"]
-        assert steps and steps[-1]["data"]["fits"], [(e["message"], e["data"]) for e in forecasts]
+        steps = [e for e in forecasts if e.data["how"] == "steps"]
+        assert steps and steps[-1].data["fits"], [(e.message, e.data) for e in forecasts]
         assert job.forecast and job.forecast.fits, job.forecast
-        shrunk = [e for e in said if e["kind"] == E.JOB_SHRUNK]
-        assert shrunk and f"{job.micro_batch} x {job.accumulation}" in shrunk[0]["message"]
+        shrunk = [e for e in said if e.kind == E.JOB_SHRUNK]
+        assert shrunk and f"{job.micro_batch} x {job.accumulation}" in shrunk[0].message
         report = json.loads(out.read_text())
         assert report["updates"] == 2 * 2  # two updates an epoch, two epochs
         _, err = plain.communicate(timeout=240)
@@ -162,15 +162,15 @@ def test_without_any_flag_the_probe_decides_the_first_steps_micro_batch(
     try:
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
         said = events(client, job_id)
-        messages = [e["message"] for e in said]
+        messages = [e.message for e in said]
         assert job.state == S.FINISHED, (job, messages)
         assert job.accumulation and job.accumulation >= 2, job
-        kinds = [e["kind"] for e in said]
+        kinds = [e.kind for e in said]
         assert E.GUARD_PAUSE not in kinds and E.GUARD_PARK not in kinds, messages
         assert E.JOB_BRAKED not in kinds, messages
-        probe = [e for e in said if e["kind"] == E.JOB_FORECAST and e["data"]["how"] == "probe"]
+        probe = [e for e in said if e.kind == E.JOB_FORECAST and e.data["how"] == "probe"]
         assert probe and f"will train micro-batches of {job.micro_batch} x {job.accumulation}" \
-            in probe[0]["message"], messages
+            in probe[0].message, messages
         report = json.loads(out.read_text())
         _, err = plain.communicate(timeout=240)
         assert plain.returncode == 0, err[-2000:]
@@ -203,11 +203,11 @@ def test_no_fit_batch_starts_at_the_full_batch(
     try:
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
         said = events(client, job_id)
-        assert job.state == S.FINISHED, (job, [e["message"] for e in said])
+        assert job.state == S.FINISHED, (job, [e.message for e in said])
         assert job.batch == 4096 and (job.accumulation or 1) == 1, job
-        assert [e for e in said if e["kind"] == E.JOB_FORECAST
-                and e["data"]["how"] == "probe"] == []
-        assert not any("--fit-batch" in e["message"] for e in said), said
+        assert [e for e in said if e.kind == E.JOB_FORECAST
+                and e.data["how"] == "probe"] == []
+        assert not any("--fit-batch" in e.message for e in said), said
         report = json.loads(out.read_text())
         assert report["updates"] == 2 and report["accumulation"] in (None, 1), report
     finally:
@@ -244,10 +244,10 @@ def forecast_events(start_engine: Callable[..., EngineProcess], tmp_path: Path,
         job_id = client.job_start(spec.to_json())["id"]
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
         said = events(client, job_id)
-        assert job.state == S.FINISHED, (job, [e["message"] for e in said])
+        assert job.state == S.FINISHED, (job, [e.message for e in said])
         assert json.loads(out.read_text())["updates"] == 3 * 32  # 31 batches and one of 8
-        forecasts = [e for e in said if e["kind"] == E.JOB_FORECAST]
-        assert {e["data"]["how"] for e in forecasts} == {"probe", "steps"}, forecasts
+        forecasts = [e for e in said if e.kind == E.JOB_FORECAST]
+        assert {e.data["how"] for e in forecasts} == {"probe", "steps"}, forecasts
         return forecasts
     finally:
         client.close()
@@ -262,14 +262,14 @@ def test_a_job_that_fits_its_budget_is_not_said_not_to_fit(
     budget_mb = int(peak * 1.07) >> 20
     forecasts = forecast_events(start_engine, tmp_path, budget_mb)
     for e in forecasts:
-        assert "does not fit" not in e["message"], e["message"]
-        assert f"its budget is {budget_mb:.1f} MiB (" in e["message"], e["message"]
-        assert " of it left)" in e["message"], e["message"]
+        assert "does not fit" not in e.message, e.message
+        assert f"its budget is {budget_mb:.1f} MiB (" in e.message, e.message
+        assert " of it left)" in e.message, e.message
         # Never below the peak, at most 15 % above it.
-        need = e["data"]["need_bytes"]
-        assert peak * 0.98 <= need <= peak * 1.15, (need / peak, e["message"])
-    probe = next(e for e in forecasts if e["data"]["how"] == "probe")
-    assert probe["data"]["fits"] and probe["message"].endswith(": it fits"), probe["message"]
+        need = e.data["need_bytes"]
+        assert peak * 0.98 <= need <= peak * 1.15, (need / peak, e.message)
+    probe = next(e for e in forecasts if e.data["how"] == "probe")
+    assert probe.data["fits"] and probe.message.endswith(": it fits"), probe.message
 
 
 def test_a_job_that_does_not_fit_its_budget_is_said_not_to(
@@ -278,6 +278,6 @@ def test_a_job_that_does_not_fit_its_budget_is_said_not_to(
     budget_mb = int(peak * 0.8) >> 20  # below what TensorFlow alone holds
     forecasts = forecast_events(start_engine, tmp_path, budget_mb)
     for e in forecasts:
-        assert e["level"] == "warn" and not e["data"]["fits"], e
-        assert e["message"].endswith("it does not fit even at micro-batches of 8"), e["message"]
-        assert f"its budget is {budget_mb:.1f} MiB (" in e["message"], e["message"]
+        assert e.level == "warn" and not e.data["fits"], e
+        assert e.message.endswith("it does not fit even at micro-batches of 8"), e.message
+        assert f"its budget is {budget_mb:.1f} MiB (" in e.message, e.message

@@ -135,14 +135,14 @@ def progress_mib(path: Path) -> float:
 
 def guard_events(client: EngineClient, job_id: Optional[str] = None) -> List[Dict[str, Any]]:
     return [e for e in client.events(limit=500)
-            if e["kind"].startswith("guard_") and (job_id is None or e["job_id"] == job_id)]
+            if e.kind.startswith("guard_") and (job_id is None or e.job_id == job_id)]
 
 
 def pause_event(client: EngineClient, job_id: str) -> Dict[str, Any]:
     """The guard's one pause event of the job: it is recorded just after the job's state
     changes, so a client that saw the state may have to wait a moment for it."""
     def found() -> List[Dict[str, Any]]:
-        return [e for e in guard_events(client, job_id) if e["kind"] == "guard_pause"]
+        return [e for e in guard_events(client, job_id) if e.kind == "guard_pause"]
 
     (pause,) = wait_for(f"the guard's pause event of job {job_id}", found, 10)
     return pause
@@ -166,9 +166,9 @@ def test_a_job_over_its_ram_budget_is_paused_and_resumed_by_hand(
         job = wait_state(client, job_id, {"paused"}, 30)
         assert job["paused_by"] == "guard"
         pause = pause_event(client, job_id)
-        assert "over its budget of 300.0 MiB" in pause["message"]
-        assert pause["data"]["cause"] == "budget_ram"
-        assert 300 * MiB <= pause["data"]["rss_bytes"] <= 400 * MiB  # paused near its budget
+        assert "over its budget of 300.0 MiB" in pause.message
+        assert pause.data["cause"] == "budget_ram"
+        assert 300 * MiB <= pause.data["rss_bytes"] <= 400 * MiB  # paused near its budget
         at_pause = progress_mib(progress)
         assert 200 <= at_pause <= 350
         time.sleep(1.0)
@@ -241,7 +241,7 @@ def test_the_guard_acts_while_clients_flood_the_channel(
             job = wait_state(c, job["id"], {"paused"}, 30)
             assert job["paused_by"] == "guard"
             pause = pause_event(c, job["id"])
-            assert pause["data"]["rss_bytes"] <= 400 * MiB
+            assert pause.data["rss_bytes"] <= 400 * MiB
         assert progress_mib(progress) <= 350
         assert sum(answered) > 50  # the channel was busy all along
     finally:
@@ -285,17 +285,17 @@ def test_a_fast_hog_is_paused_at_the_machine_threshold(
         job = wait_state(client, job_id, {"paused"}, 30)
         assert job["paused_by"] == "guard"
         ev = pause_event(client, job_id)
-        cause = ev["data"]["cause"]
+        cause = ev.data["cause"]
         if predict:
             assert cause in ("mem_predicted", "mem_pause")
         else:
             assert cause == "mem_pause"
-            assert "below the pause threshold" in ev["message"]
+            assert "below the pause threshold" in ev.message
         # It got no further than a sliver past the threshold (the reading taken right
         # before the pause says how far).
-        assert ev["data"]["available_bytes"] >= pause - 150 * MiB
+        assert ev.data["available_bytes"] >= pause - 150 * MiB
         if not predict:
-            assert ev["data"]["available_bytes"] < pause
+            assert ev.data["available_bytes"] < pause
         assert progress_mib(progress) < 4096  # the guard, not the hog's own bound, ended it
         st = client.status().guard_json
         assert st["state"] in ("pause", "park")
@@ -446,7 +446,7 @@ def test_a_keras_job_is_parked_and_finishes_after_resume(
         assert job["state"] == "parked", (job, run.output)
         assert marker.exists()
         assert run.proc.wait(30) == 75  # `headroom run` says the job is parked
-        kinds = [e["kind"] for e in guard_events(client, job_id)]
+        kinds = [e.kind for e in guard_events(client, job_id)]
         assert "guard_park" in kinds and kinds.index("guard_pause") < kinds.index("guard_park")
         first = [line.split() for line in epoch_log.read_text().splitlines()]
         done_before = {int(e) for _, e in first}

@@ -70,7 +70,7 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
                              "the job headroom run started")[0]
             wait_for(marker.exists, 60, "the hostile notes sent")
             events: List[Dict[str, Any]] = wait_for(
-                lambda: [e for e in c.events(job=talker) if e["kind"] == E.JOB_SHRUNK], 30,
+                lambda: [e for e in c.events(job=talker) if e.kind == E.JOB_SHRUNK], 30,
                 "the job_shrunk event")
             record = wait_for(lambda: (lambda j: j if j["dropped_fields"] else None)(
                 c.job_get(talker)), 30, "the forecast dropped")
@@ -96,7 +96,7 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
         for note in notes:
             clean("a note", note["message"])
         (shrunk,) = events
-        clean("the job_shrunk event", shrunk["message"])
+        clean("the job_shrunk event", shrunk.message)
         notice = notice_for(shrunk)
         assert notice is not None
         clean("its notification", notice.message)
@@ -113,7 +113,7 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
         assert escaped_name[:24] in cli("jobs", "--all").stdout
         with engine.client() as c:
             for ev in c.events():
-                clean(f"the {ev['kind']} event", ev["message"])
+                clean(f"the {ev['kind']} event", ev.message)
     finally:
         if run.poll() is None:
             run.kill()

@@ -83,9 +83,9 @@ def test_a_poisoned_progress_message_does_not_blind_the_guard(engine: EngineProc
         assert note.startswith("\\x1b[2J")
         # The job's events say so, once.
         dropped = [e for e in client.events(job=hostile["id"], limit=100)
-                   if e["kind"] == "job_bad_message"]
+                   if e.kind == "job_bad_message"]
         assert len(dropped) == 1, dropped
-        assert "tf_memory" in dropped[0]["message"]
+        assert "tf_memory" in dropped[0].message
         assert client.status().engine.running
         assert any(j.id == hostile["id"] for j in client.jobs())
     finally:

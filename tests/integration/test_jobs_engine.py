@@ -95,7 +95,7 @@ def test_exit_status_and_output_come_back(client: EngineClient, paths: Any) -> N
     assert tail["size"] == len(whole.encode()) and tail["data"] == whole
 
     events = client.events(job=job["id"])
-    kinds = [e["kind"] for e in events]
+    kinds = [e.kind for e in events]
     assert "job_started" in kinds and "job_failed" in kinds
 
 
@@ -223,7 +223,7 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any, tmp_pa
         # Not the new engine's child: the status comes from the runner's bye.
         assert done["state"] == "failed" and done["exit_code"] == 5
         assert "gate open\ndone\n" in log_text(c, job["id"])
-        kinds = [e["kind"] for e in c.events(job=job["id"])]
+        kinds = [e.kind for e in c.events(job=job["id"])]
         assert "job_adopted" in kinds
         # The history has no hole beyond the time no engine ran (samples of the killed engine
         # that had not reached the disk are the only loss: at most one flush interval, 1 s).
@@ -285,8 +285,8 @@ def test_keras_pause_resume_park_and_resume_from_checkpoint(client: EngineClient
         again = client.job_get(jid)
         assert (again["epoch"], again["step"]) == (held["epoch"], held["step"])
         assert psutil.Process(job["pid"]).status() not in SUSPENDED
-        pauses = [e for e in client.events(job=jid) if e["kind"] == "job_paused"]
-        assert [e["data"]["pause_mode"] for e in pauses] == ["cooperative"]
+        pauses = [e for e in client.events(job=jid) if e.kind == "job_paused"]
+        assert [e.data["pause_mode"] for e in pauses] == ["cooperative"]
 
         client.job_action(jid, "resume")
         wait_for(lambda: (client.job_get(jid)["epoch"], client.job_get(jid)["step"])

@@ -26,6 +26,7 @@ from tests.conftest import REPO, EngineProcess, run_cli
 from tests.integration.test_guard_e2e import HOG, engine_in_cgroup, wait_for, wait_state
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs import cgroups
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.record import JobRecord
@@ -73,8 +74,8 @@ def progress_mib(path: Path) -> float:
         return 0.0
 
 
-def events(client: EngineClient, job_id: str) -> List[Dict[str, Any]]:
-    return [e for e in client.events(limit=500) if e["job_id"] == job_id]
+def events(client: EngineClient, job_id: str) -> List[EngineEvent]:
+    return [e for e in client.events(limit=500) if e.job_id == job_id]
 
 
 def kill_job(client: EngineClient, job_id: Optional[str],
@@ -167,9 +168,9 @@ def test_a_hog_is_held_at_its_budget_by_the_kernel_never_killed(
         assert job.protection == "kernel brake (cgroup v1)"
         folder = job_cgroup(job_id)
         held = wait_for("the kernel's hold, said", lambda: [
-            e for e in events(client, job_id) if e["kind"] == E.JOB_NOTE
-            and "is held by the kernel at its cgroup's limit of 200.0 MiB" in e["message"]], 30)
-        assert "(its budget of 200.0 MiB)" in held[0]["message"]
+            e for e in events(client, job_id) if e.kind == E.JOB_NOTE
+            and "is held by the kernel at its cgroup's limit of 200.0 MiB" in e.message], 30)
+        assert "(its budget of 200.0 MiB)" in held[0].message
         assert oom_control(folder) == {"oom_kill_disable": 1, "under_oom": 1, "oom_kill": 0}
         assert read_int(folder, "memory.limit_in_bytes") == budget
         assert read_int(folder, "memory.max_usage_in_bytes") <= budget + PAGE
@@ -326,11 +327,11 @@ def test_a_keras_step_over_its_budget_is_braked_and_relaunched_smaller(
     try:
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 400))
         said = events(client, job_id)
-        messages = [e["message"] for e in said]
+        messages = [e.message for e in said]
         assert job.state == S.FINISHED, (job, messages)
-        braked = [e for e in said if e["kind"] == E.JOB_BRAKED]
+        braked = [e for e in said if e.kind == E.JOB_BRAKED]
         assert braked, messages
-        assert braked[0]["message"] == (
+        assert braked[0].message == (
             f"job {job_id} (wide_fit) stalled at its cgroup's limit of 1.1 GiB; relaunched "
             "from its checkpoint at micro-batches of 2048 x 2 (the same training)")
         assert not any("OOM killer" in m for m in messages)
@@ -423,9 +424,9 @@ def test_a_job_the_oom_killer_ended_is_said_so_with_the_cause(paths: Paths,
             assert (ended.end_reason or "").startswith("the kernel's OOM killer ended it at ")
             assert "; not relaunched: it does not report to Headroom (no Keras fit hooked)" in \
                 (ended.end_reason or "")
-            said = [e for e in client.events(limit=200) if e["job_id"] == job_id
-                    and e["kind"] == E.JOB_FAILED]
-            assert said and "the kernel's OOM killer ended it" in said[0]["message"]
+            said = [e for e in client.events(limit=200) if e.job_id == job_id
+                    and e.kind == E.JOB_FAILED]
+            assert said and "the kernel's OOM killer ended it" in said[0].message
             # The job was the kernel's choice (its oom_score_adj raised; its cgroup's count of
             # kills rose, or the reason above would not say so). The kernel may take the other
             # program as well: a killed process with threads (the runner's) lets its pages go
@@ -476,10 +477,10 @@ def test_a_keras_job_the_oom_killer_ended_is_relaunched_smaller(paths: Paths,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             braked = wait_for("the relaunch", lambda: [
                 e for e in client.events(limit=200)
-                if e["job_id"] == job_id and e["kind"] == E.JOB_BRAKED], 120)
+                if e.job_id == job_id and e.kind == E.JOB_BRAKED], 120)
             other.kill()  # the room back for the relaunched job
             other.wait(10)
-            message = braked[0]["message"]
+            message = braked[0].message
             assert message.startswith(f"job {job_id} (wide_fit) the kernel's OOM killer ended "
                                       "it at "), message
             assert message.endswith("relaunched from its checkpoint at micro-batches of "

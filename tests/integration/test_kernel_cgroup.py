@@ -95,10 +95,10 @@ def test_an_adopted_kernel_is_held_at_its_budget_in_its_own_cgroup(tmp_path: Pat
 
             kc.execute(HOG)  # runs on: it is held, it does not return
             notes: List[Dict[str, Any]] = wait_for(lambda: [
-                e for e in client.events(limit=500) if e["job_id"] == job_id
-                and e["kind"] == E.JOB_NOTE and "is held by the kernel" in e["message"]],
+                e for e in client.events(limit=500) if e.job_id == job_id
+                and e.kind == E.JOB_NOTE and "is held by the kernel" in e.message],
                 120, "the note that the kernel holds it")
-            note = notes[0]["message"]
+            note = notes[0].message
             assert note.startswith(f"kernel {job_id} ")
             assert "not relaunched" in note and "the OOM killer does not end it" in note
             assert f"'headroom resume {job_id}'" in note and "interrupt the cell" in note

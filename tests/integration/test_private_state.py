@@ -346,7 +346,7 @@ def test_after_a_job_with_env_everything_is_private_and_the_value_only_in_one_fi
     assert job["spec"]["env"] == [["API_KEY", None]]
     with EngineClient(paths) as c:
         events = c.events(job=job["id"])
-        assert events and SECRET not in json.dumps(events)
+        assert events and SECRET not in json.dumps([e.to_json() for e in events])
     # The engine is still running: its database, WAL and log are all there.
     assert paths.log_file.exists() and Path(f"{paths.db_file}-wal").exists()
     found = modes_and_holders(cli_home, SECRET.encode())

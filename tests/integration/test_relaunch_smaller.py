@@ -10,13 +10,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, List
 
 import pytest
 
 from tests.conftest import EngineProcess
 from tests.integration.test_guard_e2e import wait_for, wait_state
 from trayapp.config import Paths
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.options import JobSpec
 from trayapp.jobs.record import JobRecord
 from trayapp.vocab import EventKind as E
@@ -37,8 +38,8 @@ def guard_alone(paths: Paths) -> None:
     (paths.home / "config.toml").write_text("[guard]\nkernel_brake = false\n")
 
 
-def events(client: Any, job_id: str) -> List[Dict[str, Any]]:
-    return [e for e in client.events(limit=500) if e["job_id"] == job_id]
+def events(client: Any, job_id: str) -> List[EngineEvent]:
+    return [e for e in client.events(limit=500) if e.job_id == job_id]
 
 
 def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
@@ -57,16 +58,16 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
     try:
         job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
         said = events(client, job_id)
-        assert job.state == S.FINISHED, (job, [e["message"] for e in said])
+        assert job.state == S.FINISHED, (job, [e.message for e in said])
         assert (job.batch, job.micro_batch, job.accumulation) == (4096, 2048, 2)
-        kinds = [e["kind"] for e in said]
+        kinds = [e.kind for e in said]
         assert E.GUARD_PAUSE in kinds and E.GUARD_PARK in kinds
         assert kinds.index(E.GUARD_PAUSE) < kinds.index(E.GUARD_PARK)
-        park = next(e for e in said if e["kind"] == E.GUARD_PARK)
-        assert park["data"]["cause"] == "budget_ram" and park["data"]["smaller"] == 2
-        assert "micro-batches of 2048 x 2 (the same training)" in park["message"]
-        relaunch = [e for e in said if e["kind"] == E.JOB_RESUMED and e["data"].get("relaunched")]
-        assert relaunch and relaunch[0]["data"]["accumulation"] == 2, said
+        park = next(e for e in said if e.kind == E.GUARD_PARK)
+        assert park.data["cause"] == "budget_ram" and park.data["smaller"] == 2
+        assert "micro-batches of 2048 x 2 (the same training)" in park.message
+        relaunch = [e for e in said if e.kind == E.JOB_RESUMED and e.data.get("relaunched")]
+        assert relaunch and relaunch[0].data["accumulation"] == 2, said
         assert kinds.index(E.JOB_PARKED) < kinds.index(E.JOB_RESUMED)
         report = json.loads(out.read_text())
         assert report["updates"] == EPOCHS * 2  # two updates an epoch: the whole training
@@ -103,7 +104,7 @@ def test_a_job_that_cannot_shrink_stays_paused_at_its_budget(
         job = JobRecord.from_json(wait_state(client, job_id, {S.PAUSED} | ENDED, 240))
         assert job.state == S.PAUSED and job.paused_by == "guard" and not job.shrinkable
         wait_for("a few guard ticks", lambda: len(events(client, job_id)) >= 2, 10)
-        assert E.GUARD_PARK not in [e["kind"] for e in events(client, job_id)]
+        assert E.GUARD_PARK not in [e.kind for e in events(client, job_id)]
     finally:
         try:
             client.job_action(job_id, "kill")

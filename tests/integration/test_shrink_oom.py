@@ -292,9 +292,9 @@ def test_headroom_run_shows_the_shrunk_batch_and_the_event(home: Path, paths: An
         events = c.events(after_id=0)
     assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
     assert job.steps == 16, "steps count the user's batches"
-    shrink_events = [e for e in events if "micro-batches of 16 x 2" in e["message"]]
-    assert shrink_events and shrink_events[0]["job_id"] == job.id
-    assert shrink_events[0]["kind"] == "job_shrunk"  # its own kind: the tray notifies it
+    shrink_events = [e for e in events if "micro-batches of 16 x 2" in e.message]
+    assert shrink_events and shrink_events[0].job_id == job.id
+    assert shrink_events[0].kind == "job_shrunk"  # its own kind: the tray notifies it
     listing = run_cli("jobs", "--all")
     assert "batch 32 = 16 x 2" in listing.stdout, listing.stdout
 
@@ -353,9 +353,9 @@ def test_headroom_run_follows_a_job_relaunched_in_a_fresh_process(
         events = c.events(after_id=0)
     assert job.state == "finished" and job.exit_code == 0, job
     assert (job.batch, job.micro_batch, job.accumulation) == (32, 16, 2)
-    shrunk = [e for e in events if "relaunched in a fresh process" in e["message"]]
-    assert shrunk and shrunk[0]["kind"] == "job_shrunk" and shrunk[0]["job_id"] == job.id
-    assert not [e for e in events if e["kind"] in ("job_failed", "job_lost",
+    shrunk = [e for e in events if "relaunched in a fresh process" in e.message]
+    assert shrunk and shrunk[0].kind == "job_shrunk" and shrunk[0].job_id == job.id
+    assert not [e for e in events if e.kind in ("job_failed", "job_lost",
                                                     "job_bad_message")], events
 
 

@@ -86,7 +86,7 @@ def test_forked_workers_are_counted_once_and_a_budget_above_real_use_holds(
             time.sleep(0.2)
         with eng.client() as c:
             events = c.events(job=job["id"])
-        assert not [e for e in events if e.get("kind") in ("job_paused", "guard_pause")], events
+        assert not [e for e in events if e.kind in ("job_paused", "guard_pause")], events
     finally:
         stop(eng, job["id"])
 

@@ -14,6 +14,7 @@ from PySide6.QtCore import QSettings
 from tests.conftest import REPO
 from tests.ui.statuses import job, make_status
 from trayapp.engine.client import EngineClient
+from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import GIB, Dashboard
 from trayapp.ui.icon import COLOURS
 from trayapp.vocab import GuardLevel as L
@@ -34,9 +35,8 @@ def settings_at(tmp_path: Path) -> QSettings:
 
 
 def event(eid: int, kind: str, t: float, message: str = "", level: str = "info",
-          job_id: Optional[str] = "j1") -> Dict[str, Any]:
-    return {"id": eid, "time": t, "kind": kind, "level": level,
-            "message": message or kind.replace("_", " "), "job_id": job_id, "data": None}
+          job_id: Optional[str] = "j1") -> EngineEvent:
+    return EngineEvent(t, kind, level, message or kind.replace("_", " "), job_id, None, eid)
 
 
 def test_dashboard_fed_by_a_real_demo_engine(qtbot, demo_engine, app_on) -> None:
@@ -267,7 +267,7 @@ def test_notifications_follow_the_setting(qtbot, app_on) -> None:
     app._on_event(event(2, "guard_park", 2.0, "parked", "error"))
     app._on_config({"values": {"ui": {"notifications": True}, "guard": {}}})
     app._on_event(event(3, "job_failed", 3.0, "failed", "error"))
-    assert [e["id"] for e in shown] == [1, 3]
+    assert [e.id for e in shown] == [1, 3]
 
 
 def test_a_clicked_notification_opens_the_dashboard_at_its_event(qtbot, app_on) -> None:

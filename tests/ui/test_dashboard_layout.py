@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from tests.ui.statuses import GiB, job, make_status
 from trayapp import formats
+from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import Dashboard
 from trayapp.ui.dashboard_labels import event_candidates, line_candidates, overlaps, place
 from trayapp.vocab import GuardLevel as L
@@ -38,9 +39,8 @@ def guard_config(**values: str) -> dict:
     return {"values": {"guard": guard}}
 
 
-def event(eid: int, kind: str, t: float, job_id: str = "j1") -> dict:
-    return {"id": eid, "time": t, "kind": kind, "level": "info", "message": kind,
-            "job_id": job_id, "data": None}
+def event(eid: int, kind: str, t: float, job_id: str = "j1") -> EngineEvent:
+    return EngineEvent(t, kind, "info", kind, job_id, id=eid)
 
 
 def label_rects(d: Dashboard) -> List[Any]:

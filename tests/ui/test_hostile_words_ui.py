@@ -64,7 +64,7 @@ def test_the_tray_and_the_jobs_window_show_a_jobs_words_escaped(qtbot, paths, st
         talker = c.job_start({"script": str(script), "args": [str(marker)]})
         wait_for(marker.exists, 60, "the hostile notes sent")
         shrunk: List[Dict[str, Any]] = wait_for(
-            lambda: [e for e in c.events(job=talker["id"]) if e["kind"] == E.JOB_SHRUNK], 30,
+            lambda: [e for e in c.events(job=talker["id"]) if e.kind == E.JOB_SHRUNK], 30,
             "the job_shrunk event")
         status = wait_for(lambda: (lambda s: s if len(active_jobs(s)) == 2 else None)(
             c.status()), 30, "both jobs in the status")

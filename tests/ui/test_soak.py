@@ -14,6 +14,7 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from tests.ui.statuses import GiB, job, make_status
+from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import Dashboard
 
 pytestmark = [pytest.mark.slow,
@@ -51,8 +52,7 @@ def test_3000_updates_and_repaints(qtbot, tmp_path: Path) -> None:
         if k % 50 == 0:
             kind = ("job_started", "job_paused", "job_resumed", "guard_warn", "guard_ok")[
                 (k // 50) % 5]
-            d.add_event({"id": k + 1, "time": t, "kind": kind, "level": "info",
-                         "message": f"{kind} {k}", "job_id": "a1", "data": None})
+            d.add_event(EngineEvent(t, kind, "info", f"{kind} {k}", "a1", id=k + 1))
         if k % 10 == 0:
             d.show_values_at(t - 3.0)
         view.repaint()  # a real, synchronous paint of every plot

@@ -3,17 +3,17 @@ GPUs)" (it would make a real warning look fake); one about VRAM does."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 import pytest
 
+from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.tray import TrayController
 
 
-def ev(cause: Optional[str]) -> Dict[str, Any]:
-    return {"id": 1, "time": 1.0, "kind": "guard_warn", "level": "warn",
-            "message": "memory is short", "job_id": None,
-            "data": {"cause": cause} if cause else None}
+def ev(cause: Optional[str]) -> EngineEvent:
+    return EngineEvent(1.0, "guard_warn", "warn", "memory is short",
+                       data={"cause": cause} if cause else None, id=1)
 
 
 @pytest.mark.parametrize("demo,cause,simulated", [

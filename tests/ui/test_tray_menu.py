@@ -8,6 +8,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from tests.ui.statuses import GiB, job, make_status
+from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.model import banner_text, menu_entries, notice_for, tooltip_text, vram_split
 from trayapp.ui.tray import TrayController
 from trayapp.vocab import GuardLevel as L
@@ -148,9 +149,8 @@ def test_a_kernels_park_is_interrupt_fit_and_only_during_a_fit() -> None:
 
 
 def test_notifications_for_the_kinds_that_matter(qtbot) -> None:
-    def ev(kind: str, level: Optional[str] = None) -> dict:
-        return {"id": 1, "time": 1.0, "kind": kind, "level": level, "message": f"{kind} says",
-                "job_id": None, "data": None}
+    def ev(kind: str, level: Optional[str] = None) -> EngineEvent:
+        return EngineEvent(1.0, kind, level or "", f"{kind} says", id=1)
 
     for kind in ("guard_warn", "guard_pause", "guard_park", "job_finished", "job_failed"):
         n = notice_for(ev(kind))
@@ -165,7 +165,7 @@ def test_notifications_for_the_kinds_that_matter(qtbot) -> None:
     assert tray.notify(ev("job_started")) is False
     with qtbot.waitSignal(tray.notice_clicked, timeout=1000) as blocker:
         tray.icon.messageClicked.emit()
-    assert blocker.args[0]["kind"] == "guard_warn"
+    assert blocker.args[0].kind == "guard_warn"
 
 
 def test_banner_for_warnings_and_for_a_lost_engine() -> None:

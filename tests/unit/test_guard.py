@@ -779,11 +779,11 @@ def test_the_service_warns_and_clears_without_jobs(engine_on_fake_proc) -> None:
     assert st["mode"] == "act" and st["thresholds"]["pause_bytes"] == pct(8)
     assert any("below the pause threshold" in r for r in st["reasons"])
     assert st["available_bytes"] == pct(7) // 1024 * 1024
-    events = [e for e in engine.store.events(limit=50) if e["kind"].startswith("guard_")]
-    causes = {e["data"]["cause"] for e in events if e["kind"] == "guard_warn"}
+    events = [e for e in engine.store.events(limit=50) if e.kind.startswith("guard_")]
+    causes = {e.data["cause"] for e in events if e.kind == "guard_warn"}
     assert {"mem_warn", "mem_pause"} <= causes  # and the steep fall itself, predicted
-    assert [e["kind"] for e in events].count("guard_ok") == 1
-    assert all(e["kind"] in ("guard_warn", "guard_ok") for e in events)  # nothing to act on
+    assert [e.kind for e in events].count("guard_ok") == 1
+    assert all(e.kind in ("guard_warn", "guard_ok") for e in events)  # nothing to act on
 
 
 def test_the_service_samples_faster_as_memory_runs_short(engine_on_fake_proc) -> None:
@@ -811,4 +811,4 @@ def test_the_service_follows_a_reloaded_mode(engine_on_fake_proc) -> None:
     engine.config = Config(values={**Config().values, "guard.mode": "off"})
     states = run_ticks(svc, engine, now, proc, [pct(4)])
     assert states[0]["mode"] == "off" and states[0]["state"] == "park"
-    assert [e for e in engine.store.events(limit=50) if e["kind"].startswith("guard_")] == []
+    assert [e for e in engine.store.events(limit=50) if e.kind.startswith("guard_")] == []

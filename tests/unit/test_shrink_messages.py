@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs import messages
 from trayapp.runner import protocol as rp
 from trayapp.ui.model import notice_for
@@ -37,7 +38,7 @@ def test_a_shrink_note_has_its_topic_and_the_tray_notifies_it() -> None:
     msg, dropped = parse(type=rp.NOTE, level="warn", message="out of memory ...",
                          topic=rp.TOPIC_SHRUNK)
     assert dropped == [] and msg.topic == rp.TOPIC_SHRUNK
-    notice = notice_for({"kind": E.JOB_SHRUNK, "level": "warn", "message": "job x: shrunk"})
+    notice = notice_for(EngineEvent(0.0, E.JOB_SHRUNK, "warn", "job x: shrunk"))
     assert notice is not None and notice.title == "Training shrunk to fit"
 
 

@@ -17,6 +17,7 @@ from typing import List
 import pytest
 
 from trayapp.engine import store as store_module
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.store import SCHEMA_VERSION, Store
 
 T0 = 1_800_000_000.0  # a whole minute (divisible by 60)
@@ -203,7 +204,7 @@ def test_retention_drops_raw_after_raw_hours_and_the_rest_after_keep_days(
         s.flush()
         assert rows(db, "SELECT MIN(t) FROM samples")[0][0] >= T0 + 60
         assert rows(db, "SELECT COUNT(*) FROM minutes WHERE m = ?", (int(T0 // 60),)) == [(1,)]
-        assert [e["kind"] for e in s.events()] == ["old"]
+        assert [e.kind for e in s.events()] == ["old"]
 
         clock.t = T0 + 86400 + 180  # past keep_days
         s.add_sample(clock.t, {"b": 1.0})
@@ -255,27 +256,25 @@ def test_history_with_a_backwards_or_bad_range_is_empty(store: Store):
 
 def test_events_round_trip_and_are_written_at_once(store: Store, db: Path, clock: Clock):
     e = store.add_event("job_started", "Job j1 started", job_id="j1", data={"pid": 42})
-    assert e == {"id": e["id"], "time": T0, "kind": "job_started", "level": "info",
-                 "message": "Job j1 started", "job_id": "j1", "data": {"pid": 42}}
+    assert e.id is not None
+    assert e == EngineEvent(T0, "job_started", "info", "Job j1 started", "j1", {"pid": 42}, e.id)
     assert rows(db, "SELECT kind, job_id FROM events") == [("job_started", "j1")]
     clock.t = T0 + 10
     store.add_event("guard_warn", "Memory is low", level="warn")
     store.add_event("job_paused", "Paused", job_id="j1", t=T0 + 20)
     assert store.events() == [
         e,
-        {"id": e["id"] + 1, "time": T0 + 10, "kind": "guard_warn", "level": "warn",
-         "message": "Memory is low", "job_id": None, "data": None},
-        {"id": e["id"] + 2, "time": T0 + 20, "kind": "job_paused", "level": "info",
-         "message": "Paused", "job_id": "j1", "data": None},
+        EngineEvent(T0 + 10, "guard_warn", "warn", "Memory is low", None, None, e.id + 1),
+        EngineEvent(T0 + 20, "job_paused", "info", "Paused", "j1", None, e.id + 2),
     ]
-    assert [x["kind"] for x in store.events(job_id="j1")] == ["job_started", "job_paused"]
-    assert [x["kind"] for x in store.events(since=T0 + 5)] == ["guard_warn", "job_paused"]
-    assert [x["kind"] for x in store.events(until=T0 + 10)] == ["job_started", "guard_warn"]
-    assert [x["kind"] for x in store.events(after_id=e["id"])] == ["guard_warn", "job_paused"]
+    assert [x.kind for x in store.events(job_id="j1")] == ["job_started", "job_paused"]
+    assert [x.kind for x in store.events(since=T0 + 5)] == ["guard_warn", "job_paused"]
+    assert [x.kind for x in store.events(until=T0 + 10)] == ["job_started", "guard_warn"]
+    assert [x.kind for x in store.events(after_id=e.id)] == ["guard_warn", "job_paused"]
     # Without a starting point: the latest ones, still oldest first.
-    assert [x["kind"] for x in store.events(limit=2)] == ["guard_warn", "job_paused"]
+    assert [x.kind for x in store.events(limit=2)] == ["guard_warn", "job_paused"]
     # With one: the first ones from there, to page forward.
-    assert [x["kind"] for x in store.events(after_id=0, limit=2)] == ["job_started", "guard_warn"]
+    assert [x.kind for x in store.events(after_id=0, limit=2)] == ["job_started", "guard_warn"]
 
 
 def test_jobs_round_trip_upsert_and_order(store: Store):
@@ -336,7 +335,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(db: Path, clock: Cl
         assert s.recovered_from is None
         assert rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         assert s.history(T0 - 60, T0)["series"]["mem.used"] == {"t": [T0 - 10], "v": [5.0]}
-        assert [e["message"] for e in s.events()] == ["hi"]
+        assert [e.message for e in s.events()] == ["hi"]
         assert [j["id"] for j in s.list_jobs(include_finished=False)] == ["live"]
         assert rows(db, "SELECT id, ended, finished FROM jobs ORDER BY id") == [
             ("live", None, 0), ("old", T0 - 50, 1)]
@@ -354,7 +353,7 @@ def test_a_database_from_a_newer_version_is_moved_aside(db: Path, clock: Clock):
         assert s.recovered_from is not None
         assert re.fullmatch(r"headroom\.db\.newer-\d{8}-\d{6}", s.recovered_from.name)
         assert rows(s.recovered_from, "SELECT version FROM schema_version") == [(999,)]
-        assert [e["kind"] for e in s.events()] == ["store_recovered"]
+        assert [e.kind for e in s.events()] == ["store_recovered"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,8 +415,8 @@ def test_a_corrupt_file_is_moved_aside_and_a_new_one_made(db: Path, clock: Clock
         assert re.fullmatch(r"headroom\.db\.corrupt-\d{8}-\d{6}", moved.name)
         assert moved.read_bytes() == damaged  # kept as it was, for a look later
         [event] = s.events()
-        assert (event["kind"], event["level"]) == ("store_recovered", "warn")
-        assert str(moved) in event["message"]
+        assert (event.kind, event.level) == ("store_recovered", "warn")
+        assert str(moved) in event.message
         # The new database works.
         s.add_sample(T0, {"a": 1.0})
         s.flush()
@@ -448,7 +447,7 @@ def test_a_file_that_goes_corrupt_while_open_is_replaced(db: Path, clock: Clock)
         assert s.history(T0, T0 + 3000)["series"] == {}
         moved = s.recovered_from
         assert moved is not None and moved.exists()
-        assert [(e["kind"], str(moved) in e["message"]) for e in s.events()] == [
+        assert [(e.kind, str(moved) in e.message) for e in s.events()] == [
             ("store_recovered", True)]
         s.add_sample(T0 + 4000, {"a": 1.0})
         s.flush()
@@ -484,7 +483,7 @@ def test_a_path_that_cannot_be_opened_keeps_history_in_memory(tmp_path: Path, cl
         s.add_sample(T0, {"a": 1.0})
         s.flush()
         assert s.history(T0 - 1, T0 + 1)["series"]["a"]["v"] == [1.0]
-        assert s.add_event("x", "y")["id"] is not None
+        assert s.add_event("x", "y").id is not None
         assert s.write_error and "memory" in s.write_error
     assert blocker.read_text() == "a file where a folder should be"
 
@@ -494,7 +493,7 @@ def test_nothing_raises_after_close(store: Store):
     store.close()
     store.add_sample(T0 + 1, {"a": 2.0})
     store.flush()
-    assert store.add_event("x", "y")["id"] is None
+    assert store.add_event("x", "y").id is None
     store.save_job({"id": "j"})
     assert store.get_job("j") is None
     assert store.list_jobs() == [] and store.events() == []
@@ -565,7 +564,7 @@ def test_a_full_disk_keeps_a_bounded_buffer_and_says_so_once(
         on_disk = rows(db, "SELECT COUNT(*) FROM samples s JOIN series n ON n.id = s.series_id"
                            " WHERE n.name = 's0'")[0][0]
         assert on_disk == len(h["t"])
-        assert [e["message"] for e in s.events()] == ["written later"]
+        assert [e.message for e in s.events()] == ["written later"]
     finally:
         s.close()
 
@@ -593,11 +592,11 @@ RLIMIT_SCRIPT = textwrap.dedent(
             s.flush()
     during = {"error": s.write_error, "buffered": len(s._buf)}
     resource.setrlimit(resource.RLIMIT_FSIZE, (1, hard))  # no write anywhere in any file
-    event_id = s.add_event("guard_warn", "kept until it can be written")["id"]
+    event_id = s.add_event("guard_warn", "kept until it can be written").id
     resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     s.flush()
     after = {"error": s.write_error, "buffered": len(s._buf),
-             "events": [(e["id"], e["message"]) for e in s.events()]}
+             "events": [(e.id, e.message) for e in s.events()]}
     s.close()
     print(json.dumps({"during": during, "event_id": event_id, "after": after}))
     """
@@ -667,8 +666,8 @@ def test_reads_from_other_threads_while_the_engine_writes(db: Path):
             after = 0
             while not stop.is_set():
                 for e in s.events(after_id=after):
-                    assert e["id"] > after
-                    after = e["id"]
+                    assert e.id > after
+                    after = e.id
                 assert s.get_job("j") is None or s.get_job("j")["state"] == "running"
                 seen["events"] += 1
         except BaseException as e:

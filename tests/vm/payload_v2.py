@@ -205,8 +205,8 @@ def _engine(seen: Dict[str, Any]) -> None:
                                                "rss_bytes", "end_reason")}
         pid = int(job["pid"] or 0)
         seen["job_cgroup"] = Path(f"/proc/{pid}/cgroup").read_text().strip()
-        seen["job_events"] = [e["message"] for e in client.events(limit=200)
-                              if e.get("job_id") == job_id]
+        seen["job_events"] = [e.message for e in client.events(limit=200)
+                              if e.job_id == job_id]
         seen["progress_mib"] = progress_mib(progress)
         said = subprocess.run([sys.executable, "-m", "trayapp", "jobs"], env=env,
                               capture_output=True, text=True, timeout=60, cwd=str(REPO))

@@ -32,6 +32,7 @@ from trayapp.engine.client import (
     Subscription,
     connect,
 )
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.record import JobRecord
 from trayapp.runner.protocol import PARK_EXIT_CODE, STOP_EXIT_CODE
 from trayapp.text import one_line
@@ -95,7 +96,7 @@ class Follower:
         self.handled = 0
         self.last_progress = 0.0
         self.last_plain = ""
-        self.events: queue.Queue[Dict[str, Any]] = queue.Queue()
+        self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.output_seen = False
         self._stop_events = threading.Event()
         # Set by an event of this job: the loop reads the job at once (its end, say) instead of
@@ -142,10 +143,14 @@ class Follower:
                 with Subscription(self.paths, snapshots=False, events=True) as sub:
                     while not self._stop_events.is_set():
                         msg = sub.get(0.5)
-                        if msg and msg.get("push") == "event":
-                            data = msg.get("data") or {}
-                            self.events.put(data)
-                            if data.get("job_id") == self.job_id:
+                        event = (
+                            EngineEvent.from_json(msg.get("data"))
+                            if msg and msg.get("push") == "event"
+                            else None
+                        )
+                        if event is not None:
+                            self.events.put(event)
+                            if event.job_id == self.job_id:
                                 self._woken.set()
             except EngineUnavailable:
                 self._stop_events.wait(1.0)
@@ -316,21 +321,20 @@ class Follower:
                 return
             if not self._worth_showing(ev):
                 continue
-            mark = "! " if ev.get("level") in LOUD_LEVELS else ""
-            self.say(f"{mark}{ev.get('message')}")
+            mark = "! " if ev.level in LOUD_LEVELS else ""
+            self.say(f"{mark}{ev.message}")
 
-    def _worth_showing(self, ev: Dict[str, Any]) -> bool:
+    def _worth_showing(self, ev: EngineEvent) -> bool:
         """The guard's events about this job, its runner's warnings, and pauses or resumes
         that someone else asked for (the summary at the end tells how it ended)."""
-        data = ev.get("data")
-        data = data if isinstance(data, dict) else {}
-        if ev.get("job_id") != self.job_id and self.job_id not in (data.get("job_ids") or []):
+        data = ev.data or {}
+        if ev.job_id != self.job_id and self.job_id not in (data.get("job_ids") or []):
             return False
-        kind = str(ev.get("kind") or "")
+        kind = ev.kind
         if kind.startswith(GUARD_PREFIX):
             return True
         if kind == E.JOB_NOTE:
-            return ev.get("level") in LOUD_LEVELS
+            return ev.level in LOUD_LEVELS
         if kind in (E.JOB_PAUSED, E.JOB_RESUMED):
             return data.get("by") != vocab.Actor.GUARD  # the guard's own event says it already
         return kind not in _TOLD_AT_THE_END

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from trayapp import private
 from trayapp.config import Paths
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 from trayapp.engine.status_record import Status
 from trayapp.jobs.record import JobRecord, records
@@ -269,8 +270,11 @@ class EngineClient:
         after_id: Optional[int] = None,
         job: Optional[str] = None,
         limit: Optional[int] = None,
-    ) -> List[Dict[str, Any]]:
-        return self.request("events", since=since, after_id=after_id, job=job, limit=limit)
+    ) -> List[EngineEvent]:
+        """The events asked for, oldest first (what is not an event is left out)."""
+        found = self.request("events", since=since, after_id=after_id, job=job, limit=limit)
+        events = (EngineEvent.from_json(e) for e in (found if isinstance(found, list) else ()))
+        return [e for e in events if e is not None]
 
     def config_get(self) -> Dict[str, Any]:
         return self.request("config_get")

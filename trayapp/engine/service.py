@@ -20,6 +20,7 @@ from trayapp.channel import ChannelServer, Peer
 from trayapp.config import Config, ConfigConflict, Paths
 from trayapp.engine import checkpoints, protocol
 from trayapp.engine.config_watch import ConfigWatcher, shown_problems
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.guarding import ConfigPolicy, GuardService
 from trayapp.engine.history import ConsumerScan, RecentHistory
 from trayapp.engine.metrics import MetricsService
@@ -397,7 +398,7 @@ class Engine:
         level: str = "info",
         job_id: Optional[str] = None,
         data: Optional[Dict[str, Any]] = None,
-    ) -> Dict[str, Any]:
+    ) -> EngineEvent:
         """Record an event in the store and push it to subscribers; returns the event (its
         message escaped to one line: it often names a job, and every client shows it)."""
         message = one_line(str(message))
@@ -409,19 +410,11 @@ class Engine:
             except Exception as e:  # the event is still logged and pushed
                 self._parts.failed("the event store", e)
         if event is None:
-            event = {
-                "id": None,
-                "time": self.clock(),
-                "kind": kind,
-                "level": level,
-                "message": message,
-                "job_id": job_id,
-                "data": data,
-            }
+            event = EngineEvent(self.clock(), kind, level, message, job_id, data)
         self.metrics.note_event(kind, data)
         log.log(logging.WARNING if level in ("warn", "error") else logging.INFO, "%s", message)
         if self.server is not None:
-            self.server.broadcast("event", event)
+            self.server.broadcast("event", event.to_json())
         return event
 
     # -- answers ------------------------------------------------------------------------------
@@ -521,12 +514,13 @@ class Engine:
         limit = args.get("limit") or 500
         if not 1 <= limit <= 5000:
             raise Refused("events: limit must be between 1 and 5000")
-        return self._history_store().events(
+        found = self._history_store().events(
             since=args.get("since"),
             after_id=args.get("after_id"),
             job_id=args.get("job"),
             limit=limit,
         )
+        return [e.to_json() for e in found]
 
     def _op_subscribe(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         kinds = {

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from trayapp.engine import store_history as history
 from trayapp.engine import store_rows
 from trayapp.engine import store_schema as schema
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.store_history import Row
 from trayapp.engine.store_schema import MIGRATIONS, REASON_CHARS, SCHEMA_VERSION
 from trayapp.text import one_line
@@ -81,7 +82,7 @@ class Store:
         self._buf: List[Row] = []
         self._last_t: Dict[str, float] = {}
         self._dropped = 0
-        self._pending_events: List[Dict[str, Any]] = []
+        self._pending_events: List[EngineEvent] = []
         self._ids: Dict[str, int] = {}
         self._rolled_until = 0  # minutes below this index are in the minutes table
         self._last_maintenance: Optional[float] = None
@@ -325,7 +326,7 @@ class Store:
         conn.execute("COMMIT")
         self._ids.update(new_ids)
         for event, event_id in zip(self._pending_events, written):
-            event["id"] = event_id
+            event.id = event_id
         self._pending_events = []
 
     def _maintain(self, now: float) -> None:
@@ -404,29 +405,26 @@ class Store:
         job_id: Optional[str] = None,
         data: Optional[Dict[str, Any]] = None,
         t: Optional[float] = None,
-    ) -> Dict[str, Any]:
-        """Record an event now (not batched) and return it as stored.
-
-        Returns ``{"id", "time", "kind", "level", "message", "job_id", "data"}``. When the
-        write fails, ``id`` is None and the event is written by a later ``flush()``.
+    ) -> EngineEvent:
+        """Record an event now (not batched) and return it as stored. When the write fails,
+        its ``id`` is None and the event is written (and its id set) by a later ``flush()``.
         """
         when = schema.number(t)
-        event: Dict[str, Any] = {
-            "id": None,
-            "time": self._clock() if when is None else when,
-            "kind": str(kind),
-            "level": str(level),
-            "message": one_line(str(message)),  # it may name a job: one printable line
-            "job_id": None if job_id is None else str(job_id),
-            "data": data,
-        }
+        event = EngineEvent(
+            time=self._clock() if when is None else when,
+            kind=str(kind),
+            level=str(level),
+            message=one_line(str(message)),  # it may name a job: one printable line
+            job_id=None if job_id is None else str(job_id),
+            data=data,
+        )
         with self._lock:
             try:
                 conn = self._db()
                 conn.execute("BEGIN IMMEDIATE")
                 event_id = store_rows.insert_event(conn, event)
                 conn.execute("COMMIT")
-                event["id"] = event_id
+                event.id = event_id
             except (sqlite3.Error, OSError) as e:
                 self._rollback()
                 if self._conn is not None:
@@ -442,7 +440,7 @@ class Store:
         job_id: Optional[str] = None,
         after_id: Optional[int] = None,
         limit: int = 500,
-    ) -> List[Dict[str, Any]]:
+    ) -> List[EngineEvent]:
         """Stored events, oldest first.
 
         With ``since`` or ``after_id`` the first ``limit`` events from there (to page forward);

@@ -7,6 +7,7 @@ import json
 import sqlite3
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.store_schema import is_finished, limit, loads, number
 
 EVENT_COLUMNS = "id, time, kind, level, message, job_id, data"
@@ -21,17 +22,17 @@ UPSERT_JOB = (
 JobRow = Tuple[str, Optional[str], Optional[str], Optional[float], Optional[float], int, str]
 
 
-def insert_event(conn: sqlite3.Connection, event: Dict[str, Any]) -> int:
+def insert_event(conn: sqlite3.Connection, event: EngineEvent) -> int:
     """Insert ``event`` (its data as JSON); its new id."""
     data = None
-    if event["data"] is not None:
+    if event.data is not None:
         try:
-            data = json.dumps(event["data"], default=str)
+            data = json.dumps(event.data, default=str)
         except ValueError:  # a structure that refers to itself
-            data = json.dumps(repr(event["data"]))
+            data = json.dumps(repr(event.data))
     cur = conn.execute(
         "INSERT INTO events (time, kind, level, message, job_id, data) VALUES (?, ?, ?, ?, ?, ?)",
-        (event["time"], event["kind"], event["level"], event["message"], event["job_id"], data),
+        (event.time, event.kind, event.level, event.message, event.job_id, data),
     )
     return int(cur.lastrowid or 0)
 
@@ -65,16 +66,17 @@ def events_query(
     return sql, args, forward
 
 
-def event_of(row: Sequence[Any]) -> Dict[str, Any]:
-    return {
-        "id": row[0],
-        "time": row[1],
-        "kind": row[2],
-        "level": row[3],
-        "message": row[4],
-        "job_id": row[5],
-        "data": loads(row[6]),
-    }
+def event_of(row: Sequence[Any]) -> EngineEvent:
+    data = loads(row[6])
+    return EngineEvent(
+        id=row[0],
+        time=row[1],
+        kind=row[2],
+        level=row[3],
+        message=row[4],
+        job_id=row[5],
+        data=data if isinstance(data, dict) else None if data is None else {"value": data},
+    )
 
 
 def job_row(job: Dict[str, Any]) -> JobRow:

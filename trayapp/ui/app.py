@@ -35,6 +35,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidge
 from trayapp import private
 from trayapp.config import ConfigError, Paths
 from trayapp.engine.client import EngineClient, EngineError
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.jobs.record import JobRecord
 from trayapp.logformat import LogFormatter
@@ -100,7 +101,7 @@ class HeadroomApp(QObject):
         self.reason: Optional[str] = "connecting to the engine"
         self.config: Optional[Dict[str, Any]] = None
         self.notifications = True
-        self.recent_events: Deque[Dict[str, Any]] = deque(maxlen=200)
+        self.recent_events: Deque[EngineEvent] = deque(maxlen=200)
         self.windows: Dict[str, QWidget] = {}
         self.messages: List[str] = []  # the last messages shown to the user (newest last)
         self.quit_prompt: Callable[[List[JobRecord]], str] = self._ask_quit
@@ -237,7 +238,7 @@ class HeadroomApp(QObject):
         else:
             self.open_window("dashboard")
 
-    def show_event(self, event: Optional[Dict[str, Any]]) -> None:
+    def show_event(self, event: Optional[EngineEvent]) -> None:
         """Open the dashboard at an event (a clicked notification)."""
         d = self.open_window("dashboard")
         if event is not None and d is not None:
@@ -287,7 +288,7 @@ class HeadroomApp(QObject):
             self._dashboard.apply_snapshot(status)
         self._forward("apply_snapshot", status)
 
-    def _on_event(self, event: Dict[str, Any]) -> None:
+    def _on_event(self, event: EngineEvent) -> None:
         self.recent_events.append(event)
         if self._dashboard is not None:
             self._dashboard.add_event(event)

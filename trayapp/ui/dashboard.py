@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from trayapp import formats
 from trayapp.config import ConfigError, Threshold, format_bytes
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.ui.dashboard_charts import DashboardPlots
 from trayapp.ui.dashboard_now import NowBars
@@ -381,11 +382,9 @@ class Dashboard(DashboardPlots):
         self.redraw(follow_to=self._now())
         return True
 
-    def show_event(self, event: Dict[str, Any]) -> None:
+    def show_event(self, event: EngineEvent) -> None:
         """Centre the timelines on an event (a clicked notification) and name it."""
-        t = event.get("time")
-        if not isinstance(t, (int, float)):
-            return
+        t = event.time
         self.add_event(event)
         age = self._now() - float(t)
         for _label, seconds in RANGES:
@@ -396,7 +395,7 @@ class Dashboard(DashboardPlots):
         width = min(float(self.range_seconds), 600.0)
         self._set_following(False)
         self.ram_plot.setXRange(float(t) - width * 0.6, float(t) + width * 0.4, padding=0)
-        message = str(event.get("message") or event.get("kind"))
+        message = event.message or event.kind
         if not self.show_values_at(float(t), note=message):
             self.readout.setText(f"{formats.clock(float(t))}  {html.escape(message)}")
 

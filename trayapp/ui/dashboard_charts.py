@@ -21,6 +21,7 @@ from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
 from trayapp import formats, series
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.readings import GpuReading
 from trayapp.ui import data as datamod
@@ -70,7 +71,7 @@ class DashboardPlots(QWidget):
     def _build_plots(self) -> None:
         """The plots, their curves and lines, in ``self.plots``."""
         self._view_right: Optional[float] = None  # the right edge the view follows to
-        self._events: Dict[Any, Dict[str, Any]] = {}
+        self._events: Dict[Any, EngineEvent] = {}
         self._markers: Dict[Any, List[Any]] = {}
         self._spans: List[Dict[str, Any]] = []
         self._open_span: Optional[Dict[str, Any]] = None
@@ -303,15 +304,13 @@ class DashboardPlots(QWidget):
 
     # -- events: markers and shaded spans --------------------------------------------------
 
-    def add_event(self, event: Dict[str, Any]) -> None:
+    def add_event(self, event: EngineEvent) -> None:
         """A job event becomes a labelled vertical marker; the guard's warnings shaded spans."""
-        kind = str(event.get("kind") or "")
-        key = event.get("id") if event.get("id") is not None else (kind, event.get("time"))
+        kind = event.kind
+        key = event.id if event.id is not None else (kind, event.time)
         if key in self._events:
             return
-        t = event.get("time")
-        if not isinstance(t, (int, float)):
-            return
+        t = event.time
         if kind in datamod.MARKER_KINDS:
             self._events[key] = event
             self._add_marker(key, event)
@@ -322,7 +321,7 @@ class DashboardPlots(QWidget):
                 self._close_span(float(t))
             elif self._open_span is None or self._open_span["level"] != level:
                 self._close_span(float(t))
-                self._start_span(float(t), level, str(event.get("message") or ""))
+                self._start_span(float(t), level, event.message)
 
     def _learn_names(self, names: Dict[str, str]) -> None:
         """Job names learned (a status, the history's jobs): markers drawn before their job's
@@ -332,19 +331,19 @@ class DashboardPlots(QWidget):
             return
         self.job_names.update(names)
         for key in self._markers:
-            event = self._events.get(key) or {}
-            if str(event.get("job_id")) in new:
+            event = self._events.get(key)
+            if event is not None and str(event.job_id) in new:
                 self._label_marker(key, event)
         self.ram_labels.relayout()
 
-    def _label_marker(self, key: Any, event: Dict[str, Any]) -> None:
-        colour = MARKER_COLOURS.get(str(event.get("kind")), "#555555")
+    def _label_marker(self, key: Any, event: EngineEvent) -> None:
+        colour = MARKER_COLOURS.get(event.kind, "#555555")
         self.ram_labels.set(
             ("event", key),
             marker_label(event, self.job_names),
             colour,
             horizontal=False,
-            value=float(event["time"]),
+            value=float(event.time),
             priority=10,
         )
 
@@ -353,12 +352,12 @@ class DashboardPlots(QWidget):
         label = self.ram_labels.labels.get(("event", key))
         return label.item.textItem.toPlainText() if label is not None else ""
 
-    def _add_marker(self, key: Any, event: Dict[str, Any]) -> None:
-        colour = MARKER_COLOURS.get(str(event.get("kind")), "#555555")
+    def _add_marker(self, key: Any, event: EngineEvent) -> None:
+        colour = MARKER_COLOURS.get(event.kind, "#555555")
         items = []
         for plot in self._plot_order:
             line = pg.InfiniteLine(
-                pos=float(event["time"]),
+                pos=float(event.time),
                 angle=90,
                 movable=False,
                 pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),

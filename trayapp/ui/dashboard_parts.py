@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
 from trayapp import formats, series
 from trayapp.config import format_bytes
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
@@ -104,12 +105,10 @@ class Curve:
     drawn: bool = False
 
 
-def marker_label(event: Dict[str, Any], names: Dict[str, str]) -> str:
+def marker_label(event: EngineEvent, names: Dict[str, str]) -> str:
     """A short marker text: the job's name (from ``names`` by the event's ``job_id``, else the
     id) and what happened ("mnist paused"); an event of no job shows its message."""
-    kind = str(event.get("kind") or "")
-    message = str(event.get("message") or kind.replace("_", " "))
-    job_id = event.get("job_id")
+    kind, message, job_id = event.kind, event.text, event.job_id
     name = names.get(str(job_id), str(job_id)) if job_id is not None else None
     text = one_line(f"{name} {MARKER_WORDS[kind]}" if name and kind in MARKER_WORDS else message)
     return text if len(text) <= 40 else text[:39] + "…"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from trayapp import series
+from trayapp.engine.event_record import EngineEvent
 from trayapp.series import memory_only
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import words
@@ -109,10 +110,10 @@ def fetch_history(
     }
 
 
-def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
+def fetch_events(client: Any, since: float) -> List[EngineEvent]:
     """The events since ``since`` that the dashboard draws, oldest first (at most
     ``EVENT_PAGE * EVENT_PAGES_MAX`` read)."""
-    out: List[Dict[str, Any]] = []
+    out: List[EngineEvent] = []
     after: Optional[int] = None
     for _ in range(EVENT_PAGES_MAX):
         page = (
@@ -122,8 +123,8 @@ def fetch_events(client: Any, since: float) -> List[Dict[str, Any]]:
         )
         if not page:
             break
-        out += [e for e in page if e.get("kind") in MARKER_KINDS | SPAN_KINDS]
-        ids = [e.get("id") for e in page if isinstance(e.get("id"), int)]
+        out += [e for e in page if e.kind in MARKER_KINDS | SPAN_KINDS]
+        ids = [e.id for e in page if e.id is not None]
         if len(page) < EVENT_PAGE or not ids:
             break
         after = max(ids)

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from trayapp import formats
 from trayapp import series as seriesmod
 from trayapp.config import format_bytes
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
 from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, plain_label, plain_tip, set_message
@@ -209,13 +210,11 @@ class EventList(QTreeWidget):
         self.setColumnWidth(0, 90)
         self.setColumnWidth(1, 60)
 
-    def add(self, event: Dict[str, Any]) -> None:
-        when = formats.clock(float(event.get("time") or 0))
-        level = str(event.get("level") or "info")
-        item = QTreeWidgetItem(
-            [when, level, one_line(str(event.get("message") or event.get("kind")))]
-        )
-        item.setToolTip(2, plain_tip(str(event.get("message") or "")))
+    def add(self, event: EngineEvent) -> None:
+        when = formats.clock(event.time)
+        level = event.level or "info"
+        item = QTreeWidgetItem([when, level, one_line(event.message or event.kind)])
+        item.setToolTip(2, plain_tip(event.message))
         if level in LEVEL_COLOURS:
             for col in range(3):
                 item.setForeground(col, QColor(LEVEL_COLOURS[level]))

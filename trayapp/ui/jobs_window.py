@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from trayapp.config import format_bytes
 from trayapp.engine.client import EngineClient
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.jobs.options import holds_checkpoint
 from trayapp.jobs.record import JobRecord, records
@@ -300,7 +301,7 @@ class JobsWindow(QWidget):
             self.model.update_jobs(list(status.jobs), complete=False)
             self._selection_changed_data()
 
-    def add_event(self, event: Dict[str, Any]) -> None:
+    def add_event(self, event: EngineEvent) -> None:
         """An engine event: shown at once when it is about the selected job."""
         self.tabs.add_event(event)
 

@@ -14,6 +14,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from trayapp.engine.client import EngineClient
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.record import JobRecord
 from trayapp.ui import job_checkpoints
 from trayapp.ui.forms import one_line
@@ -138,11 +139,11 @@ class DetailTabs:
         if tab == CHECKPOINTS_TAB and now >= self._checkpoints_due:
             self._poll_checkpoints(job_id)
 
-    def add_event(self, event: Dict[str, Any]) -> None:
+    def add_event(self, event: EngineEvent) -> None:
         """An engine event: shown at once when it is about the selected job."""
         if (
             self._w.selected_id
-            and str(event.get("job_id")) == self._w.selected_id
+            and event.job_id == self._w.selected_id
             and self._events_job == self._w.selected_id
         ):
             self._add_events([event])
@@ -180,17 +181,17 @@ class DetailTabs:
             lambda r: self._got_events(job_id, after, r),
         )
 
-    def _got_events(self, job_id: str, after: Optional[int], events: List[Dict[str, Any]]) -> None:
+    def _got_events(self, job_id: str, after: Optional[int], events: List[EngineEvent]) -> None:
         if job_id != self._events_job or after != self._events_after:
             return
         self._add_events(events or [])
         if self._events_after is None:
             self._events_after = 0
 
-    def _add_events(self, events: List[Dict[str, Any]]) -> None:
+    def _add_events(self, events: List[EngineEvent]) -> None:
         for ev in events:
-            eid = ev.get("id")
-            if isinstance(eid, int):
+            eid = ev.id
+            if eid is not None:
                 if self._events_after is not None and eid <= self._events_after:
                     continue
                 self._events_after = eid

@@ -8,10 +8,11 @@ recorded statuses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from trayapp import formats, series, vocab
 from trayapp.config import format_bytes
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.jobs.record import JobRecord
 from trayapp.text import lines as escaped_lines
@@ -282,16 +283,16 @@ _NOTIFY_TITLES: Dict[str, str] = {
 }
 
 
-def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
+def notice_for(event: EngineEvent) -> Optional[Notice]:
     """The desktop notification for an event, or None for kinds that do not notify. Its
     message is the event's, escaped for a notification (``text.notice``): it may hold a job's
     name or its note."""
-    kind = str(event.get("kind") or "")
+    kind = event.kind
     title = _NOTIFY_TITLES.get(kind)
     if title is None:
         return None
     level = str(
-        event.get("level")
+        event.level
         or (
             "error"
             if kind in (E.JOB_FAILED, E.GUARD_PARK)
@@ -300,7 +301,7 @@ def notice_for(event: Dict[str, Any]) -> Optional[Notice]:
             else "info"
         )
     )
-    return Notice(title, notice(str(event.get("message") or kind.replace("_", " "))), level)
+    return Notice(title, notice(event.text), level)
 
 
 def banner_text(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QActionGroup, QIcon
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.text import notice as notice_text
 from trayapp.ui.icon import make_icon
@@ -30,10 +31,10 @@ NOTICE_MS = 10_000
 _GPU_CAUSES = frozenset({C.GPU_VRAM, C.BUDGET_VRAM, C.BUDGET_VRAM_WARN})
 
 
-def _about_gpus(event: Dict[str, Any]) -> bool:
+def _about_gpus(event: EngineEvent) -> bool:
     """Whether a notice concerns the GPUs (in demo mode only those are simulated: a RAM
     warning there is as real as anywhere)."""
-    return (event.get("data") or {}).get("cause") in _GPU_CAUSES
+    return (event.data or {}).get("cause") in _GPU_CAUSES
 
 
 class TrayController(QObject):
@@ -53,7 +54,7 @@ class TrayController(QObject):
         self.reason: Optional[str] = "connecting to the engine"
         self.icon_state: Optional[IconState] = None
         self.redraws = 0
-        self._notice_event: Optional[Dict[str, Any]] = None
+        self._notice_event: Optional[EngineEvent] = None
         self.icon = QSystemTrayIcon(self)
         self.menu = QMenu()
         self.menu.aboutToShow.connect(self.rebuild_menu)
@@ -140,7 +141,7 @@ class TrayController(QObject):
 
     # -- notifications ---------------------------------------------------------------------
 
-    def notify(self, event: Dict[str, Any]) -> bool:
+    def notify(self, event: EngineEvent) -> bool:
         """Show the notification for an event; False for kinds that do not notify."""
         notice = notice_for(event)
         if notice is None:

@@ -26,6 +26,7 @@ from trayapp.engine.client import (
     Subscription,
     start_and_wait,
 )
+from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 
 log = logging.getLogger("headroom.ui")
@@ -66,7 +67,7 @@ class EngineWorker(QThread):
 
     ``snapshot(Status)``: a whole status, read into its record (at most what the engine
     pushes, 4 Hz).
-    ``event_received(dict)``: an engine event, in order.
+    ``event_received(EngineEvent)``: an engine event, in order.
     ``connected(dict)``: ``{"started_engine": bool, "config": dict or None}`` after each
     (re)connection.
     ``config(dict)``: the engine's settings (``config_get()``), again after a change.
@@ -193,9 +194,9 @@ class EngineWorker(QThread):
                 kind, data = msg.get("push"), msg.get("data")
                 if kind == "snapshot" and isinstance(data, dict):
                     latest = data
-                elif kind == "event" and isinstance(data, dict):
-                    self.event_received.emit(data)
-                    if data.get("kind") == "config_changed":
+                elif kind == "event" and (event := EngineEvent.from_json(data)) is not None:
+                    self.event_received.emit(event)
+                    if event.kind == "config_changed":
                         config = self._config(client)
                         if config is not None:
                             self.config.emit(config)
