@@ -42,7 +42,7 @@ def pushes(sub: Subscription, seconds: float) -> List[Dict[str, Any]]:
 
 def value(engine: EngineProcess, section: str, key: str) -> Any:
     with engine.client() as c:
-        return c.config_get()["values"][section][key]
+        return c.config_get().section(section)[key]
 
 
 @pytest.mark.parametrize("text,expect", [
@@ -68,7 +68,7 @@ def test_a_bad_file_at_start_names_the_problem_and_the_engine_runs_on_defaults(
     with engine.client() as c:
         cfg = c.config_get()
         events = c.events()
-    assert cfg["values"]["guard"]["resume_available"] == "20%"
+    assert cfg.value("guard.resume_available") == "20%"
     assert [e.kind for e in events].count("config_problem") == 1
     assert paths.config_file.read_text(encoding="utf-8") == text  # left as the user wrote it
     engine.stop()
@@ -116,23 +116,23 @@ def test_a_bad_edit_is_reported_once_and_the_guard_keeps_guarding(
             write(paths.config_file, "[guard]\nmode = \"act\"\nwarn_available = \"14%\"\n"
                                      "resume_available = 1e400\n")
             wait_for(lambda: any("guard.resume_available" in p
-                                 for p in c.config_get()["problems"]), 10, "the problem")
+                                 for p in c.config_get().problems), 10, "the problem")
             events = pushes(sub, 3)
             problems = [e for e in events if e.kind == "config_problem"]
             assert len(problems) == 1, events
             assert "guard.resume_available" in problems[0].message
             assert "using the default '20%'" in problems[0].message
             assert problems[0].level == "warn"
-            cfg = c.config_get()["values"]["guard"]
+            cfg = c.config_get().section("guard")
             assert cfg["resume_available"] == "20%" and cfg["warn_available"] == "14%"
             # A file that cannot be read at all: the settings in use stay; said once.
             write(paths.config_file, DEEP)
-            wait_for(lambda: any("cannot be read" in p for p in c.config_get()["problems"]), 10,
+            wait_for(lambda: any("cannot be read" in p for p in c.config_get().problems), 10,
                      "the unreadable file to be noticed")
             events = pushes(sub, 3)
             problems = [e for e in events if e.kind == "config_problem"]
             assert len(problems) == 1 and "cannot be read" in problems[0].message, events
-            assert c.config_get()["values"]["guard"]["warn_available"] == "14%"
+            assert c.config_get().value("guard.warn_available") == "14%"
             assert engine.proc.poll() is None
             # And the guard still acts: a hog past its budget is paused.
             job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "quiet_hog.py"),
@@ -162,7 +162,7 @@ def test_config_set_keeps_a_hand_edit_and_refuses_a_stale_version(
     paths.config_file.write_text("[guard]\nwarn_available = \"15%\"\n")
     engine = start_engine()
     with engine.client() as c, Subscription(paths) as sub:
-        seen = c.config_get()["version"]
+        seen = c.config_get().version
         assert seen
         # A hand edit, and at once (before the slow tick) a save of another key.
         write(paths.config_file, "[guard]\nwarn_available = \"15%\"\npause_available = \"9%\"\n")
@@ -173,13 +173,13 @@ def test_config_set_keeps_a_hand_edit_and_refuses_a_stale_version(
         # Without a version the save goes through and keeps the edit, which the engine now
         # applies and reports as a change of the file.
         answer = c.config_set("guard.warn_available", "16%")
-        assert answer["values"]["guard"]["pause_available"] == "9%"
-        assert answer["values"]["guard"]["warn_available"] == "16%"
-        assert answer["version"] != seen
+        assert answer.value("guard.pause_available") == "9%"
+        assert answer.value("guard.warn_available") == "16%"
+        assert answer.version != seen
         text = paths.config_file.read_text()
         assert "pause_available = \"9%\"" in text and "16%" in text
         # With the current version, a save goes through.
-        c.request("config_set", name="guard.mode", value="dry-run", version=answer["version"])
+        c.request("config_set", name="guard.mode", value="dry-run", version=answer.version)
         events = pushes(sub, 1.5)
     from_file = [e for e in events if e.kind == "config_changed"
                  and (e.data or {}).get("source") == "file"]
@@ -195,7 +195,7 @@ def test_config_set_keeps_a_hand_edit_and_refuses_a_stale_version(
         with pytest.raises(EngineError) as bad:
             c.request("config_set", name="guard.mode", value="off", version=3)
         assert bad.value.code == "bad_request"
-        assert c.config_get()["values"]["guard"]["mode"] == "dry-run"
+        assert c.config_get().value("guard.mode") == "dry-run"
 
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")

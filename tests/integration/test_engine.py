@@ -151,7 +151,7 @@ def test_config_set_keeps_the_users_comments(engine: EngineProcess) -> None:
     cfg.write_text("# my own note\n[guard]\nmode = \"act\"  # keep acting\n")
     with engine.client() as c:
         result = c.guard_mode("dry-run")
-        assert result["values"]["guard"]["mode"] == "dry-run"
+        assert result.value("guard.mode") == "dry-run"
         assert c.status().guard.mode == "dry-run"
     text = cfg.read_text()
     assert "# my own note" in text and "dry-run" in text
@@ -174,8 +174,8 @@ def test_a_broken_config_gives_messages_and_defaults(paths, start_engine) -> Non
     engine = start_engine()
     with engine.client() as c:
         cfg = c.config_get()
-    assert cfg["values"]["guard"]["warn_available"] == "15%"
-    assert any("cannot be read" in p for p in cfg["problems"])
+    assert cfg.value("guard.warn_available") == "15%"
+    assert any("cannot be read" in p for p in cfg.problems)
 
 
 def test_a_killed_engine_leaves_nothing_that_stops_the_next(start_engine) -> None:  # type: ignore[no-untyped-def]

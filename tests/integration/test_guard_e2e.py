@@ -425,7 +425,7 @@ def test_a_keras_job_is_parked_and_finishes_after_resume(
     run = Launch(engine.paths, ["--checkpoint-dir", str(ckpt), "--manual-resume", script,
                                 "5", str(marker), str(epoch_log), "2560"])
     client = engine.client()
-    thresholds = {k: client.config_get()["values"]["guard"][k]
+    thresholds = {k: client.config_get().section("guard")[k]
                   for k in ("warn_available", "pause_available", "park_available")}
     try:
         job_id = run.job(client, timeout=60)["id"]

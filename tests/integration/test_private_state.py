@@ -490,17 +490,17 @@ def test_a_config_made_writable_by_others_while_the_engine_runs_is_not_applied(
     paths.config_file.write_text('[guard]\nmode = "dry-run"\n')
     engine = start_engine()
     with engine.client() as c:
-        assert c.config_get()["values"]["guard"]["mode"] == "dry-run"
+        assert c.config_get().value("guard.mode") == "dry-run"
     # Someone opened the file to others, and it now says the guard is off.
     paths.config_file.write_text('[guard]\nmode = "off"\n')
     os.chmod(paths.config_file, 0o666)
 
     def problems() -> List[str]:
         with engine.client() as c:
-            return [p for p in c.config_get()["problems"] if "can be written by other users" in p]
+            return [p for p in c.config_get().problems if "can be written by other users" in p]
 
     (problem,) = wait_for(problems, 30, "the reload to refuse the file")
     assert str(paths.config_file) in problem and f"chmod 600 {paths.config_file}" in problem
     with engine.client() as c:  # the settings in use stay; "off" is not applied
-        assert c.config_get()["values"]["guard"]["mode"] == "dry-run"
+        assert c.config_get().value("guard.mode") == "dry-run"
         assert c.status().guard.mode == "dry-run"

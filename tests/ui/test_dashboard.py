@@ -13,6 +13,7 @@ from PySide6.QtCore import QSettings
 
 from tests.conftest import REPO
 from tests.ui.statuses import job, make_status
+from trayapp.config.view import ConfigView
 from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import GIB, Dashboard
@@ -263,9 +264,9 @@ def test_notifications_follow_the_setting(qtbot, app_on) -> None:
     assert app.tray is not None
     app.tray.notify = lambda e: shown.append(e) or True  # type: ignore[method-assign]
     app._on_event(event(1, "guard_pause", 1.0, "paused", "warn"))
-    app._on_config({"values": {"ui": {"notifications": False}, "guard": {}}})
+    app._on_config(ConfigView(values={"ui": {"notifications": False}, "guard": {}}))
     app._on_event(event(2, "guard_park", 2.0, "parked", "error"))
-    app._on_config({"values": {"ui": {"notifications": True}, "guard": {}}})
+    app._on_config(ConfigView(values={"ui": {"notifications": True}, "guard": {}}))
     app._on_event(event(3, "job_failed", 3.0, "failed", "error"))
     assert [e.id for e in shown] == [1, 3]
 

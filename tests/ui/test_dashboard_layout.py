@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from tests.ui.statuses import GiB, job, make_status
 from trayapp import formats
+from trayapp.config.view import ConfigView
 from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import Dashboard
 from trayapp.ui.dashboard_labels import event_candidates, line_candidates, overlaps, place
@@ -32,11 +33,11 @@ def dashboard(qtbot: Any, tmp_path: Path, width: int = 1000, height: int = 600) 
     return d
 
 
-def guard_config(**values: str) -> dict:
+def guard_config(**values: str) -> ConfigView:
     guard = {"warn_available": "15%", "pause_available": "10%", "park_available": "5%",
              "resume_available": "20%"}
     guard.update(values)
-    return {"values": {"guard": guard}}
+    return ConfigView(values={"guard": guard})
 
 
 def event(eid: int, kind: str, t: float, job_id: str = "j1") -> EngineEvent:

@@ -3,11 +3,12 @@ real socket, and against no server, a closed port, an empty and a malformed answ
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
 from tests.prometheus_answers import AnswerServer, closed_port, fleet_answers, recorded
+from trayapp.config.view import ConfigView
 from trayapp.ui.machines import MIN_COLUMN_WIDTH, MachinesWindow
 from trayapp.ui.machines_text import NO_URL
 
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.qt_log_ignore(
     r"No such signal QPlatformNativeInterface::systemTrayWindowChanged")
 
 
-def config(url: str, refresh: float = 1.0) -> Dict[str, Any]:
-    return {"values": {"machines": {"prometheus": url, "refresh_seconds": refresh}}}
+def config(url: str, refresh: float = 1.0) -> ConfigView:
+    return ConfigView(values={"machines": {"prometheus": url, "refresh_seconds": refresh}})
 
 
 def open_window(qtbot: Any, url: str, refresh: float = 1.0) -> MachinesWindow:

@@ -94,7 +94,7 @@ def test_settings_round_trip(qtbot, paths, start_engine, xdg) -> None:  # type: 
     assert saved["guard.mode"] == "dry-run"
     assert saved["guard.pause_available"] == "8%"  # untouched values keep their defaults
     with engine.client() as c:
-        assert c.config_get()["values"]["guard"]["warn_available"] == "12%"
+        assert c.config_get().value("guard.warn_available") == "12%"
     assert (xdg / "autostart" / "headroom.desktop").exists()
 
     # A new dialog shows what was saved; switching start at login off removes the entry.

@@ -40,7 +40,7 @@ def test_snapshots_arrive_whole_and_off_the_gui_thread(qtbot, demo_engine, worke
     w.snapshot.connect(lambda s: (snapshots.append(s), threads.append(threading.get_ident())))
     with qtbot.waitSignal(w.config, timeout=15000) as config:
         w.start()
-    assert config.args[0]["values"]["guard"]["warn_available"] == "15%"
+    assert config.args[0].value("guard.warn_available") == "15%"
     qtbot.waitUntil(lambda: len(snapshots) >= 3, timeout=15000)
     # Delivered on the GUI thread, each a whole status read into its record.
     assert set(threads) == {threading.get_ident()}
@@ -125,7 +125,7 @@ def test_calls_run_off_the_gui_thread_and_answer_on_it(qtbot, demo_engine, paths
         qtbot.waitUntil(lambda: "result" in seen and "error" in seen, timeout=15000)
         assert seen["call_thread"] != threading.get_ident()
         assert seen["done_thread"] == threading.get_ident()
-        assert seen["result"]["values"]["guard"]["mode"] == "dry-run"
+        assert seen["result"].value("guard.mode") == "dry-run"
         assert "no-such-job" in seen["error"] or "job" in seen["error"]
         with qtbot.waitSignal(runner.failed, timeout=15000) as failed:
             runner.submit(lambda c: c.job_action("no-such-job", "stop"))

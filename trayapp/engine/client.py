@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from trayapp import private
 from trayapp.config import Paths
+from trayapp.config.view import ConfigView
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 from trayapp.engine.status_record import Status
@@ -276,16 +277,18 @@ class EngineClient:
         events = (EngineEvent.from_json(e) for e in (found if isinstance(found, list) else ()))
         return [e for e in events if e is not None]
 
-    def config_get(self) -> Dict[str, Any]:
-        return self.request("config_get")
+    def config_get(self) -> ConfigView:
+        return ConfigView.from_json(self.request("config_get"))
 
-    def config_set(self, name: str, value: Any, version: Optional[str] = None) -> Dict[str, Any]:
-        """Save one setting; with ``version`` (``config_get()["version"]``), an EngineError with
+    def config_set(self, name: str, value: Any, version: Optional[str] = None) -> ConfigView:
+        """Save one setting; with ``version`` (``config_get().version``), an EngineError with
         code "conflict" when the file changed since then, and nothing is written."""
-        return self.request("config_set", name=name, value=value, version=version)
+        return ConfigView.from_json(
+            self.request("config_set", name=name, value=value, version=version)
+        )
 
-    def guard_mode(self, mode: str) -> Dict[str, Any]:
-        return self.request("guard_mode", mode=mode)
+    def guard_mode(self, mode: str) -> ConfigView:
+        return ConfigView.from_json(self.request("guard_mode", mode=mode))
 
     def shutdown(self, force: bool = False) -> Any:
         return self.request("shutdown", force=force)

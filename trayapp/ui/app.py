@@ -34,6 +34,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon, QWidge
 
 from trayapp import private
 from trayapp.config import ConfigError, Paths
+from trayapp.config.view import ConfigView
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
@@ -99,7 +100,7 @@ class HeadroomApp(QObject):
         self.status: Optional[Status] = None
         self.reachable = False
         self.reason: Optional[str] = "connecting to the engine"
-        self.config: Optional[Dict[str, Any]] = None
+        self.config: Optional[ConfigView] = None
         self.notifications = True
         self.recent_events: Deque[EngineEvent] = deque(maxlen=200)
         self.windows: Dict[str, QWidget] = {}
@@ -296,9 +297,9 @@ class HeadroomApp(QObject):
             self.tray.notify(event)
         self._forward("add_event", event)
 
-    def _on_config(self, config: Dict[str, Any]) -> None:
+    def _on_config(self, config: ConfigView) -> None:
         self.config = config
-        ui = (config.get("values") or {}).get("ui") or {}
+        ui = config.section("ui")
         self.notifications = bool(ui.get("notifications", True))
         if self._dashboard is not None:
             self._dashboard.set_config(config)

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from trayapp import formats
 from trayapp.config import ConfigError, Threshold, format_bytes
+from trayapp.config.view import ConfigView
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.ui.dashboard_charts import DashboardPlots
@@ -257,9 +258,9 @@ class Dashboard(DashboardPlots):
                 line.label.setFormat(escape(f"total {format_bytes(g_total)}"))
                 line.show()
 
-    def set_config(self, config: Optional[Dict[str, Any]]) -> None:
+    def set_config(self, config: Optional[ConfigView]) -> None:
         """The engine's settings (``config_get()``): the guard's thresholds on the RAM plot."""
-        guard = ((config or {}).get("values") or {}).get("guard") or {}
+        guard = config.section("guard") if config is not None else {}
         thresholds: Dict[str, Threshold] = {}
         for name in THRESHOLD_COLOURS:
             value = guard.get(f"{name}_available")

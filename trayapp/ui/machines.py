@@ -10,7 +10,7 @@ there is none (no URL, unreachable, an empty or unreadable answer).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor, QShowEvent
@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from trayapp.config import SETTINGS_BY_NAME
+from trayapp.config.view import ConfigView
 from trayapp.ui.background import Background, shiboken_valid
 from trayapp.ui.forms import ERROR_STYLE, WARNING_STYLE, escape_closes, window_title
 from trayapp.ui.machines_query import Fleet, PrometheusError, fetch_fleet
@@ -94,9 +95,9 @@ class MachinesWindow(QWidget):
 
     # -- settings ---------------------------------------------------------------------------------
 
-    def set_config(self, config: Dict[str, Any]) -> None:
+    def set_config(self, config: ConfigView) -> None:
         """Take the server and the pace from the engine's settings (``config_get()``)."""
-        machines = (config.get("values") or {}).get("machines") or {}
+        machines = config.section("machines")
         url = machines.get("prometheus", "")
         refresh = machines.get("refresh_seconds", DEFAULT_REFRESH)
         self.configure(

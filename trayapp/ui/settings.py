@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from trayapp import config as configmod
 from trayapp.config import SETTINGS, ConfigError, Setting, Threshold
+from trayapp.config.view import ConfigView
 from trayapp.engine.client import EngineClient, EngineError
 from trayapp.engine.status_record import Status
 from trayapp.ui import autostart
@@ -121,7 +122,7 @@ class SettingsDialog(QDialog):
     """``SettingsDialog(client_factory, parent=None)``; ``client_factory()`` returns a new
     EngineClient. Every engine call runs off the GUI thread.
 
-    ``saved(dict)``: the engine's settings after a save (``config_get()``'s shape).
+    ``saved(ConfigView)``: the engine's settings after a save.
     """
 
     saved = Signal(object)
@@ -254,7 +255,7 @@ class SettingsDialog(QDialog):
         self.status_label.setStyleSheet("")
         self._runner.submit(lambda c: (c.config_get(), c.status()), self._loaded, self._load_failed)
 
-    def _loaded(self, result: Tuple[Dict[str, Any], Status]) -> None:
+    def _loaded(self, result: Tuple[ConfigView, Status]) -> None:
         config, status = result
         self._loading = False
         self.apply_config(config)
@@ -272,18 +273,17 @@ class SettingsDialog(QDialog):
         )
         self.status_label.setStyleSheet("color: #c0392b;")
 
-    def apply_config(self, config: Dict[str, Any], keep_edits: bool = False) -> None:
+    def apply_config(self, config: ConfigView, keep_edits: bool = False) -> None:
         """Show the engine's settings (``config_get()``'s answer) in the fields; with
         ``keep_edits``, a field the user changed keeps the user's value."""
-        values = config.get("values") or {}
         edited = set(self.changes()) if keep_edits else set()
         if not keep_edits:
             self.file_changed = {}
-        self.version = str(config.get("version") or "")
+        self.version = config.version
         self.loaded = {}
         for name, f in self.fields.items():
             s = f.setting
-            value = (values.get(s.section) or {}).get(s.key, s.default)
+            value = config.section(s.section).get(s.key, s.default)
             if name == "ui.start_at_login":
                 value = self._autostart_state(bool(value))
             self.loaded[name] = value
@@ -293,11 +293,11 @@ class SettingsDialog(QDialog):
             f.set_value(value)
             f.widget.blockSignals(False)
             set_message(f.error, None)
-        path = config.get("path") or "config.toml"
+        path = config.path or "config.toml"
         # Before any Save the file may not exist yet: the line names it, it claims no save.
         self.status_label.setText(f"Settings file: {path} (Save has the engine write it)")
         self.status_label.setStyleSheet(NOTE_STYLE)
-        problems = [one_line(p) for p in config.get("problems") or []]
+        problems = [one_line(p) for p in config.problems]
         set_message(self.problems_label, "\n".join(problems))
 
     def _autostart_state(self, configured: bool) -> bool:
@@ -322,17 +322,17 @@ class SettingsDialog(QDialog):
         if self.loaded_ok:
             self.apply_status(status)
 
-    def set_config(self, config: Dict[str, Any]) -> None:
+    def set_config(self, config: ConfigView) -> None:
         if self.loaded_ok and not self._saving:
             self._note_file_changes(config)
             self.apply_config(config, keep_edits=True)
             self._changed()
             self._show_conflicts()
 
-    def _note_file_changes(self, config: Dict[str, Any]) -> None:
+    def _note_file_changes(self, config: ConfigView) -> None:
         """Before ``config`` replaces what the fields were loaded from: remember each field the
         user changed whose value the file changed too (to something else than the user's)."""
-        if str(config.get("version") or "") == self.version:
+        if config.version == self.version:
             return
         self.file_changed.update(file_changes(config, self.fields, self.loaded, self.changes()))
 
@@ -379,10 +379,10 @@ class SettingsDialog(QDialog):
                 lambda c: (c.status(), c.config_get()), self._refreshed, lambda _m: None
             )
 
-    def _refreshed(self, result: Tuple[Status, Dict[str, Any]]) -> None:
+    def _refreshed(self, result: Tuple[Status, ConfigView]) -> None:
         status, config = result
         self.apply_status(status)
-        if str(config.get("version") or "") != self.version:  # the same bytes, the same values
+        if config.version != self.version:  # the same bytes, the same values
             self.set_config(config)
 
     # -- editing ----------------------------------------------------------------------------------
@@ -503,14 +503,14 @@ class SettingsDialog(QDialog):
 
         version: Optional[str] = self.version
 
-        def send(client: EngineClient) -> Tuple[Dict[str, Optional[str]], Dict[str, Any], bool]:
+        def send(client: EngineClient) -> Tuple[Dict[str, Optional[str]], ConfigView, bool]:
             refused: Dict[str, Optional[str]] = {}
             config = None
             v = version
             for name, value in changes.items():
                 try:
                     config = client.config_set(name, value, version=v)
-                    v = config.get("version")
+                    v = config.version
                     refused[name] = None
                 except EngineError as e:
                     if e.code == "conflict":  # edited under us: nothing more is written
@@ -518,7 +518,7 @@ class SettingsDialog(QDialog):
                     refused[name] = one_line(e)
             return refused, config if config is not None else client.config_get(), False
 
-        def done(result: Tuple[Dict[str, Optional[str]], Dict[str, Any], bool]) -> None:
+        def done(result: Tuple[Dict[str, Optional[str]], ConfigView, bool]) -> None:
             refused, config, conflict = result
             if conflict:
                 self._conflicted(config)
@@ -527,7 +527,7 @@ class SettingsDialog(QDialog):
 
         self._runner.submit(send, done, self._save_failed)
 
-    def _conflicted(self, config: Dict[str, Any]) -> None:
+    def _conflicted(self, config: ConfigView) -> None:
         """The engine found the file changed since the dialog read it: take the file's values
         where the user changed nothing, then save again (asking if the file changed the user's
         own changes)."""
@@ -541,7 +541,7 @@ class SettingsDialog(QDialog):
         set_message(self.error_label, "The settings file changed while saving; save again.")
 
     def _saved(
-        self, kept: Dict[str, Any], refused: Dict[str, Optional[str]], config: Dict[str, Any]
+        self, kept: Dict[str, Any], refused: Dict[str, Optional[str]], config: ConfigView
     ) -> None:
         self._saving = False
         self.apply_config(config)

@@ -10,20 +10,21 @@ from typing import Any, Dict, Tuple
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QPushButton, QWidget
 
+from trayapp.config.view import ConfigView
 from trayapp.ui.forms import window_title
 from trayapp.ui.settings_fields import Field, label_of, same
 
 
-def file_value(field: Field, loaded: Dict[str, Any], config: Dict[str, Any], name: str) -> Any:
+def file_value(field: Field, loaded: Dict[str, Any], config: ConfigView, name: str) -> Any:
     """The value ``config`` (``config_get()``'s answer) gives setting ``name``."""
     s = field.setting
     if name == "ui.start_at_login":
         return loaded.get(name)  # the autostart entry decides, not the file
-    return ((config.get("values") or {}).get(s.section) or {}).get(s.key, s.default)
+    return config.section(s.section).get(s.key, s.default)
 
 
 def file_changes(
-    config: Dict[str, Any],
+    config: ConfigView,
     fields: Dict[str, Field],
     loaded: Dict[str, Any],
     changes: Dict[str, Any],

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
 from trayapp.config import Paths
+from trayapp.config.view import ConfigView
 from trayapp.engine.client import (
     EngineBusy,
     EngineClient,
@@ -70,7 +71,7 @@ class EngineWorker(QThread):
     ``event_received(EngineEvent)``: an engine event, in order.
     ``connected(dict)``: ``{"started_engine": bool, "config": dict or None}`` after each
     (re)connection.
-    ``config(dict)``: the engine's settings (``config_get()``), again after a change.
+    ``config(ConfigView)``: the engine's settings (``config_get()``), again after a change.
     ``unreachable(str)``: the engine cannot be reached; the reason in one line.
     """
 
@@ -177,7 +178,7 @@ class EngineWorker(QThread):
         self.started_engine = True
         log.info("started an engine for %s (pid %d)", self.paths.home, proc.pid)
 
-    def _config(self, client: EngineClient) -> Optional[Dict[str, Any]]:
+    def _config(self, client: EngineClient) -> Optional[ConfigView]:
         try:
             return client.config_get()
         except EngineError as e:
