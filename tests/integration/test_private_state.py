@@ -460,7 +460,7 @@ def test_env_values_an_older_engine_saved_leave_the_database(paths: Paths,
     (folder / "environ.json").write_text(json.dumps({"PATH": "/usr/bin"}))
     store = Store(paths.db_file)
     now = time.time()
-    store.save_job({"id": "0ld0b123", "name": "old", "state": "finished", "started": now - 60,
+    store.save_row({"id": "0ld0b123", "name": "old", "state": "finished", "started": now - 60,
                     "ended": now - 50, "spec": spec, "exit_code": 0})
     store.close()
     assert SECRET.encode() in db_bytes(paths)

@@ -139,7 +139,7 @@ def test_a_job_on_the_wire_is_its_record(paths: Paths, store: Store) -> None:
         done = until(manager, lambda: manager.get(job["id"])["state"] == "finished" and
                      manager.get(job["id"]))
         assert set(done) == FIELDS and done["exit_code"] == 0
-        assert JobRecord.from_json(store.get_job(job["id"])).to_json() == done
+        assert store.get_job(job["id"]).to_json() == done
         (rec,) = [r for r in manager.list(include_finished=True) if r.id == job["id"]]
         assert rec.to_json() == done
         # Every event about the job names it.
@@ -153,10 +153,10 @@ def test_a_job_on_the_wire_is_its_record(paths: Paths, store: Store) -> None:
 def test_adoption_leaves_out_a_saved_row_it_cannot_read(paths: Paths, store: Store,
                                                         caplog: pytest.LogCaptureFixture
                                                         ) -> None:
-    store.save_job({"id": "0bad0001", "name": "weird", "state": "exploded", "started": 3.0})
-    store.save_job({"id": "0bad0002", "name": "old", "state": "parked", "started": 2.0,
+    store.save_row({"id": "0bad0001", "name": "weird", "state": "exploded", "started": 3.0})
+    store.save_row({"id": "0bad0002", "name": "old", "state": "parked", "started": 2.0,
                     "park_by": "guard", "checkpoint": True, "pid": "not a pid"})
-    store.save_job({"id": "0bad0003", "name": "gone", "state": "running", "started": 1.0,
+    store.save_row({"id": "0bad0003", "name": "gone", "state": "running", "started": 1.0,
                     "pid": "abc", "pids": "x"})
     store.flush()
     with sqlite3.connect(paths.db_file) as conn:  # a row an older Headroom left, not an object

@@ -296,7 +296,7 @@ def test_an_engine_adopting_a_poisoned_saved_job_can_list_it(tmp_path: Any,
         for _ in range(600):
             deep = [deep]
         # What an earlier engine kept of a job that sent the poisoned progress, then was parked.
-        store.save_job({"id": "feedf00d", "name": "old", "state": "parked", "started": 1.0,
+        store.save_row({"id": "feedf00d", "name": "old", "state": "parked", "started": 1.0,
                         "pids": [], "tf_memory": deep, "notes": [], "metrics": {}})
         manager = JobManager(paths, store, emit=lambda *a, **k: None, subreaper=False)
         try:

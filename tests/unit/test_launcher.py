@@ -115,7 +115,7 @@ def _saved_job(store: Store, paths: Paths, job_id: str, name: str, text: str = "
     log = paths.jobs_dir / job_id / "log"
     log.parent.mkdir(parents=True)
     log.write_bytes(text.encode())
-    store.save_job({"id": job_id, "name": name, "state": state, "started": time.time(),
+    store.save_row({"id": job_id, "name": name, "state": state, "started": time.time(),
                     "ended": time.time(), "log_path": str(log)})
     return log
 
@@ -181,7 +181,7 @@ def test_a_job_runs_to_its_exit_status(manager: JobManager, store: Store,
                  manager.get(job["id"]))
     assert done["exit_code"] == 3 and done["pids"] == []
     assert manager.active_count() == 0
-    assert store.get_job(job["id"])["state"] == "failed"
+    assert store.get_job(job["id"]).state == "failed"
     assert events.kinds() == ["job_started", "job_failed"]
     assert events.seen[1]["level"] == "error"
 

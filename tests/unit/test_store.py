@@ -19,6 +19,9 @@ import pytest
 from trayapp.engine import store as store_module
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.store import SCHEMA_VERSION, Store
+from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record_parts import Note
+from trayapp.vocab import JobState as S
 
 T0 = 1_800_000_000.0  # a whole minute (divisible by 60)
 REPO = Path(__file__).resolve().parents[2]
@@ -192,9 +195,9 @@ def test_retention_drops_raw_after_raw_hours_and_the_rest_after_keep_days(
         for i in range(0, 120):
             s.add_sample(T0 + i, {"a": float(i)})
         s.add_event("old", "an old event", t=T0)
-        s.save_job({"id": "done", "state": "exited", "started": T0, "ended": T0 + 10})
-        s.save_job({"id": "parked", "state": "parked", "started": T0, "ended": T0 + 10})
-        s.save_job({"id": "running", "state": "running", "started": T0, "ended": None})
+        s.save_row({"id": "done", "state": "exited", "started": T0, "ended": T0 + 10})
+        s.save_row({"id": "parked", "state": "parked", "started": T0, "ended": T0 + 10})
+        s.save_row({"id": "running", "state": "running", "started": T0, "ended": None})
         clock.t = T0 + 120
         s.flush()
         assert rows(db, "SELECT COUNT(*) FROM samples")[0][0] == 120
@@ -211,7 +214,7 @@ def test_retention_drops_raw_after_raw_hours_and_the_rest_after_keep_days(
         s.flush()
         assert rows(db, "SELECT MIN(m) FROM minutes")[0][0] * 60 >= clock.t - 86400 - 60
         assert s.events() == []
-        assert sorted(j["id"] for j in s.list_jobs()) == ["parked", "running"]
+        assert sorted(j["id"] for j in s.rows()) == ["parked", "running"]
         # The series "a" left nothing behind and is gone; the others stay.
         assert {n for (n,) in rows(db, "SELECT name FROM series")} == {"b", "c"}
 
@@ -254,6 +257,25 @@ def test_history_with_a_backwards_or_bad_range_is_empty(store: Store):
 # Events and jobs
 
 
+def test_job_records_round_trip_and_a_row_that_is_not_one_is_left_out(
+        store: Store, db: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The store takes and returns job records; a row it cannot read into one (written by
+    something else, or poisoned by an earlier engine) is left out and said, not raised."""
+    rec = JobRecord(id="j1", name="mnist", state=S.RUNNING.value, started=T0, pid=42,
+                    batch=64, notes=(Note("loss is not a number", "warn", T0),))
+    store.save_job(rec)
+    assert store.get_job("j1") == rec
+    store.save_row({"id": "j2", "name": "odd", "state": "exploded", "started": T0 + 1})
+    store.save_row({"id": "j3", "name": "deep", "state": "parked", "started": T0 + 2,
+                    "notes": [{"level": "warn", "message": "\x1b]0;x\x07" * 3}]})
+    with caplog.at_level(logging.WARNING, logger="headroom.jobs"):
+        listed = store.list_jobs()
+        assert store.get_job("j2") is None
+    assert [r.id for r in listed] == ["j3", "j1"]
+    assert "j2: its saved record cannot be read" in caplog.text
+    assert all(n.message.isprintable() for n in listed[0].notes)
+    assert [r.id for r in store.list_jobs(keep=lambda row: row["id"] == "j1")] == ["j1"]
+
 def test_events_round_trip_and_are_written_at_once(store: Store, db: Path, clock: Clock):
     e = store.add_event("job_started", "Job j1 started", job_id="j1", data={"pid": 42})
     assert e.id is not None
@@ -280,19 +302,19 @@ def test_events_round_trip_and_are_written_at_once(store: Store, db: Path, clock
 def test_jobs_round_trip_upsert_and_order(store: Store):
     j1 = {"id": "j1", "name": "mnist", "state": "running", "pid": 10, "started": T0,
           "ended": None, "exit_code": None, "spec": {"script": "train.py", "gpus": [0]}}
-    store.save_job(j1)
-    store.save_job({"id": "j2", "name": "cifar", "state": "running", "started": T0 + 5})
-    store.save_job({"id": "j0", "name": "queued", "state": "starting", "started": None})
-    assert store.get_job("j1") == j1
-    assert store.get_job("missing") is None
-    assert [j["id"] for j in store.list_jobs()] == ["j0", "j2", "j1"]
-    store.save_job({**j1, "state": "exited", "ended": T0 + 60, "exit_code": 0})
-    assert store.get_job("j1")["exit_code"] == 0
-    assert [j["id"] for j in store.list_jobs()] == ["j0", "j2", "j1"]
-    assert [j["id"] for j in store.list_jobs(include_finished=False)] == ["j0", "j2"]
-    assert [j["id"] for j in store.list_jobs(limit=1)] == ["j0"]
-    store.save_job({"name": "no id"})  # logged, not raised
-    assert len(store.list_jobs()) == 3
+    store.save_row(j1)
+    store.save_row({"id": "j2", "name": "cifar", "state": "running", "started": T0 + 5})
+    store.save_row({"id": "j0", "name": "queued", "state": "starting", "started": None})
+    assert store.row("j1") == j1
+    assert store.row("missing") is None
+    assert [j["id"] for j in store.rows()] == ["j0", "j2", "j1"]
+    store.save_row({**j1, "state": "exited", "ended": T0 + 60, "exit_code": 0})
+    assert store.row("j1")["exit_code"] == 0
+    assert [j["id"] for j in store.rows()] == ["j0", "j2", "j1"]
+    assert [j["id"] for j in store.rows(include_finished=False)] == ["j0", "j2"]
+    assert [j["id"] for j in store.rows(limit=1)] == ["j0"]
+    store.save_row({"name": "no id"})  # logged, not raised
+    assert len(store.rows()) == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +358,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_data(db: Path, clock: Cl
         assert rows(db, "SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
         assert s.history(T0 - 60, T0)["series"]["mem.used"] == {"t": [T0 - 10], "v": [5.0]}
         assert [e.message for e in s.events()] == ["hi"]
-        assert [j["id"] for j in s.list_jobs(include_finished=False)] == ["live"]
+        assert [j["id"] for j in s.rows(include_finished=False)] == ["live"]
         assert rows(db, "SELECT id, ended, finished FROM jobs ORDER BY id") == [
             ("live", None, 0), ("old", T0 - 50, 1)]
     assert SCHEMA_VERSION == len(store_module.MIGRATIONS) >= 2
@@ -420,8 +442,8 @@ def test_a_corrupt_file_is_moved_aside_and_a_new_one_made(db: Path, clock: Clock
         # The new database works.
         s.add_sample(T0, {"a": 1.0})
         s.flush()
-        s.save_job({"id": "j", "state": "running"})
-        assert s.get_job("j") == {"id": "j", "state": "running"}
+        s.save_row({"id": "j", "state": "running"})
+        assert s.row("j") == {"id": "j", "state": "running"}
         assert s.write_error is None
     assert rows(db, "SELECT COUNT(*) FROM samples") == [(1,)]
     assert any(str(moved) in r.getMessage() for r in caplog.records)
@@ -494,9 +516,9 @@ def test_nothing_raises_after_close(store: Store):
     store.add_sample(T0 + 1, {"a": 2.0})
     store.flush()
     assert store.add_event("x", "y").id is None
-    store.save_job({"id": "j"})
-    assert store.get_job("j") is None
-    assert store.list_jobs() == [] and store.events() == []
+    store.save_row({"id": "j"})
+    assert store.row("j") is None
+    assert store.rows() == [] and store.events() == []
     assert store.history(T0 - 1, T0 + 2)["series"]["a"]["v"] == [2.0]  # still buffered
     store.close()
 
@@ -641,7 +663,7 @@ def test_reads_from_other_threads_while_the_engine_writes(db: Path):
                     s.flush()
                 if i % 300 == 0:
                     s.add_event("tick", str(i))
-                    s.save_job({"id": "j", "state": "running", "step": i})
+                    s.save_row({"id": "j", "state": "running", "step": i})
         except BaseException as e:  # pragma: no cover - reported by the assert below
             errors.append(e)
         finally:
@@ -668,7 +690,7 @@ def test_reads_from_other_threads_while_the_engine_writes(db: Path):
                 for e in s.events(after_id=after):
                     assert e.id > after
                     after = e.id
-                assert s.get_job("j") is None or s.get_job("j")["state"] == "running"
+                assert s.row("j") is None or s.row("j")["state"] == "running"
                 seen["events"] += 1
         except BaseException as e:
             errors.append(e)

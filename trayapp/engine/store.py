@@ -32,6 +32,8 @@ from trayapp.engine import store_schema as schema
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.store_history import Row
 from trayapp.engine.store_schema import MIGRATIONS, REASON_CHARS, SCHEMA_VERSION
+from trayapp.jobs import saved
+from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 
@@ -460,7 +462,34 @@ class Store:
     # -----------------------------------------------------------------------------------------
     # Jobs
 
-    def save_job(self, job: Dict[str, Any]) -> None:
+    def save_job(self, rec: JobRecord) -> None:
+        """Insert or replace the job's record (``save_row`` of its JSON)."""
+        self.save_row(rec.to_json())
+
+    def get_job(self, job_id: str) -> Optional[JobRecord]:
+        """The saved job's record, read back with the checks (``jobs.saved.read``); None when
+        there is none, it cannot be read, or on a database error."""
+        return saved.read(self.row(job_id))
+
+    def list_jobs(
+        self,
+        include_finished: bool = True,
+        limit: int = 200,
+        keep: Optional[Callable[[Dict[str, Any]], bool]] = None,
+        adopting: bool = False,
+    ) -> List[JobRecord]:
+        """The saved jobs' records, newest start first (``rows``); with ``keep``, only the rows
+        it keeps are read; a row that cannot be read is left out (logged)."""
+        out = []
+        for data in self.rows(include_finished, limit):
+            if keep is not None and not keep(data):
+                continue
+            rec = saved.read(data, adopting=adopting)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def save_row(self, job: Dict[str, Any]) -> None:
         """Insert or replace the job with ``job["id"]``. The whole dict is kept as JSON.
 
         A job counts as finished (and is dropped after ``keep_days``) once it has an ``ended``
@@ -492,9 +521,7 @@ class Store:
         with self._lock:
             changed = [
                 j
-                for j in (
-                    change(job) for job in self.list_jobs(include_finished=True, limit=1_000_000)
-                )
+                for j in (change(job) for job in self.rows(include_finished=True, limit=1_000_000))
                 if j is not None
             ]
             if not changed or self._conn is None:
@@ -507,7 +534,7 @@ class Store:
                 before = None
             try:
                 for job in changed:
-                    self.save_job(job)
+                    self.save_row(job)
             finally:
                 try:
                     if before is not None:
@@ -519,8 +546,8 @@ class Store:
                     )
             return len(changed)
 
-    def get_job(self, job_id: str) -> Optional[Dict[str, Any]]:
-        """The saved job dict, or None when there is none (or on a database error)."""
+    def row(self, job_id: str) -> Optional[Dict[str, Any]]:
+        """The saved job's JSON, or None when there is none (or on a database error)."""
         with self._lock:
             try:
                 row = (
@@ -533,8 +560,9 @@ class Store:
                 return None
         return store_rows.job_of(row[0]) if row else None
 
-    def list_jobs(self, include_finished: bool = True, limit: int = 200) -> List[Dict[str, Any]]:
-        """Saved jobs, newest start first (not yet started ones first of all); ``[]`` on error."""
+    def rows(self, include_finished: bool = True, limit: int = 200) -> List[Dict[str, Any]]:
+        """Saved jobs' JSON, newest start first (not yet started ones first of all); ``[]`` on
+        error. As written: ``list_jobs`` reads them into records."""
         with self._lock:
             try:
                 found = (

@@ -278,10 +278,10 @@ class JobManager:
         rest end as "lost", or as the runner's ``bye`` said. A saved record that cannot be read
         is left out (logged). Returns the adopted ids."""
         adopted: List[str] = []
-        for saved in self.table.store.list_jobs(include_finished=False, limit=ADOPT_LIMIT):
+        saved = self.table.store.list_jobs(include_finished=False, limit=ADOPT_LIMIT, adopting=True)
+        for rec in saved:
             with self.table.lock:
-                rec = self.table.stored(saved, adopting=True)
-                if rec is None or rec.id in self.table.jobs or not self._adopt(rec):
+                if rec.id in self.table.jobs or not self._adopt(rec):
                     continue
             adopted.append(rec.id)
             self.table.emit(

@@ -81,7 +81,7 @@ class JobTable:
             return self.jobs[ref]
         if ref in self.ended:
             return self.ended[ref]
-        saved = self.stored(self.store.get_job(ref))
+        saved = self.store.get_job(ref)
         if saved is not None:
             return saved
         found = _match(ref, {j.id: j.rec.name for j in self.jobs.values()})
@@ -104,50 +104,18 @@ class JobTable:
 
     # -- the store ----------------------------------------------------------------------------
 
-    def stored(self, data: Any, *, adopting: bool = False) -> Optional[JobRecord]:
-        """A job record read back from the store: the fields that came from the job's messages
-        checked again (an earlier engine's record is not trusted), then read field by field.
-        None for no record, or one that cannot be read (logged, and left out)."""
-        if not isinstance(data, dict):
-            return None
-        job_id = data.get("id")
-        try:
-            reset = messages.clean_record(data)
-            if reset and adopting:
-                log.warning(
-                    "job %s: its saved %s did not pass the checks; reset",
-                    one(job_id),
-                    ", ".join(reset),
-                )
-            if data.get("state") not in vocab.ALL:
-                raise Refused(f"its state {one(data.get('state'))} is not a job state")
-            return JobRecord.from_json(data)
-        except Exception as e:  # any row at all: one that cannot be read must not stop the rest
-            log.warning(
-                "job %s: its saved record cannot be read (%s); left out",
-                one(job_id),
-                one_line(e, 200),
-            )
-            return None
-
     def stored_list(
         self, include_finished: bool, limit: int, keep: Optional[Callable[[Any], bool]] = None
     ) -> List[JobRecord]:
-        """The saved records; with ``keep``, only the rows it keeps are read into records (a
-        record is read with the checks of the job's messages: not for every row, every push)."""
-        out = []
-        for data in self.store.list_jobs(include_finished=include_finished, limit=limit):
-            if keep is not None and not keep(data):
-                continue
-            rec = self.stored(data)
-            if rec is not None:
-                out.append(rec)
-        return out
+        """The saved records (``Store.list_jobs``); with ``keep``, only the rows it keeps are
+        read into records (a record is read with the checks of the job's messages: not for
+        every row, every push)."""
+        return self.store.list_jobs(include_finished=include_finished, limit=limit, keep=keep)
 
     def save(self, job: Job) -> None:
         job.dirty = False
         job.last_saved = time.monotonic()
-        self.store.save_job(job.rec.to_json())
+        self.store.save_job(job.rec)
 
     def retire(self, job: Job) -> None:
         """An ended job leaves the live set; the last ones are kept at hand."""
@@ -251,10 +219,3 @@ def _match(ref: str, names: Dict[str, str]) -> Optional[str]:
         if len(hits) > 1:
             raise Unknown(f"{ref} matches {len(hits)} jobs ({', '.join(hits[:5])}); use the id")
     return None
-
-
-def one(value: Any) -> str:
-    """A value of a saved record, short, for a log line (a plain id as it is)."""
-    if isinstance(value, str) and len(value) <= 80 and value.isprintable():
-        return value
-    return repr(value)[:80]
