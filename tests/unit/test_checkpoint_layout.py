@@ -108,7 +108,7 @@ ON_DISK = [name for name in BAD if name and "/" not in name]
 def test_the_runner_engine_and_job_manager_leave_a_look_alike_alone(
         tmp_path: Path, name: str) -> None:
     _checkpoint(tmp_path / name)
-    assert ck.list_checkpoints(str(tmp_path))["checkpoints"] == []
+    assert ck.list_checkpoints(str(tmp_path)).checkpoints == ()
     with pytest.raises(ValueError):
         ck.checkpoint_name(str(tmp_path), name)
     assert not cf.holds_checkpoint(str(tmp_path))
@@ -121,7 +121,7 @@ def test_the_runner_engine_and_job_manager_leave_a_look_alike_alone(
 def test_the_runner_engine_and_job_manager_take_a_runner_folder(tmp_path: Path) -> None:
     _checkpoint(Path(_runner_dir(tmp_path, 1)), epoch=3, done=0)
     _checkpoint(Path(_runner_dir(tmp_path, 2)), epoch=7, done=5)
-    assert [c["fit"] for c in ck.list_checkpoints(str(tmp_path))["checkpoints"]] == [1, 2]
+    assert [c.fit for c in ck.list_checkpoints(str(tmp_path)).checkpoints] == [1, 2]
     assert ck.checkpoint_name(str(tmp_path), "fit-2") == "fit-2"
     assert cf.holds_checkpoint(str(tmp_path))
     assert cf.checkpoint_position(str(tmp_path)) == (" (epoch 8, batch 5)", False)  # the last fit

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import REPO, EngineProcess, wait_for
 from trayapp.engine import checkpoints as ck
+from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.client import EngineError
 from trayapp.engine.protocol import ProtocolError, parse_request
 from trayapp.jobs.options import JobSpec
@@ -38,14 +39,16 @@ def test_a_listing_gives_each_fit_with_its_epoch_step_size_and_time(tmp_path: Pa
     (tmp_path / "fit-x").mkdir()  # not a checkpoint: left out
     (tmp_path / "fit-9").mkdir()  # a fit folder of nothing the runner writes: left out
     listing = ck.list_checkpoints(str(tmp_path))
-    assert listing["exists"] is True
-    first, second = listing["checkpoints"]
-    assert (first["name"], first["epoch"], first["step"], first["time"]) == \
+    assert listing.exists is True
+    first, second = listing.checkpoints
+    assert (first.name, first.epoch, first.step, first.time) == \
         ("fit-1", 14, 67, 1796050000.0)  # 134 micro-batches of 2: 67 steps
-    assert first["size_bytes"] == 1000 + (tmp_path / "fit-1" / ck.METADATA_FILE).stat().st_size
-    assert (second["name"], second["epoch"], second["step"]) == ("fit-2", 3, 0)
+    assert first.size_bytes == 1000 + (tmp_path / "fit-1" / ck.METADATA_FILE).stat().st_size
+    assert (second.name, second.epoch, second.step) == ("fit-2", 3, 0)
+    assert listing.later_than("fit-1") == ["fit-2"] and listing.later_than("fit-2") == []
+    assert CheckpointListing.from_json(listing.to_json()) == listing  # as the client reads it
     assert ck.list_checkpoints(str(tmp_path / "gone")) == \
-        {"folder": str(tmp_path / "gone"), "exists": False, "checkpoints": []}
+        CheckpointListing(None, str(tmp_path / "gone"), False, ())
 
 
 def test_a_delete_removes_the_runners_files_and_keeps_the_users(tmp_path: Path) -> None:
@@ -117,14 +120,14 @@ def test_the_engine_lists_and_deletes_only_in_the_jobs_folder(engine: EngineProc
         _fit(folder, 2, 0, 5)
         os.symlink(victim, folder / "fit-3")
         listing = c.job_checkpoints(job["id"])
-        assert [(x["name"], x["epoch"], x["step"]) for x in listing["checkpoints"]] == \
+        assert [(x.name, x.epoch, x.step) for x in listing.checkpoints] == \
             [("fit-1", 14, 67), ("fit-2", 0, 5)]
         for hostile in ("fit-3", str(victim), "../victim", str(folder / ".." / "victim")):
             with pytest.raises(EngineError):
                 c.job_checkpoint_delete(job["id"], hostile)
         assert (victim / "latest.weights.h5").read_text() == "precious"
         assert c.job_checkpoint_delete(job["id"], "fit-2")["deleted"] == "fit-2"
-        assert [x["name"] for x in c.job_checkpoints(job["id"])["checkpoints"]] == ["fit-1"]
+        assert [x.name for x in c.job_checkpoints(job["id"]).checkpoints] == ["fit-1"]
         with pytest.raises(EngineError, match="no job"):
             c.job_checkpoints("nosuchjob")
         # A live job may be writing its checkpoint: none of it is deleted under it.
@@ -135,3 +138,15 @@ def test_the_engine_lists_and_deletes_only_in_the_jobs_folder(engine: EngineProc
             assert (folder / "fit-1" / "latest.weights.h5").exists()
         finally:
             c.job_action(live["id"], "kill")
+
+
+def test_a_garbled_listing_reads_as_the_checkpoints_that_can_be_read() -> None:
+    good = {"name": "fit-2", "fit": 2, "epoch": 3, "step": True, "time": "then", "weights": 1}
+    listing = CheckpointListing.from_json({
+        "job": 7, "folder": ["x"], "exists": "yes",
+        "checkpoints": [good, {"name": "fit-1"}, {"fit": 1}, "fit-3", None, {"fit": 4}]})
+    assert listing.job is None and listing.folder is None and listing.exists is False
+    (only,) = listing.checkpoints
+    assert (only.name, only.fit, only.epoch, only.step, only.time, only.weights) == \
+        ("fit-2", 2, 3, None, None, False)
+    assert CheckpointListing.from_json("not a listing") == CheckpointListing()

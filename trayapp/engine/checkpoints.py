@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional
 
 from trayapp import vocab
 from trayapp.channel import Peer
+from trayapp.engine.checkpoint_record import CheckpointInfo, CheckpointListing
 from trayapp.errors import Refused
 from trayapp.runner import layout
 
@@ -45,7 +46,7 @@ def _metadata(folder: str) -> Dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def describe(folder: str, name: str) -> Optional[Dict[str, Any]]:
+def describe(folder: str, name: str) -> Optional[CheckpointInfo]:
     """One ``fit-<n>`` folder of ``folder`` as the listing gives it, or None when ``name`` is
     not a checkpoint folder (not ``fit-<n>``, not a real folder, no runner file in it)."""
     fit = layout.parse_fit_dir(name)
@@ -73,32 +74,32 @@ def describe(folder: str, name: str) -> Optional[Dict[str, Any]]:
     extra: Dict[str, Any] = found if isinstance(found, dict) else {}
     done, accumulation = _count(extra.get("batches_done")), _count(extra.get("accumulation"))
     saved = extra.get("time")
-    return {
-        "name": name,
-        "path": path,
-        "fit": fit,
-        "epoch": _count(data.get("epoch")),
-        "step": done // accumulation if done is not None and accumulation else done,
-        "finished": extra.get("finished") is True,
-        "time": float(saved)
+    return CheckpointInfo(
+        name=name,
+        path=path,
+        fit=fit,
+        epoch=_count(data.get("epoch")),
+        step=done // accumulation if done is not None and accumulation else done,
+        finished=extra.get("finished") is True,
+        time=float(saved)
         if isinstance(saved, (int, float)) and not isinstance(saved, bool) and 0 < saved < 1e11
         else newest,
-        "size_bytes": size,
-        "weights": os.path.isfile(os.path.join(path, WEIGHTS_FILE)),
-    }
+        size_bytes=size,
+        weights=os.path.isfile(os.path.join(path, WEIGHTS_FILE)),
+    )
 
 
-def list_checkpoints(folder: Optional[str]) -> Dict[str, Any]:
-    """``{"folder", "exists", "checkpoints": [describe(...), ...]}`` in fit order."""
+def list_checkpoints(folder: Optional[str], job: Optional[str] = None) -> CheckpointListing:
+    """The ``fit-<n>`` folders of ``folder`` (``describe``), in fit order."""
     if not folder:
-        return {"folder": None, "exists": False, "checkpoints": []}
+        return CheckpointListing(job)
     try:
         names = [n for n in os.listdir(folder) if layout.parse_fit_dir(n) is not None][:MAX_LISTED]
     except OSError:
-        return {"folder": folder, "exists": False, "checkpoints": []}
+        return CheckpointListing(job, folder)
     found = [d for d in (describe(folder, n) for n in names) if d is not None]
-    found.sort(key=lambda d: d["fit"])
-    return {"folder": folder, "exists": True, "checkpoints": found}
+    found.sort(key=lambda d: d.fit)
+    return CheckpointListing(job, folder, True, tuple(found))
 
 
 def checkpoint_name(folder: str, given: str) -> str:
@@ -183,9 +184,7 @@ def handlers(find_job: JobLookup) -> Dict[str, Callable[[Peer, Dict[str, Any]], 
 
     def op_list(peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         job = find_job(args["job"])
-        result = list_checkpoints(job.get("checkpoint_dir"))
-        result["job"] = job.get("id")
-        return result
+        return list_checkpoints(job.get("checkpoint_dir"), job.get("id")).to_json()
 
     def op_delete(peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
         job = find_job(args["job"])

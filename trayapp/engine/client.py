@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 from trayapp import private
 from trayapp.config import Paths
 from trayapp.config.view import ConfigView
+from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 from trayapp.engine.status_record import Status
@@ -328,9 +329,9 @@ class EngineClient:
     ) -> Dict[str, Any]:
         return self.request("job_log", job=job, offset=offset, max_bytes=max_bytes)
 
-    def job_checkpoints(self, job: str) -> Dict[str, Any]:
+    def job_checkpoints(self, job: str) -> CheckpointListing:
         """The job's checkpoints (``engine.checkpoints.list_checkpoints``)."""
-        return self.request("job_checkpoints", job=job)
+        return CheckpointListing.from_json(self.request("job_checkpoints", job=job))
 
     def job_checkpoint_delete(self, job: str, checkpoint: str) -> Dict[str, Any]:
         """Delete one of the job's checkpoints (its ``fit-<n>`` name or path)."""

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from trayapp import formats
+from trayapp.engine.checkpoint_record import CheckpointInfo, CheckpointListing
 from trayapp.engine.client import EngineClient
 from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
@@ -42,7 +43,7 @@ class CheckpointPane(QWidget):
 
     def __init__(self, parent: Optional[QWidget] = None):
         super().__init__(parent)
-        self.listing: Dict[str, Any] = {}
+        self.listing = CheckpointListing()
         self.job: Optional[JobRecord] = None
         layout = QVBoxLayout(self)
         self.folder_label = plain_label()
@@ -83,22 +84,22 @@ class CheckpointPane(QWidget):
         layout.addLayout(bar)
 
     def clear(self) -> None:
-        self.listing, self.job = {}, None
+        self.listing, self.job = CheckpointListing(), None
         self.tree.clear()
         self.folder_label.setText("")
         say(self.error, None)
         self._update_buttons()
 
-    def show_listing(self, job: Optional[JobRecord], listing: Dict[str, Any]) -> None:
+    def show_listing(self, job: Optional[JobRecord], listing: CheckpointListing) -> None:
         """Show the engine's listing of ``job``'s checkpoints; the selection stays on its
         checkpoint."""
-        self.job, self.listing = job, listing or {}
+        self.job, self.listing = job, listing
         current = self.selected()
-        folder = self.listing.get("folder")
-        found = self.listing.get("checkpoints") or []
+        folder = self.listing.folder
+        found = self.listing.checkpoints
         if not folder:
             text = "This job has no checkpoint folder: launch it with one to keep checkpoints."
-        elif not self.listing.get("exists"):
+        elif not self.listing.exists:
             text = f"{folder} does not exist (yet): the job saves its first checkpoint there."
         elif not found:
             text = f"No checkpoint in {folder} yet."
@@ -109,9 +110,9 @@ class CheckpointPane(QWidget):
         now = time.time()
         for ck in found:  # a checkpoint's name is a file's, which the job wrote
             item = QTreeWidgetItem([one_line(cell) for cell in checkpoint_row(ck, now)])
-            item.setToolTip(0, plain_tip(str(ck.get("path"))))
+            item.setToolTip(0, plain_tip(ck.path))
             self.tree.addTopLevelItem(item)
-            if ck.get("name") == current:
+            if ck.name == current:
                 self.tree.setCurrentItem(item)
         if self.tree.currentItem() is None and self.tree.topLevelItemCount():
             last = self.tree.topLevelItem(self.tree.topLevelItemCount() - 1)
@@ -177,33 +178,33 @@ def say(label: QLabel, text: Optional[str]) -> None:
     label.setToolTip(plain_tip(text))
 
 
-def _where(ck: Dict[str, Any]) -> str:
-    return formats.checkpoint_at(ck.get("epoch"), ck.get("step")) or "where not known"
+def _where(ck: CheckpointInfo) -> str:
+    return formats.checkpoint_at(ck.epoch, ck.step) or "where not known"
 
 
-def delete_question(job: JobRecord, ck: Dict[str, Any]) -> str:
+def delete_question(job: JobRecord, ck: CheckpointInfo) -> str:
     """What the delete confirmation asks."""
     return (
-        f"Delete checkpoint {ck.get('name')} of {job.name} ({job.id}), saved at "
-        f"{_where(ck)}? Its files in {ck.get('path')} are deleted; that fit() of the "
+        f"Delete checkpoint {ck.name} of {job.name} ({job.id}), saved at "
+        f"{_where(ck)}? Its files in {ck.path} are deleted; that fit() of the "
         "script then starts over when the job is resumed."
     )
 
 
-def continue_question(job: JobRecord, ck: Dict[str, Any], later: List[str]) -> str:
+def continue_question(job: JobRecord, ck: CheckpointInfo, later: List[str]) -> str:
     """What the continue confirmation asks: how the job is launched, what is deleted."""
     how = (
         "It resumes under its own id"
         if job.state == S.PARKED or job.resumable
         else "A new job is launched with the same script and options and --resume"
     )
-    text = f"Continue {job.name} ({job.id}) from {ck.get('name')} ({_where(ck)})? {how}."
+    text = f"Continue {job.name} ({job.id}) from {ck.name} ({_where(ck)})? {how}."
     if later:
         text += (
             f" The checkpoints of the later fits ({', '.join(later)}) are deleted first, "
             "so that those fits train again from their start."
         )
-    if ck.get("finished"):
+    if ck.finished:
         text += " That fit() had finished: it trains no more, the script goes on after it."
     return text
 

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trayapp import formats, vocab
 from trayapp.config import format_bytes
+from trayapp.engine.checkpoint_record import CheckpointInfo
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.record_parts import Checkpoint
@@ -403,31 +404,14 @@ def curve_data(curves: Optional[Mapping[str, Any]]) -> Tuple[CurveData, CurveDat
 CHECKPOINT_COLUMNS = ("Checkpoint", "Where", "Size", "Saved")
 
 
-def checkpoint_row(ck: Mapping[str, Any], now: float) -> Tuple[str, str, str, str]:
+def checkpoint_row(ck: CheckpointInfo, now: float) -> Tuple[str, str, str, str]:
     """A checkpoint as the manager's table shows it: ``("fit-1", "epoch 15, batch 67",
     "1.2 MiB", "14:03:27")``; "finished" is said with where it ended."""
-    where = formats.checkpoint_at(ck.get("epoch"), ck.get("step")) or "not known"
-    if ck.get("finished"):
+    where = formats.checkpoint_at(ck.epoch, ck.step) or "not known"
+    if ck.finished:
         where = f"finished ({where})"
-    if not ck.get("weights"):
+    if not ck.weights:
         where += " · no weights file"
-    saved = ck.get("time")
-    when = formats.started(float(saved), now) if isinstance(saved, (int, float)) else "n/a"
-    size = ck.get("size_bytes")
-    return (
-        str(ck.get("name")),
-        where,
-        format_bytes(size) if isinstance(size, (int, float)) else "n/a",
-        when,
-    )
-
-
-def later_checkpoints(listing: Mapping[str, Any], name: str) -> List[str]:
-    """The checkpoints of fits after ``name``'s (``fit-3`` and ``fit-4`` after ``fit-2``): a
-    relaunch with --resume would continue from the last of them, so continuing from ``name``
-    deletes them first."""
-    found = [c for c in listing.get("checkpoints") or [] if isinstance(c, Mapping)]
-    fit = next((c.get("fit") for c in found if c.get("name") == name), None)
-    if not isinstance(fit, int):
-        return []
-    return [str(c.get("name")) for c in found if isinstance(c.get("fit"), int) and c["fit"] > fit]
+    when = formats.started(ck.time, now) if ck.time is not None else "n/a"
+    size = format_bytes(ck.size_bytes) if ck.size_bytes is not None else "n/a"
+    return (ck.name, where, size, when)

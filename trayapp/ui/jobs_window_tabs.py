@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
+from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.record import JobRecord
@@ -27,7 +28,7 @@ from trayapp.ui.job_details import (
     chart_request,
     options_tree,
 )
-from trayapp.ui.job_rows import FINISHED_STATES, later_checkpoints
+from trayapp.ui.job_rows import FINISHED_STATES
 from trayapp.ui.jobs_table import JobsModel
 from trayapp.ui.worker import CallRunner
 
@@ -250,7 +251,7 @@ class DetailTabs:
             lambda m: self.checkpoint_pane.show_error(one_line(m)),
         )
 
-    def _got_checkpoints(self, job_id: str, listing: Dict[str, Any]) -> None:
+    def _got_checkpoints(self, job_id: str, listing: CheckpointListing) -> None:
         if job_id == self._w.selected_id:
             self.checkpoint_pane.show_listing(self._w.model.job(job_id), listing)
 
@@ -259,12 +260,12 @@ class DetailTabs:
         or continue the job from it (asks first)."""
         job = self._w.selected_job()
         listing = self.checkpoint_pane.listing
-        found = next((c for c in listing.get("checkpoints") or [] if c.get("name") == name), None)
+        found = listing.named(name)
         if job is None or found is None:
             return
         pane = self.checkpoint_pane
         if action == "open":
-            path = str(found.get("path"))
+            path = found.path
             if not QDesktopServices.openUrl(QUrl.fromLocalFile(path)):
                 pane.show_error(f"No file manager opened {path}.")
             return
@@ -278,7 +279,7 @@ class DetailTabs:
                 lambda m: pane.show_error(one_line(m)),
             )
             return
-        later = later_checkpoints(listing, name)
+        later = listing.later_than(name)
         if not self._w.confirm(job_checkpoints.continue_question(job, found, later)):
             return
         self._w._runner.submit(
