@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.unit.test_guard import GiB, Guard, MiB, acts, job, paused, pct
+from tests.unit.test_guard import GiB, Guard, MiB, acts, job, paused, pct, reading
+from trayapp.engine.guard import GuardInput, still_holds
 from trayapp.jobs.record import JobRecord, smaller_accumulation
 
 
@@ -24,6 +25,30 @@ def test_a_job_that_can_shrink_is_paused_at_its_budget_then_parked_smaller() -> 
     park = d.actions[-1]
     assert park.data["smaller"] == 2 and park.cause == "budget_ram"
     assert "micro-batches of 128 x 2 (the same training)" in park.reason
+
+
+def test_a_job_paused_at_a_peak_over_its_budget_is_parked_smaller_once_under_it() -> None:
+    """A fit's step goes over the budget for a moment (its peak) and the guard's pause lands
+    as a suspend in the middle of the step, frozen under the budget: it went over at this
+    batch and would again, and it can never resume (its need does not fit the budget), so it
+    is parked smaller all the same, not left paused for good."""
+    g = Guard()
+    assert acts(g.tick(0.0, pct(60), [shrinking()])) == [("pause", "j1")]
+    frozen = replace(g.jobs["j1"], rss_bytes=200 * MiB)  # under the 300 MiB budget now
+    d = g.tick(1.0, pct(60), [frozen])
+    assert acts(d) == [("park", "j1")]
+    park = d.actions[-1]
+    assert park.data["smaller"] == 2 and park.cause == "budget_ram"
+    assert "went over its budget of 300.0 MiB of RAM" in park.reason
+    assert "micro-batches of 128 x 2 (the same training)" in park.reason
+    # The engine checks the act against a fresh reading before it parks: it still holds
+    # while the job is paused for its budget, and not for a job paused for another cause.
+    fresh = GuardInput(1.1, reading(pct(60), 1.1), (), (frozen,), ())
+    before = g.state  # as the engine has it when it checks (the park not yet carried out)
+    assert still_holds(park, fresh, g.history, g.policy, replace(
+        before, paused_for={"job:j1": "budget_ram"})) == (True, "")
+    assert not still_holds(park, fresh, g.history, g.policy, replace(
+        before, paused_for={"job:j1": "mem_pause"}))[0]
 
 
 def test_a_job_that_cannot_shrink_stays_paused_at_its_budget() -> None:

@@ -219,11 +219,44 @@ def choose(
                 and _free(st, t, A.PARK, now)
             ):
                 return _park(t, c.reason, c.cause, a, policy)  # paused at its budget: shrink
+    act = _over_budget_park(a, policy, st, targets, now)
+    if act is not None:
+        return act
     act = _shortage_act(a, policy, st, targets, now)
     if act is not None:
         return act
     if st.calm_since is not None and now - st.calm_since >= policy.resume_after_seconds:
         return _resume_act(a, policy, st, targets, now, st.calm_since)
+    return None
+
+
+WENT_OVER = "went_over"  # a park's data: the job was paused for its budget (``still_holds``)
+
+
+def _over_budget_park(
+    a: Assessment, policy: Policy, st: GuardState, targets: List[Target], now: float
+) -> Optional[Action]:
+    """A job the guard paused for going over its budget, and that can shrink, is parked
+    smaller even when it reads under the budget now (a pause that landed as a suspend in the
+    middle of a step froze it under its peak): at this batch it would go over again, and its
+    need never fits the budget, so it would wait paused for good."""
+    for t in targets:
+        cause = st.paused_for.get(t.key)
+        job = t.job
+        if (
+            cause in (C.BUDGET_RAM, C.BUDGET_VRAM)
+            and t.paused
+            and t.by_guard
+            and job is not None
+            and job.shrinks_to
+            and _free(st, t, A.PARK, now)
+        ):
+            vram = cause == C.BUDGET_VRAM
+            budget = job.vram_budget_bytes if vram else job.ram_budget_bytes
+            if budget:
+                act = _park(t, text.went_over_line(t.label, vram, budget), cause, a, policy)
+                act.data[WENT_OVER] = True  # its cause holds while it is paused for it
+                return act
     return None
 
 

@@ -31,6 +31,7 @@ from trayapp.engine.guard.causes import CAUSES, MEMORY_LADDER, UNKNOWN_CAUSE, ca
 from trayapp.engine.guard.choice import (
     GUARD,
     PENDING_SECONDS,
+    WENT_OVER,
     Target,
     choose,
     held_line,
@@ -442,6 +443,8 @@ def still_holds(
         needs = _ACT_NEEDS.get(action.kind)
         if needs is not None and job.state not in needs:
             return False, text.state_line(job.label, job.state)
+        if action.data.get(WENT_OVER) and state.paused_for.get(action.target or "") == action.cause:
+            return True, ""  # paused for going over its budget: under it now, frozen
     a = assess(inp, history, policy, state)
     rule = CAUSES.get(action.cause, UNKNOWN_CAUSE)
     if rule.holds(a, action.cause, action.job_id):

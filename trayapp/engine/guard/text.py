@@ -184,6 +184,11 @@ def park_line(reason: str) -> str:
     return f"{reason}; its checkpoint keeps the progress"
 
 
+def went_over_line(label: str, vram: bool, budget: int) -> str:
+    """A job paused for going over its budget, under it now (frozen below its peak)."""
+    return f"{label} went over its budget of {format_bytes(budget)} of {'VRAM' if vram else 'RAM'}"
+
+
 def smaller_line(reason: str, batch: Optional[int], accumulation: int) -> str:
     micro = f"{batch // accumulation} x {accumulation}" if batch else f"1/{accumulation}"
     return (
