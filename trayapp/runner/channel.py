@@ -70,6 +70,13 @@ def _shut(conn):
     return True
 
 
+def _close(conn):
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
 class NullChannel:
     """Stands in when the job runs without an engine (a plain dry run, no address given)."""
 
@@ -169,16 +176,15 @@ class Channel:
             conn = self._conn
             self._cond.notify_all()
         if conn is not None and not _shut(conn):
-            self._let_go(conn)  # the reader, woken, lets a socket go itself
+            _close(conn)  # a pipe, closed at once; the reader, woken, lets a socket go itself
 
     def _let_go(self, conn):
         """Close ``conn`` once no write is under way on it (the reader's, when done with it)."""
-        _shut(conn)  # a write blocked on an engine that does not read ends now
+        if not _shut(conn):  # a write blocked on an engine that does not read ends now
+            _close(conn)  # a pipe: as before, at once
+            return
         with self._send_lock:
-            try:
-                conn.close()
-            except OSError:
-                pass
+            _close(conn)
 
     # -- reader: connect, receive commands --------------------------------------------------
 
