@@ -43,7 +43,7 @@ def test_an_env_value_replacing_headrooms_own_is_kept_only_in_the_environ_file(
     # The warning still names the variable.
     assert any("PYTHONUNBUFFERED" in w for w in job["warnings"]), job["warnings"]
     with EngineClient(paths) as c:
-        assert SECRET not in json.dumps(c.events(job=job["id"]))
+        assert SECRET not in json.dumps([e.to_json() for e in c.events(job=job["id"])])
     found = modes_and_holders(cli_home, SECRET.encode())
     assert found["holders"] == [f"jobs/{job['id']}/environ.json"]
 

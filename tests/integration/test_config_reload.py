@@ -8,13 +8,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 import pytest
 
 from tests.conftest import REPO, EngineProcess, run_cli, wait_for
 from trayapp.config import Paths
 from trayapp.engine.client import EngineError, Subscription
+from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.options import JobSpec
 
 SCRIPTS = REPO / "tests" / "scripts"
@@ -29,14 +30,15 @@ def write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def pushes(sub: Subscription, seconds: float) -> List[Dict[str, Any]]:
-    """The events pushed within ``seconds``."""
-    out: List[Dict[str, Any]] = []
+def pushes(sub: Subscription, seconds: float) -> List[EngineEvent]:
+    """The events pushed within ``seconds``, read as the tray reads them."""
+    out: List[EngineEvent] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         msg = sub.get(timeout=0.2)
-        if msg and msg.get("push") == "event":
-            out.append(msg["data"])
+        event = EngineEvent.from_json(msg["data"]) if msg and msg.get("push") == "event" else None
+        if event is not None:
+            out.append(event)
     return out
 
 

@@ -113,7 +113,7 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
         assert escaped_name[:24] in cli("jobs", "--all").stdout
         with engine.client() as c:
             for ev in c.events():
-                clean(f"the {ev['kind']} event", ev.message)
+                clean(f"the {ev.kind} event", ev.message)
     finally:
         if run.poll() is None:
             run.kill()
