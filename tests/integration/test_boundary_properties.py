@@ -384,11 +384,15 @@ def test_a_job_that_asks_for_answers_and_never_reads_them_cannot_block_the_engin
     try:
         assert done.wait(60), "the engine stopped reading the job's channel"
         engine_fine(guarded)
-        answers = 0
-        while conn.poll(1):
-            conn.recv_bytes()
-            answers += 1
-        assert 1 <= answers <= MAX_FIT_ANSWERS, answers
+        answers, cut = 0, False
+        try:
+            while conn.poll(1):
+                conn.recv_bytes()
+                answers += 1
+        except (EOFError, OSError):  # cut off: what the engine may do to a peer that never
+            cut = True  # reads (its unread answers then go with the connection)
+        assert answers <= MAX_FIT_ANSWERS, answers
+        assert cut or answers >= 1, answers
         hog_is_paused_by_the_guard(guarded, tmp_path)
         engine_fine(guarded)
         no_tracebacks(guarded)
