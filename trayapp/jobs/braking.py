@@ -282,11 +282,15 @@ class Brakes:
         if snap is None:
             return True
         mem = snap.memory
-        try:
-            reserve = Threshold.parse(self.table.setting("guard.warn_available", WARN_DEFAULT))
-        except ValueError:
-            reserve = Threshold.parse(WARN_DEFAULT)
+        reserve = self._threshold("guard.warn_available", WARN_DEFAULT)
         return mem.available_bytes >= reserve.bytes_of(mem.total_bytes)
+
+    def _threshold(self, name: str, default: str) -> Threshold:
+        """Setting ``name``, a threshold; ``default`` when it cannot be read."""
+        try:
+            return Threshold.parse(self.table.setting(name, default))
+        except ValueError:
+            return Threshold.parse(default)
 
     # -- the brake, on every tick -------------------------------------------------------------
 
@@ -305,10 +309,7 @@ class Brakes:
             if job.state in (S.PARKING, S.STOPPING)
             else ("guard.park_available", PARK_RESERVE_DEFAULT)
         )
-        try:
-            reserve = Threshold.parse(self.table.setting(name, default))
-        except ValueError:
-            reserve = Threshold.parse(default)
+        reserve = self._threshold(name, default)
         budget = self._brake_budget(job)
         st = job.brake
         # (A few MiB above a v2 memory.high at its budget is being held there, not over it.)
