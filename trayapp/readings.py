@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar
 
+from trayapp.jsonvalue import JSONObject
+
 T = TypeVar("T")
 
 
@@ -36,7 +38,7 @@ class MemoryReading:
     # Cumulative microseconds of full stall (PSI "full total"), for pressure-duration rules.
     psi_full_total_us: Optional[int] = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
@@ -67,7 +69,7 @@ class Consumer:
     rss_bytes: int
     processes: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
@@ -87,7 +89,7 @@ class GpuProcess:
     used_memory_bytes: Optional[int]
     kind: str = "compute"  # "compute" | "graphics"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
@@ -118,7 +120,7 @@ class GpuReading:
     compute_capability: Optional[str] = None
     simulated: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         d = asdict(self)
         d["processes"] = [p.to_json() for p in self.processes]
         return d
@@ -159,7 +161,7 @@ class GpuStatus:
     driver_version: Optional[str] = None
     cuda_driver_version: Optional[str] = None  # the newest CUDA the driver supports, "12.4"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
@@ -188,7 +190,7 @@ class Snapshot:
     gpus: Tuple[GpuReading, ...]
     gpu_status: GpuStatus
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "time": self.time,
             "memory": self.memory.to_json(),

@@ -131,7 +131,7 @@ def test_the_ladder_acts_when_the_rest_of_the_tick_fails(engine_in_process: Any,
     with EngineClient(engine.paths, timeout=20) as client:
         hog = start_hog(client, progress)
     try:
-        wait_for(lambda: engine.jobs.get(hog["id"])["state"] == "running", 30,
+        wait_for(lambda: engine.jobs.get(hog["id"]).state == "running", 30,
                  "the hog's runner to say hello")
 
         def broken(*args: Any, **kwargs: Any) -> Any:

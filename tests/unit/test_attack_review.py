@@ -94,12 +94,12 @@ def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
     store = Store(paths.db_file)
     manager = managers.JobManager(paths, store, emit=lambda *a, **k: None)
     try:
-        jid = manager.start(ticker(python=_fake_python(tmp_path)))["id"]
+        jid = manager.start(ticker(python=_fake_python(tmp_path))).id
         key = (paths.jobs_dir / jid / "key").read_bytes()
         with Client(paths.job_address(jid), family="AF_UNIX", authkey=key) as conn:
             conn.send_bytes(rp.encode(rp.make(rp.HELLO, job_id=jid, fit_hook="installed")))
             deadline = time.monotonic() + 20
-            while not manager.get(jid)["connected"] and time.monotonic() < deadline:
+            while not manager.get(jid).connected and time.monotonic() < deadline:
                 manager.tick(None)
                 time.sleep(0.02)
             manager.stop(jid)
@@ -107,12 +107,12 @@ def test_a_runner_repeating_stopping_cannot_put_off_the_stop_for_good(
                                               rp.ENGINE_COMMANDS)["type"] == rp.STOP
             # Many grace periods' worth of "stopping", sent all along.
             deadline = time.monotonic() + 8
-            while manager.get(jid)["state"] != "stopped" and time.monotonic() < deadline:
+            while manager.get(jid).state != "stopped" and time.monotonic() < deadline:
                 conn.send_bytes(rp.encode(rp.make(rp.STATE, state="stopping")))
                 for _ in range(10):
                     manager.tick(None)
                     time.sleep(0.02)
-            assert manager.get(jid)["state"] == "stopped"
+            assert manager.get(jid).state == "stopped"
     finally:
         manager.stop_all("test over", timeout=5)
         manager.close()

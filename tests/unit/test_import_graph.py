@@ -27,7 +27,8 @@ ROOT = Path(trayapp.__file__).resolve().parent
 # Top-level part of trayapp -> its layer (higher imports lower). A new module must be placed here.
 LAYERS: Mapping[str, int] = {
     "trayapp": 0, "text": 0, "private": 0, "vocab": 0, "channel": 0, "winpipe": 0, "formats": 0,
-    "series": 0, "logformat": 0, "errors": 0, "readings": 0, "channel_parts": 0,
+    "series": 0, "logformat": 0, "errors": 0, "readings": 0, "channel_parts": 0, "jsonvalue": 0,
+    "request_args": 0,
     "config": 1,
     "probes": 2,
     "jobs": 3,

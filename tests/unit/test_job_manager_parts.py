@@ -19,6 +19,7 @@ import pytest
 from tests.unit.test_launcher import Events, ticker, until
 from trayapp.config import Paths, get_paths
 from trayapp.engine.store import Store
+from trayapp.request_args import Args
 from trayapp.jobs import control, eta
 from trayapp.jobs.job import Job
 from trayapp.jobs.manager import JobManager, ending
@@ -118,9 +119,9 @@ def test_every_action_has_its_operation_and_wait(paths: Paths, store: Store) -> 
         assert waits["pause"] == manager.table.pause_deadline(None) + 1.0
         assert all(w >= 0 for w in waits.values())
         with pytest.raises(ValueError, match=r"^unknown action 'explode' \(one of pause, "):
-            manager.control.op_action(None, {"action": "explode", "job": "x"})  # type: ignore[arg-type]
+            manager.control.op_action(None, Args({"action": "explode", "job": "x"}))  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="^unknown action"):
-            manager.control.op_action(None, {"action": ["stop"], "job": "x"})  # type: ignore[arg-type]
+            manager.control.op_action(None, Args({"action": ["stop"], "job": "x"}))  # type: ignore[arg-type]
     finally:
         manager.close()
 
@@ -133,18 +134,19 @@ def test_a_job_on_the_wire_is_its_record(paths: Paths, store: Store) -> None:
     manager = JobManager(paths, store, emit=events)
     try:
         job = manager.start(ticker(5, 0.01, 0, ram_budget_mb=64))
-        assert set(job) == FIELDS
-        assert job["state"] == "starting" and job["parked_by"] is None and "park_by" not in job
-        assert job["ram_budget_bytes"] == 64 << 20 and job["checkpoint"] is None
-        done = until(manager, lambda: manager.get(job["id"])["state"] == "finished" and
-                     manager.get(job["id"]))
-        assert set(done) == FIELDS and done["exit_code"] == 0
-        assert store.get_job(job["id"]).to_json() == done
-        (rec,) = [r for r in manager.list(include_finished=True) if r.id == job["id"]]
-        assert rec.to_json() == done
+        wire = job.to_json()
+        assert set(wire) == FIELDS and "park_by" not in wire
+        assert job.state == "starting" and job.parked_by is None
+        assert job.ram_budget_bytes == 64 << 20 and job.checkpoint is None
+        done = until(manager, lambda: manager.get(job.id).state == "finished" and
+                     manager.get(job.id))
+        assert set(done.to_json()) == FIELDS and done.exit_code == 0
+        assert store.get_job(job.id).to_json() == done.to_json()
+        (rec,) = [r for r in manager.list(include_finished=True) if r.id == job.id]
+        assert rec.to_json() == done.to_json()
         # Every event about the job names it.
         assert events.kinds() == ["job_started", "job_finished"]
-        assert {e["job_id"] for e in events.seen} == {job["id"]}
+        assert {e["job_id"] for e in events.seen} == {job.id}
     finally:
         manager.stop_all("test over", timeout=5)
         manager.close()
@@ -171,10 +173,10 @@ def test_adoption_leaves_out_a_saved_row_it_cannot_read(paths: Paths, store: Sto
                    for r in caplog.records)
         parked = manager.get("0bad0002")
         # The old name is read as the new one; a checkpoint that is not a mapping is dropped.
-        assert parked["state"] == "parked" and parked["parked_by"] == "guard"
-        assert parked["checkpoint"] is None and parked["pid"] is None
+        assert parked.state == "parked" and parked.parked_by == "guard"
+        assert parked.checkpoint is None and parked.pid is None
         assert [r.id for r in manager.guard_jobs()] == ["0bad0002"]
-        assert manager.get("0bad0003")["state"] == "lost"  # no pid to watch
+        assert manager.get("0bad0003").state == "lost"  # no pid to watch
         assert [e["job_id"] for e in events.seen] == ["0bad0003"]
         ids = [j.id for j in manager.list(include_finished=True)]
         assert "0bad0001" not in ids and "0bad0004" not in ids
@@ -215,7 +217,7 @@ def test_a_pause_at_once_stops_the_group_first_and_undoes_it_when_refused(
             assert psutil.Process(child.pid).status() != psutil.STATUS_STOPPED  # continued
         else:
             paused = manager.pause(rec.id, by="guard", reason="memory", deadline=0, at_once=True)
-            assert paused["state"] == "paused" and paused["pause_mode"] == "suspended"
+            assert paused.state == "paused" and paused.pause_mode == "suspended"
             assert stopped(child)  # by its group, before the manager's bookkeeping
         manager.table.jobs.pop(rec.id)
     finally:

@@ -148,9 +148,9 @@ def test_jobs_are_found_by_id_prefix_or_unique_name(manager: JobManager, store: 
     _saved_job(store, paths, "cafe0001", "train")
     _saved_job(store, paths, "cafe0002", "train")
     _saved_job(store, paths, "beef0003", "eval")
-    assert manager.get("eval")["id"] == "beef0003"
-    assert manager.get("beef")["id"] == "beef0003"
-    assert manager.get("cafe0002")["id"] == "cafe0002"
+    assert manager.get("eval").id == "beef0003"
+    assert manager.get("beef").id == "beef0003"
+    assert manager.get("cafe0002").id == "cafe0002"
     with pytest.raises(LookupError, match=r"^train matches 2 jobs \(cafe000\d, cafe000\d\)"):
         manager.get("train")
     with pytest.raises(LookupError, match="^cafe matches 2 jobs"):
@@ -177,51 +177,51 @@ def test_a_job_runs_to_its_exit_status(manager: JobManager, store: Store,
                                        events: Events) -> None:
     job = manager.start(ticker(5, 0.01, 3))
     assert manager.active_count() == 1
-    done = until(manager, lambda: manager.get(job["id"])["state"] == "failed" and
-                 manager.get(job["id"]))
-    assert done["exit_code"] == 3 and done["pids"] == []
+    done = until(manager, lambda: manager.get(job.id).state == "failed" and
+                 manager.get(job.id))
+    assert done.exit_code == 3 and done.pids == ()
     assert manager.active_count() == 0
-    assert store.get_job(job["id"]).state == "failed"
+    assert store.get_job(job.id).state == "failed"
     assert events.kinds() == ["job_started", "job_failed"]
     assert events.seen[1]["level"] == "error"
 
 
 def test_memory_of_the_tree_is_sampled(manager: JobManager) -> None:
     job = manager.start(ticker(0, 0.05))
-    until(manager, lambda: manager.get(job["id"])["connected"])  # the runner has started
-    rss = psutil.Process(job["pid"]).memory_info().rss
+    until(manager, lambda: manager.get(job.id).connected)  # the runner has started
+    rss = psutil.Process(job.pid).memory_info().rss
     time.sleep(0.3)
     # In a cgroup of its own (the kernel brake) the job counts what its cgroup is charged: not
     # the shared library pages another process faulted in first, which its RSS counts.
-    sampled = until(manager, lambda: (manager.get(job["id"])["rss_bytes"] or 0) >=
-                    (1 if manager.get(job["id"])["memory_method"] == "cgroup" else rss // 2)
-                    and manager.get(job["id"]))
-    assert sampled["pids"][0] == job["pid"]
-    assert sampled["vram_bytes"] is None  # no GPU readings: unknown, not 0
+    sampled = until(manager, lambda: (manager.get(job.id).rss_bytes or 0) >=
+                    (1 if manager.get(job.id).memory_method == "cgroup" else rss // 2)
+                    and manager.get(job.id))
+    assert sampled.pids[0] == job.pid
+    assert sampled.vram_bytes is None  # no GPU readings: unknown, not 0
 
 
 def test_a_closed_manager_leaves_jobs_running_for_the_next(paths: Paths, store: Store,
                                                            events: Events) -> None:
     first = JobManager(paths, store, emit=events)
     job = first.start(ticker(0, 0.05))
-    until(first, lambda: (first.get(job["id"])["rss_bytes"] or 0) > 0)
+    until(first, lambda: (first.get(job.id).rss_bytes or 0) > 0)
     first.close()
-    assert psutil.Process(job["pid"]).is_running()
-    assert not os.path.exists(paths.job_address(job["id"]))  # the listener is gone
+    assert psutil.Process(job.pid).is_running()
+    assert not os.path.exists(paths.job_address(job.id))  # the listener is gone
 
     second = JobManager(paths, store, emit=events)
     try:
-        assert second.adopt() == [job["id"]]
-        assert os.path.exists(paths.job_address(job["id"]))  # same address, same key
-        assert second.get(job["id"])["state"] in ("starting", "running")
-        until(second, lambda: second.get(job["id"])["connected"])
-        second.stop(job["id"])
-        stopped = until(second, lambda: second.get(job["id"])["state"] == "stopped" and
-                        second.get(job["id"]))
+        assert second.adopt() == [job.id]
+        assert os.path.exists(paths.job_address(job.id))  # same address, same key
+        assert second.get(job.id).state in ("starting", "running")
+        until(second, lambda: second.get(job.id).connected)
+        second.stop(job.id)
+        stopped = until(second, lambda: second.get(job.id).state == "stopped" and
+                        second.get(job.id))
         # Not this manager's child: the runner's bye says how it ended (KeyboardInterrupt).
-        assert stopped["exit_code"] == -2
+        assert stopped.exit_code == -2
         # Reaped (on a later tick), although another's child.
-        until(second, lambda: not psutil.pid_exists(job["pid"]))
+        until(second, lambda: not psutil.pid_exists(job.pid))
         assert "job_adopted" in events.kinds()
     finally:
         second.stop_all("test over", timeout=5)
@@ -244,8 +244,8 @@ def test_a_killed_jobs_unseen_child_is_reaped(manager: JobManager, tmp_path: Pat
                                 args=(str(pidfile),), cwd=str(REPO)).to_json())
     until(manager, pidfile.exists)
     root, child = (int(x) for x in pidfile.read_text().split())
-    manager.kill(job["id"])
-    until(manager, lambda: manager.get(job["id"])["state"] not in ("starting", "running",
+    manager.kill(job.id)
+    until(manager, lambda: manager.get(job.id).state not in ("starting", "running",
                                                                     "stopping"))
     until(manager, lambda: _zombie_or_gone(child), timeout=10)
     # Reaped within the next ticks while the engine runs, and at the latest when it closes.
@@ -266,7 +266,7 @@ def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, event
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
     job = manager.start(ticker(python=_fake_python(tmp_path)))
-    jid = job["id"]
+    jid = job.id
     key = (paths.jobs_dir / jid / "key").read_bytes()
     conn = Client(paths.job_address(jid), family="AF_UNIX", authkey=key)
     try:
@@ -279,44 +279,44 @@ def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, event
 
         conn.send_bytes(b"not json")  # ignored; the channel stays open
         send(rp.HELLO, job_id=jid, fit_hook="installed")
-        hello = until(manager, lambda: manager.get(jid)["connected"] and manager.get(jid))
-        assert hello["hooked"] and hello["state"] == "running"
+        hello = until(manager, lambda: manager.get(jid).connected and manager.get(jid))
+        assert hello.hooked and hello.state == "running"
 
         send(rp.PROGRESS, epoch=1, epochs=2, step=2, steps=10, logs={"loss": 0.5})
         time.sleep(1.1)
         send(rp.PROGRESS, epoch=1, epochs=2, step=6, steps=10, logs={"loss": 0.4})
-        moving = until(manager, lambda: manager.get(jid)["step"] == 6 and manager.get(jid))
-        assert moving["metrics"] == {"loss": 0.4}
+        moving = until(manager, lambda: manager.get(jid).step == 6 and manager.get(jid))
+        assert moving.metrics == {"loss": 0.4}
         # 4 steps in about 1.1 s, 14 to go: about 4 s.
-        assert 2.0 < moving["eta_seconds"] < 5.0
+        assert 2.0 < moving.eta_seconds < 5.0
 
         manager.pause(jid, reason="testing")
         assert command() == rp.PAUSE
-        assert manager.get(jid)["state"] == "pausing"
+        assert manager.get(jid).state == "pausing"
         send(rp.STATE, state="paused", epoch=0, step=6)
-        paused = until(manager, lambda: manager.get(jid)["state"] == "paused" and manager.get(jid))
-        assert paused["pause_mode"] == "cooperative" and paused["pause_reason"] == "testing"
+        paused = until(manager, lambda: manager.get(jid).state == "paused" and manager.get(jid))
+        assert paused.pause_mode == "cooperative" and paused.pause_reason == "testing"
 
         manager.resume(jid)
         assert command() == rp.RESUME
-        assert manager.get(jid)["state"] == "running"
+        assert manager.get(jid).state == "running"
 
         send(rp.NOTE, level="warn", message="loss is not a number (NaN or inf)")
         send(rp.CHECKPOINTED, path="/x/fit-1", epoch=1, step=6)
-        until(manager, lambda: manager.get(jid)["checkpoint"])
-        assert manager.get(jid)["notes"][-1]["message"] == "loss is not a number (NaN or inf)"
+        until(manager, lambda: manager.get(jid).checkpoint)
+        assert manager.get(jid).notes[-1].message == "loss is not a number (NaN or inf)"
 
         manager.stop(jid)
         assert command() == rp.STOP  # the runner is asked first; "sleep" ignores it
-        stopped = until(manager, lambda: manager.get(jid)["state"] == "stopped" and
+        stopped = until(manager, lambda: manager.get(jid).state == "stopped" and
                         manager.get(jid))
-        assert stopped["exit_code"] == -2  # then SIGINT ended it
+        assert stopped.exit_code == -2  # then SIGINT ended it
     finally:
         conn.close()
     # The message that was not JSON is counted, and said once in the job's events.
     assert events.kinds() == ["job_started", "job_bad_message", "job_paused", "job_resumed",
                               "job_note", "job_stopped"]
-    assert "not JSON" in events.seen[1]["message"] and stopped["dropped_fields"] == 1
+    assert "not JSON" in events.seen[1]["message"] and stopped.dropped_fields == 1
     assert events.seen[4]["level"] == "warn"
     assert {e["job_id"] for e in events.seen} == {jid}  # every event names its job
 
@@ -326,23 +326,23 @@ def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths:
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ladder, "STOP_ASK_SECONDS", 0.2)
     job = manager.start(ticker(python=_fake_python(tmp_path)))
-    jid = job["id"]
+    jid = job.id
     conn = Client(paths.job_address(jid), family="AF_UNIX",
                   authkey=(paths.jobs_dir / jid / "key").read_bytes())
     try:
         conn.send_bytes(rp.encode(rp.make(rp.HELLO, fit_hook="installed")))
-        until(manager, lambda: manager.get(jid)["hooked"])
+        until(manager, lambda: manager.get(jid).hooked)
         manager.pause(jid, by="guard", reason="memory", deadline=0.3)
-        assert manager.get(jid)["state"] == "pausing"
-        paused = until(manager, lambda: manager.get(jid)["state"] == "paused" and
+        assert manager.get(jid).state == "pausing"
+        paused = until(manager, lambda: manager.get(jid).state == "paused" and
                        manager.get(jid))
-        assert paused["pause_mode"] == "suspended" and paused["paused_by"] == "guard"
+        assert paused.pause_mode == "suspended" and paused.paused_by == "guard"
         # SIGSTOP (or the freezer: state D) takes hold when the process next runs.
         suspended = (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP)
-        until(manager, lambda: psutil.Process(job["pid"]).status() in suspended, timeout=5)
+        until(manager, lambda: psutil.Process(job.pid).status() in suspended, timeout=5)
         resumed = manager.resume(jid, by="guard")
-        assert resumed["state"] == "running"
-        until(manager, lambda: psutil.Process(job["pid"]).status() not in suspended,
+        assert resumed.state == "running"
+        until(manager, lambda: psutil.Process(job.pid).status() not in suspended,
               timeout=5)
     finally:
         conn.close()
@@ -351,8 +351,8 @@ def test_a_pause_that_does_not_land_in_time_suspends(manager: JobManager, paths:
 def test_budgets_come_from_the_spec_or_its_preset(manager: JobManager) -> None:
     mib = 1024 * 1024
     job = manager.start(ticker(0, 0.05, ram_budget_mb=512, vram_budget_mb=256))
-    assert (job["ram_budget_bytes"], job["vram_budget_bytes"]) == (512 * mib, 256 * mib)
+    assert (job.ram_budget_bytes, job.vram_budget_bytes) == (512 * mib, 256 * mib)
     safe = manager.start(ticker(0, 0.05, preset="desktop-safe"))
     total = psutil.virtual_memory().total
-    assert safe["ram_budget_bytes"] == total * 75 // 100 // mib * mib
-    assert safe["spec"]["preset"] == "desktop-safe" and safe["spec"]["ram_budget_mb"] is None
+    assert safe.ram_budget_bytes == total * 75 // 100 // mib * mib
+    assert safe.spec["preset"] == "desktop-safe" and safe.spec["ram_budget_mb"] is None

@@ -37,6 +37,7 @@ from trayapp.config.table import SETTINGS as SETTINGS
 from trayapp.config.table import SETTINGS_BY_NAME as SETTINGS_BY_NAME
 from trayapp.config.table import Setting as Setting
 from trayapp.formats import format_bytes as format_bytes
+from trayapp.jsonvalue import JSONObject
 from trayapp.text import one_line
 from trayapp.vocab import GuardAct
 
@@ -66,12 +67,12 @@ class Config:
     def threshold(self, name: str) -> Threshold:
         return Threshold.parse(self.values[name])
 
-    def to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {sec: {} for sec in SECTIONS}
+    def to_json(self) -> JSONObject:
+        out: Dict[str, JSONObject] = {sec: {} for sec in SECTIONS}
         for s in SETTINGS:
             out[s.section][s.key] = self.values[s.name]
         out["guard"]["rules"] = list(self.rules)
-        return out
+        return dict(out)
 
 
 def _check_rules(raw: Any, problems: List[str]) -> List[Dict[str, Any]]:

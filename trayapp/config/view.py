@@ -11,7 +11,9 @@ dialog, the dashboard and the machines window read it with ``value``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Mapping, Tuple
+
+from trayapp.jsonvalue import JSONObject
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ConfigView:
             version=data["version"] if isinstance(data.get("version"), str) else "",
         )
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "path": self.path,
             "values": {k: dict(v) for k, v in self.values.items()},

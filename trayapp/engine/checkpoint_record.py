@@ -9,8 +9,9 @@ checkpoint's name and fit are needed; what else cannot be read is not known).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import NUMBER, readable, typed_fields
 
 _CHECKPOINT_TYPES: Mapping[str, Tuple[type, ...]] = {
@@ -53,7 +54,7 @@ class CheckpointInfo:
             got["time"] = float(got["time"])
         return cls(**got)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "name": self.name,
             "path": self.path,
@@ -101,7 +102,7 @@ class CheckpointListing:
             checkpoints=readable(CheckpointInfo.from_json, data.get("checkpoints")),
         )
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "job": self.job,
             "folder": self.folder,

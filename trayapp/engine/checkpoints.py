@@ -20,6 +20,9 @@ from trayapp import vocab
 from trayapp.channel import Peer
 from trayapp.engine.checkpoint_record import CheckpointInfo, CheckpointListing
 from trayapp.errors import Refused
+from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
+from trayapp.request_args import Args, Handlers
 from trayapp.runner import layout
 
 METADATA_FILE = layout.METADATA_FILE
@@ -29,7 +32,7 @@ RUNNER_FILES = layout.CHECKPOINT_FILES
 MAX_METADATA_BYTES = 65536
 MAX_LISTED = 1000  # fit-<n> folders a listing reads
 
-JobLookup = Callable[[str], Dict[str, Any]]
+JobLookup = Callable[[str], JobRecord]
 
 
 def _count(value: Any) -> Optional[int]:
@@ -121,7 +124,7 @@ def checkpoint_name(folder: str, given: str) -> str:
     return name
 
 
-def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
+def delete_checkpoint(folder: str, given: str) -> JSONObject:
     """Delete the runner's files in the ``fit-<n>`` folder ``given`` names in ``folder``, and
     the folder once empty (a file of the user's there stays, and so does the folder).
     Returns ``{"deleted": name, "kept": [names left]}``; ValueError for a name it refuses."""
@@ -171,29 +174,28 @@ def delete_checkpoint(folder: str, given: str) -> Dict[str, Any]:
     return {"deleted": name, "kept": kept}
 
 
-def _job_folder(job: Dict[str, Any]) -> str:
-    folder = job.get("checkpoint_dir")
-    if not isinstance(folder, str) or not folder:
-        raise Refused(f"job {job.get('id')} has no checkpoint folder")
-    return folder
+def _job_folder(job: JobRecord) -> str:
+    if not job.checkpoint_dir:
+        raise Refused(f"job {job.id} has no checkpoint folder")
+    return job.checkpoint_dir
 
 
-def handlers(find_job: JobLookup) -> Dict[str, Callable[[Peer, Dict[str, Any]], Any]]:
+def handlers(find_job: JobLookup) -> Handlers:
     """The control-channel ops of checkpoints; ``find_job(ref)`` is the job manager's ``get``
-    (a job dict, LookupError when there is none)."""
+    (a job's record, LookupError when there is none)."""
 
-    def op_list(peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        job = find_job(args["job"])
-        return list_checkpoints(job.get("checkpoint_dir"), job.get("id")).to_json()
+    def op_list(peer: Peer, args: Args) -> JSONObject:
+        job = find_job(args.text("job"))
+        return list_checkpoints(job.checkpoint_dir, job.id).to_json()
 
-    def op_delete(peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        job = find_job(args["job"])
+    def op_delete(peer: Peer, args: Args) -> JSONObject:
+        job = find_job(args.text("job"))
         folder = _job_folder(job)
-        if job.get("state") in vocab.LIVE:
+        if job.state in vocab.LIVE:
             raise Refused(
-                f"job {job.get('id')} is {job.get('state')}: its checkpoints can "
+                f"job {job.id} is {job.state}: its checkpoints can "
                 "be deleted once it is parked or has ended"
             )
-        return delete_checkpoint(folder, args["checkpoint"])
+        return delete_checkpoint(folder, args.text("checkpoint"))
 
     return {"job_checkpoints": op_list, "job_checkpoint_delete": op_delete}

@@ -10,8 +10,9 @@ jobs window and ``headroom follow`` read attributes, not keys.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import NUMBER, typed_fields
 
 _TYPES: Mapping[str, Tuple[type, ...]] = {
@@ -57,7 +58,7 @@ class EngineEvent:
         got["time"] = float(got["time"])
         return cls(**got)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "id": self.id,
             "time": self.time,

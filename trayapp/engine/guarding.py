@@ -51,6 +51,7 @@ from trayapp.probes.processes import (
     tree_vram,
 )
 from trayapp.readings import GpuReading, Snapshot
+from trayapp.request_args import Handlers
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import GuardAct as A
 from trayapp.vocab import GuardCause as C
@@ -182,7 +183,7 @@ class GuardService:
 
     # -- what the engine calls ----------------------------------------------------------------
 
-    def handlers(self) -> Dict[str, Callable[[Any, Dict[str, Any]], Any]]:
+    def handlers(self) -> Handlers:
         """Control-channel ops: ``guard`` answers the guard's part of the status."""
         return {"guard": lambda peer, args: self.state_json()}
 

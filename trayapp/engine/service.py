@@ -32,11 +32,13 @@ from trayapp.errors import Refused, Unknown
 from trayapp.jobs.envfile import hide_stored
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.probes.consumers import ram_by_name
 from trayapp.probes.gpu import GpuBackend, make_backend
 from trayapp.probes.memory import MemoryProbe, PsutilMemoryProbe, make_memory_probe
 from trayapp.probes.processes import ProcessSampler
 from trayapp.readings import GpuReading, Snapshot
+from trayapp.request_args import Args, Handlers
 from trayapp.series import memory_only, pid_owners, process_values
 from trayapp.series import sample_values as series_values
 from trayapp.text import one_line
@@ -103,7 +105,7 @@ class Engine:
         self.metrics = MetricsService(lambda: self.config, metrics)
         self.metrics_flag = metrics
         self._parts = Parts(log)  # the parts of a tick, each on its own
-        self.handlers: Dict[str, Callable[[Peer, Dict[str, Any]], Any]] = {
+        self.handlers: Handlers = {
             "ping": self._op_ping,
             "status": lambda peer, a: self.status(),
             "history": self._op_history,
@@ -474,7 +476,7 @@ class Engine:
         if handler is None:
             return protocol.error(req_id, f"{op} is not available in this engine", "bad_request")
         try:
-            return protocol.ok(req_id, handler(peer, args))
+            return protocol.ok(req_id, handler(peer, Args(args)))
         except ConfigConflict as e:
             return protocol.error(req_id, str(e), "conflict")
         except Refused as e:  # ConfigError and SpecError are refusals too
@@ -484,7 +486,7 @@ class Engine:
             log.exception("%s failed", op)
             return protocol.error(req_id, "internal error in the engine (see its log)", "internal")
 
-    def _op_ping(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+    def _op_ping(self, peer: Peer, args: Args) -> JSONObject:
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -492,15 +494,12 @@ class Engine:
             "demo": self.demo,
         }
 
-    def _op_history(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        end = args.get("end") or self.clock()
-        start = float(args["start"])
+    def _op_history(self, peer: Peer, args: Args) -> Dict[str, Any]:
+        end = args.opt_number("end") or self.clock()
+        start = args.number("start")
         if start > end:
             raise Refused("history: start is after end")
-        series, prefix = args.get("series"), args.get("prefix")
-        for names in (series, prefix):
-            if names is not None and not all(isinstance(n, str) for n in names):
-                raise Refused("history: series and prefix must be lists of names")
+        series, prefix = args.opt_texts("series"), args.opt_texts("prefix")
         if self.recent.covers(start):
             return self.recent.query(start, end, series, prefix)
         answer = self._history_store().history(start, end, series=series, prefix=prefix)
@@ -510,28 +509,28 @@ class Engine:
             answer["series"].update({n: c for n, c in recent.items() if memory_only(n)})
         return answer
 
-    def _op_events(self, peer: Peer, args: Dict[str, Any]) -> List[Dict[str, Any]]:
-        limit = args.get("limit") or 500
+    def _op_events(self, peer: Peer, args: Args) -> List[JSONObject]:
+        limit = args.opt_int("limit") or 500
         if not 1 <= limit <= 5000:
             raise Refused("events: limit must be between 1 and 5000")
         found = self._history_store().events(
-            since=args.get("since"),
-            after_id=args.get("after_id"),
-            job_id=args.get("job"),
+            since=args.opt_number("since"),
+            after_id=args.opt_int("after_id"),
+            job_id=args.opt_text("job"),
             limit=limit,
         )
         return [e.to_json() for e in found]
 
-    def _op_subscribe(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+    def _op_subscribe(self, peer: Peer, args: Args) -> JSONObject:
         kinds = {
             k
             for k, default in (("snapshot", True), ("event", True), ("log", False))
-            if args.get(k + "s", default)
+            if args.flag(k + "s", default)
         }
         peer.subscribe(kinds)
         return {"subscribed": sorted(kinds), "status": self.status()}
 
-    def _config_json(self) -> Dict[str, Any]:
+    def _config_json(self) -> JSONObject:
         config = self.config
         return {
             "path": str(self.paths.config_file),
@@ -540,27 +539,25 @@ class Engine:
             "version": config.version,
         }
 
-    def _op_config_set(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+    def _op_config_set(self, peer: Peer, args: Args) -> JSONObject:
         """Save one setting. With ``version`` (``config_get``'s), a file edited since is refused
         ("conflict") instead of written over."""
-        name, value, version = args["name"], args["value"], args.get("version")
-        if version is not None and not isinstance(version, str):
-            raise Refused("config_set: version must be the text config_get gave")
+        name, value, version = args.text("name"), args.value("value"), args.opt_text("version")
         checked = self.config_watch.save(name, value, version)
         self.emit_event(
             E.CONFIG_CHANGED, f"setting {name} = {checked!r}", data={"name": name, "value": checked}
         )
         return self._config_json()
 
-    def _op_guard_mode(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        return self._op_config_set(peer, {"name": "guard.mode", "value": args["mode"]})
+    def _op_guard_mode(self, peer: Peer, args: Args) -> JSONObject:
+        return self._op_config_set(peer, Args({"name": "guard.mode", "value": args.text("mode")}))
 
     def reload_config(self) -> None:
         self.config_watch.reload(cause="save")
 
-    def _op_shutdown(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+    def _op_shutdown(self, peer: Peer, args: Args) -> JSONObject:
         active = self.jobs.active_count() if self.jobs is not None else 0
-        if active and not args.get("force"):
+        if active and not args.flag("force"):
             raise Refused(
                 f"{active} job(s) still running; stop them first or shut down with "
                 "force to stop them"

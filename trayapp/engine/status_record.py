@@ -11,10 +11,11 @@ the command line then read attributes, not keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from trayapp import formats
 from trayapp.jobs.record import JobRecord, records
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import (
     NUMBER,
     Consumer,
@@ -156,7 +157,7 @@ class EngineView:
             config_problems=_texts(data.get("config_problems")),
         )
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["config_problems"] = list(self.config_problems)
         return out
@@ -199,7 +200,7 @@ class Status:
             guard_json=dict(guard) if isinstance(guard := data.get("guard"), Mapping) else {},
         )
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The status object of DESIGN.md."""
         memory = self.memory.to_json() if self.memory is not None else {}
         memory.pop("time", None)

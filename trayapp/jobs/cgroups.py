@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from trayapp.formats import format_bytes
 from trayapp.jobs import cgroups_v2
+from trayapp.jsonvalue import JSONObject
 
 V1 = "v1"
 V2 = "v2"
@@ -110,7 +111,7 @@ class Offer:
     def tag(self) -> str:
         return TAGS[self.kind] if self.brakes else TAGS[NONE]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "kind": self.kind if self.brakes else NONE,
             "words": self.words,
@@ -307,8 +308,8 @@ class Reading:
             return max(self.usage, self.limit or 0)
         return self.working_set
 
-    def to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {
+    def to_json(self) -> JSONObject:
+        out: JSONObject = {
             "usage_bytes": self.usage,
             "limit_bytes": self.limit,
             "anon_bytes": self.anon,

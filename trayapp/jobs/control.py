@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional
 
 from trayapp import vocab
 from trayapp.channel import Peer
@@ -29,6 +29,8 @@ from trayapp.jobs.record import JobRecord, smaller_accumulation
 from trayapp.jobs.starting import Launcher
 from trayapp.jobs.table import JobTable
 from trayapp.jobs.transitions import On
+from trayapp.jsonvalue import JSONObject
+from trayapp.request_args import Args
 from trayapp.runner import protocol as rp
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -336,12 +338,12 @@ class Controller:
 
     # -- the control channel's job_action -----------------------------------------------------
 
-    def op_action(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
-        action = args["action"]
+    def op_action(self, peer: Peer, args: Args) -> JSONObject:
+        action = args.value("action")
         op = OPS.get(action) if isinstance(action, str) else None
         if op is None:
             raise Refused(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
-        rec = op.run(self, args["job"], args.get("reason") or "")
+        rec = op.run(self, args.text("job"), args.opt_text("reason") or "")
         return self._settle(rec, op.wait(self)).to_json()
 
     def _settle(self, rec: JobRecord, wait: float) -> JobRecord:

@@ -19,6 +19,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, Optional
 
+from trayapp.jsonvalue import JSONObject
+
 MAX_POINTS = 2000  # a job's batch points (its epoch ends are kept apart, as many again)
 MAX_METRICS = 16  # metric names a job's curves hold (the first ones it sent)
 MAX_JOBS = 32  # jobs with curves
@@ -73,7 +75,7 @@ class _JobCurves:
         if len(into) > MAX_POINTS:
             del into[::2]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "names": list(self.names),
             "batches": [dict(p) for p in self.batches],

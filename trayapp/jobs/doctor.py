@@ -10,11 +10,12 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from trayapp import config as configmod
 from trayapp.jobs import cgroups
 from trayapp.jobs.interpreters import Interpreter
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading, GpuStatus
 
 VERDICTS = ("ok", "warn", "fail", "unknown")
@@ -62,7 +63,7 @@ class Check:
     detail: str
     fix: Optional[str] = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
 

@@ -21,6 +21,7 @@ from trayapp.jobs.gpu_choice import selected_gpus
 from trayapp.jobs.messages import Forecast
 from trayapp.jobs.options import JobSpec, SpecError
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading, Snapshot
 from trayapp.runner import forecast as rf
 from trayapp.text import one_line
@@ -55,7 +56,7 @@ class Judgement:
     need: int  # bytes the tightest device needs at the full batch
     free: int  # ... and has
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "message": self.text,
             "fits": self.fits,
@@ -197,7 +198,8 @@ def judge(
     micro_now = max(1, batch // k_now)
     # What it trains now, measured, against the room itself (the margin is for choosing).
     fits_now = all(
-        rf.need(d, micro_now, k_now, accumulators.get(d["device"], 0)) <= space[d["device"]].free
+        rf.need(d, micro_now, k_now, accumulators.get(str(d["device"]), 0))
+        <= space[str(d["device"])].free
         for d in known
     )
 
@@ -205,7 +207,7 @@ def judge(
         return rf.need(entry, batch, 1) / max(1, space[entry["device"]].free)
 
     tight = max(known, key=tightness)
-    r = space[tight["device"]]
+    r = space[str(tight["device"])]
     need = rf.need(tight, batch, 1)
     about = "" if need >= BYTES_SHOWN_MAX else "about "  # not "about over 1024 EiB"
     text = f"needs {about}{format_bytes(need)} of {r.label} at batch {batch}; {r.said()}"

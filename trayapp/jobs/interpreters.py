@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import trayapp
+from trayapp.jsonvalue import JSONObject
 
 VENV_NAMES = (".venv", "venv", "env")
 MIN_PYTHON = (3, 9)
@@ -34,6 +35,8 @@ _PROBE_MARK = "HEADROOM_PROBE "
 # Runs in any Python, even 2.7 (so an old one says its version rather than a syntax error).
 PROBE_SCRIPT = r"""
 import json, os, sys
+
+from trayapp.jsonvalue import JSONObject
 out = {"python_version": "%d.%d.%d" % tuple(sys.version_info[:3])}
 try:
     import importlib.util as _u
@@ -121,7 +124,7 @@ class Interpreter:
             parts.append(self.error)
         return " · ".join(parts)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.spec_values import SpecError
+from trayapp.jsonvalue import JSONObject
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ class JobSpec:
     # None for unlimited; () leaves the job the engine's.
     rlimits: Tuple[Tuple[str, Optional[int], Optional[int]], ...] = ()
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """A JSON-able dict; ``JobSpec.from_json`` reads it back unchanged."""
-        out: Dict[str, Any] = {}
+        out: JSONObject = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "args":

@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import psutil
 
@@ -37,6 +37,8 @@ from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.starting import Launcher, remove_folder
 from trayapp.jobs.table import JobTable
 from trayapp.jobs.transitions import On
+from trayapp.jsonvalue import JSONObject, JSONValue
+from trayapp.request_args import Args, Handlers
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
@@ -123,11 +125,11 @@ def kernel_spec(data: Any) -> JobSpec:
         return JobSpec(script="")
 
 
-def kernel_name(args: Dict[str, Any]) -> str:
-    name = args.get("name")
+def kernel_name(args: Args) -> str:
+    name: Optional[JSONValue] = args.opt_text("name")
     if not isinstance(name, str) or not name.strip():
-        kernel = args.get("kernel")
-        name = kernel.get("name") if isinstance(kernel, dict) else None
+        kernel = args.opt_object("kernel")
+        name = kernel.get("name") if kernel is not None else None
     return one_line(name, MAX_NAME) if isinstance(name, str) and name.strip() else KERNEL
 
 
@@ -144,15 +146,15 @@ class KernelJobs:
         self.launcher = launcher
         self.brakes = brakes
 
-    def kernel_handlers(self) -> Dict[str, Any]:
+    def kernel_handlers(self) -> Handlers:
         return {"kernel_adopt": self.adopt_kernel}
 
-    def adopt_kernel(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+    def adopt_kernel(self, peer: Peer, args: Args) -> JSONObject:
         """Make the asking kernel a job (or find the one it is already); returns ``{"job",
         "address", "key" (hex)}``. Raises ValueError for a request it does not take."""
         if self.table.closed:
             raise Refused("the engine is shutting down")
-        proc = kernel_process(args.get("pid"), peer_credentials(peer))
+        proc = kernel_process(args.opt_int("pid"), peer_credentials(peer))
         try:
             create_time = proc.create_time()
         except psutil.Error:
@@ -172,7 +174,7 @@ class KernelJobs:
                 fresh = True
             else:
                 fresh = False
-            answer = {
+            answer: JSONObject = {
                 "job": job.id,
                 "address": self.table.paths.job_address(job.id),
                 "key": job.key.hex(),
@@ -202,9 +204,9 @@ class KernelJobs:
                 return job
         return None
 
-    def _new_kernel(self, proc: psutil.Process, create_time: float, args: Dict[str, Any]) -> Job:
+    def _new_kernel(self, proc: psutil.Process, create_time: float, args: Args) -> Job:
         """The kernel's folder, key, spec and channel (under the lock)."""
-        spec = kernel_spec(args.get("kernel"))
+        spec = kernel_spec(args.opt_object("kernel"))
         try:
             applied = self.launcher.with_preset(spec)
         except SpecError as e:
@@ -215,7 +217,7 @@ class KernelJobs:
             job_id, folder, key = self.launcher.new_folder(spec_data)
         except OSError as e:
             raise Refused(f"kernel_adopt: cannot keep the job: {e.strerror or e}") from None
-        connection = args.get("connection_file")
+        connection = args.opt_text("connection_file")
         rec = dataclasses.replace(
             self.launcher.new_record(job_id, applied, spec_data, folder, []),
             name=kernel_name(args),

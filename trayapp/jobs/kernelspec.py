@@ -54,6 +54,7 @@ from trayapp.jobs.options import (
     validate,
 )
 from trayapp.jobs.plan import JobProcess, build_launch, default_runner_dir
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading
 from trayapp.runner import protocol
 
@@ -276,7 +277,7 @@ class KernelEntry:
     headroom: bool = False
     problem: Optional[str] = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "name": self.name,
             "folder": str(self.folder),

@@ -54,7 +54,9 @@ from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.starting import Launcher
 from trayapp.jobs.table import JobTable
 from trayapp.jobs.transitions import ENDS
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading, Snapshot
+from trayapp.request_args import Args, Handlers
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -124,9 +126,9 @@ class JobManager:
         spec_json: Dict[str, Any],
         environ: Optional[Dict[str, Any]] = None,
         env_from: Optional[str] = None,
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Start a job (``Launcher.start``)."""
-        return self.launcher.start(spec_json, environ, env_from).to_json()
+        return self.launcher.start(spec_json, environ, env_from)
 
     def pause(
         self,
@@ -136,7 +138,7 @@ class JobManager:
         reason: str = "",
         deadline: Optional[float] = None,
         at_once: bool = False,
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Pause a job (``Controller.pause``). ``at_once`` (the guard's last resort, by the
         job's id): its process group is stopped before anything else (``trees.
         stop_group_now``), and continued again when the pause is refused."""
@@ -145,45 +147,45 @@ class JobManager:
             job = self.table.jobs.get(job_ref)  # no lock: the stop comes before the bookkeeping
             leader = trees.stop_group_now(job.rec) if job is not None else 0
         try:
-            return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline).to_json()
+            return self.control.pause(job_ref, by=by, reason=reason, deadline=deadline)
         except BaseException:
             if leader:
                 trees.continue_group(leader)  # refused: undone
             raise
 
-    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def resume(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """Resume, or relaunch, a job (``Controller.resume``)."""
-        return self.control.resume(job_ref, by=by, reason=reason).to_json()
+        return self.control.resume(job_ref, by=by, reason=reason)
 
     def park(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", smaller: bool = False
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Park a job; a kernel's fit is interrupted (``Controller.park``)."""
-        return self.control.park(job_ref, by=by, reason=reason, smaller=smaller).to_json()
+        return self.control.park(job_ref, by=by, reason=reason, smaller=smaller)
 
     def stop(
         self, job_ref: str, *, by: str = BY_USER, reason: str = "", force: bool = False
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Stop a job in steps (``Controller.stop``)."""
-        return self.control.stop(job_ref, by=by, reason=reason, force=force).to_json()
+        return self.control.stop(job_ref, by=by, reason=reason, force=force)
 
-    def kill(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def kill(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """``stop`` straight to SIGKILL."""
-        return self.control.kill(job_ref, by=by, reason=reason).to_json()
+        return self.control.kill(job_ref, by=by, reason=reason)
 
-    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> Dict[str, Any]:
+    def interrupt(self, job_ref: str, *, by: str = BY_USER, reason: str = "") -> JobRecord:
         """Interrupt a kernel's fit (``KernelJobs.interrupt``)."""
-        return self.kernels.interrupt(job_ref, by=by, reason=reason).to_json()
+        return self.kernels.interrupt(job_ref, by=by, reason=reason)
 
-    def pause_all(self, *, by: str = BY_USER, reason: str = "") -> List[Dict[str, Any]]:
-        """Pause every running job; returns their dicts."""
-        return [r.to_json() for r in self.control.pause_all(by=by, reason=reason)]
+    def pause_all(self, *, by: str = BY_USER, reason: str = "") -> List[JobRecord]:
+        """Pause every running job; returns their records."""
+        return self.control.pause_all(by=by, reason=reason)
 
-    def adopt_kernel(self, peer: Peer, args: Dict[str, Any]) -> Dict[str, Any]:
+    def adopt_kernel(self, peer: Peer, args: Args) -> JSONObject:
         """Make the asking kernel a job (``KernelJobs.adopt_kernel``)."""
         return self.kernels.adopt_kernel(peer, args)
 
-    def kernel_handlers(self) -> Dict[str, Any]:
+    def kernel_handlers(self) -> Handlers:
         return self.kernels.kernel_handlers()
 
     def cgroup_offer(self) -> Offer:
@@ -196,19 +198,21 @@ class JobManager:
 
     # -- the engine's calls -------------------------------------------------------------------
 
-    def handlers(self) -> Dict[str, Callable[[Peer, Dict[str, Any]], Any]]:
+    def handlers(self) -> Handlers:
         """The control-channel ops this manager answers: ``{op: fn(peer, args)}``."""
         return {
             "jobs": lambda peer, a: [
-                r.to_json() for r in self.list(include_finished=bool(a.get("all")))
+                r.to_json() for r in self.list(include_finished=a.flag("all"))
             ],
-            "job_get": lambda peer, a: self.get(a["job"], curves=bool(a.get("curves"))),
+            "job_get": self._op_job_get,
             "job_start": lambda peer, a: self.start(
-                a["spec"], environ=a.get("environ"), env_from=a.get("env_from")
-            ),
+                a.object("spec"), environ=a.opt_object("environ"), env_from=a.opt_text("env_from")
+            ).to_json(),
             "job_action": self.control.op_action,
-            "job_log": lambda peer, a: self.log(a["job"], a.get("offset"), a.get("max_bytes")),
-            "jobs_pause_all": lambda peer, a: self.pause_all(by=BY_USER),
+            "job_log": lambda peer, a: self.log(
+                a.text("job"), a.opt_int("offset"), a.opt_int("max_bytes")
+            ),
+            "jobs_pause_all": lambda peer, a: [r.to_json() for r in self.pause_all(by=BY_USER)],
             **self.kernel_handlers(),
         }
 
@@ -238,16 +242,21 @@ class JobManager:
                 job.rec for job in self.table.jobs.values() if not self.brakes.brake_ending_now(job)
             ]
 
-    def get(self, job_ref: str, curves: bool = False) -> Dict[str, Any]:
-        """The job dict for an id, a unique id prefix or a unique name; with ``curves``, its
-        loss and metric curves under ``"curves"`` (``Curves.get``).
+    def get(self, job_ref: str) -> JobRecord:
+        """The job's record for an id, a unique id prefix or a unique name.
 
         Raises LookupError ("no job named x" / "x matches 2 jobs (...)")."""
         with self.table.lock:
             job = self.table.find(job_ref)
-            found = (job.rec if isinstance(job, Job) else job).to_json()
-        if curves:
-            found["curves"] = self.link.curves.get(found["id"])
+            return job.rec if isinstance(job, Job) else job
+
+    def _op_job_get(self, peer: Peer, args: Args) -> JSONObject:
+        """``job_get``: the job's JSON; with ``curves``, its loss and metric curves under
+        ``"curves"`` (``Curves.get``)."""
+        rec = self.get(args.text("job"))
+        found = rec.to_json()
+        if args.flag("curves"):
+            found["curves"] = self.link.curves.get(rec.id)
         return found
 
     def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:

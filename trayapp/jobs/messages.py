@@ -32,6 +32,7 @@ from trayapp.jobs.bounded import (  # the bounds and Bad, by the names they had 
     Bad,
     plain,
 )
+from trayapp.jsonvalue import JSONObject
 from trayapp.runner import forecast as rf
 from trayapp.runner import protocol as rp
 from trayapp.text import one_line
@@ -71,7 +72,7 @@ class TfMemory:
     current_bytes: Optional[int]
     peak_bytes: Optional[int]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "device": self.device,
             "current_bytes": self.current_bytes,
@@ -108,7 +109,7 @@ class Message:
 
     given: FrozenSet[str] = field(default=frozenset(), compare=False)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The given fields as plain JSON values (tuples as lists, records as dicts)."""
         return {name: _json(getattr(self, name)) for name in sorted(self.given)}
 
@@ -158,7 +159,7 @@ class Progress(Message):
     accumulation: Optional[int] = None
     shrinkable: Optional[bool] = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         out = super().to_json()
         if "logs" in self.given:
             out["logs"] = dict(self.logs)
@@ -198,7 +199,7 @@ class ForecastDevice:
     peak_bytes: Optional[int]
     measured_batch: Optional[int]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {
             "device": self.device,
             "fixed_bytes": self.fixed_bytes,

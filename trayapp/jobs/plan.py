@@ -33,6 +33,7 @@ from trayapp.jobs.options import (
     validate,
 )
 from trayapp.jobs.plan_text import fit_batch_line, guard_lines, oom_line, runner_steps
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading
 from trayapp.runner import joblog, protocol
 
@@ -84,9 +85,9 @@ class JobProcess:
             log_max_bytes=get("jobs.log_max_mb", 32) * MiB,
         )
 
-    def to_json(self, log_path: str = "") -> Dict[str, Any]:
+    def to_json(self, log_path: str = "") -> JSONObject:
         """What the runner reads (``protocol.ENV_PROCESS``)."""
-        out: Dict[str, Any] = {"nice": self.nice, "log_max_bytes": self.log_max_bytes}
+        out: JSONObject = {"nice": self.nice, "log_max_bytes": self.log_max_bytes}
         if not WINDOWS:
             out["oom_score_adj"] = self.oom_score_adj
         if log_path:

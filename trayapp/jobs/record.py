@@ -24,6 +24,7 @@ from trayapp.jobs.record_parts import (
     bye_from_json,
     hello_from_json,
 )
+from trayapp.jsonvalue import JSONObject
 from trayapp.runner.protocol import STATE_IDLE as RUNNER_IDLE  # a kernel between fit() calls
 from trayapp.vocab import JobState
 
@@ -146,7 +147,7 @@ class JobRecord:
 
     # -- JSON --------------------------------------------------------------------------------
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The record as plain JSON types (tuples as lists, mappings as dicts)."""
         return {f.name: _plain(getattr(self, f.name)) for f in _FIELDS}
 

@@ -23,6 +23,7 @@ from trayapp.jobs.bounded import (
     optional,
     text,
 )
+from trayapp.jsonvalue import JSONObject
 from trayapp.runner import protocol as rp
 
 _COUNT = optional(int_in(0, MAX_COUNT))
@@ -47,7 +48,7 @@ class Checkpoint:
     step: Optional[int] = None
     time: Optional[float] = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"path": self.path, "epoch": self.epoch, "step": self.step, "time": self.time}
 
     @classmethod
@@ -72,7 +73,7 @@ class Note:
     level: str = rp.NOTE_INFO
     time: Optional[float] = None
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"time": self.time, "level": self.level, "message": self.message}
 
     @classmethod
@@ -98,8 +99,8 @@ class Forecast:
     free_bytes: Optional[int] = None
     ram_need_bytes: Optional[int] = None
 
-    def to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {
+    def to_json(self) -> JSONObject:
+        out: JSONObject = {
             "message": self.message,
             "fits": self.fits,
             "accumulation": self.accumulation,
