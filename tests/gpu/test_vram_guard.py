@@ -92,13 +92,13 @@ def test_a_job_over_its_vram_budget_is_paused(start_engine: Callable[..., Engine
             jobs = client.jobs(all=True)
             if jobs:
                 job = client.job_get(jobs[0].id)
-                job_id = job["id"]
-                pids = list(job.get("pids") or pids)
-                if job["state"] not in ("starting", "running", "pausing"):
+                job_id = job.id
+                pids = list(job.pids or pids)
+                if job.state not in ("starting", "running", "pausing"):
                     break
             time.sleep(0.1)
         assert job is not None, (tmp_path / "run.out").read_text()
-        assert job["state"] == "paused" and job["paused_by"] == "guard", \
+        assert job.state == "paused" and job.paused_by == "guard", \
             (job, (tmp_path / "run.out").read_text())
         events = [e for e in client.events(limit=200)
                   if e.kind == "guard_pause" and e.job_id == job_id]

@@ -55,7 +55,7 @@ def test_a_job_log_replaced_by_a_fifo_is_refused_without_holding_the_clients_pla
     with engine.client() as c:
         job = c.job_start({"script": str(JOBS / "ticker.py"), "args": ["0", "0.2"]})
         try:
-            log = Path(job["log_path"])
+            log = Path(job.log_path)
             log.unlink()
             os.mkfifo(log, 0o600)
             answers: List[Any] = []
@@ -63,7 +63,7 @@ def test_a_job_log_replaced_by_a_fifo_is_refused_without_holding_the_clients_pla
             def read() -> None:
                 with engine.client() as other:
                     try:
-                        answers.append(other.job_log(job["id"]))
+                        answers.append(other.job_log(job.id))
                     except EngineError as e:
                         answers.append(e)
 
@@ -76,7 +76,7 @@ def test_a_job_log_replaced_by_a_fifo_is_refused_without_holding_the_clients_pla
             assert "Traceback" not in str(answer)
             assert c.status().engine.running
         finally:
-            c.job_action(job["id"], "kill")
+            c.job_action(job.id, "kill")
 
 
 def test_run_follows_its_job_through_an_engine_that_is_busy_for_a_while(
@@ -125,15 +125,15 @@ def test_a_flood_of_warnings_from_a_job_neither_fills_the_disk_nor_rotates_the_e
     with engine.client() as c:
         job = c.job_start({"script": str(JOBS / "ticker.py"), "args": ["0", "0.2"]})
         try:
-            wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the job's channel")
-            key = (paths.jobs_dir / job["id"] / "key").read_bytes()
-            conn = Client(paths.job_address(job["id"]), family="AF_UNIX", authkey=key)
+            wait_for(lambda: c.job_get(job.id).connected, 30, "the job's channel")
+            key = (paths.jobs_dir / job.id / "key").read_bytes()
+            conn = Client(paths.job_address(job.id), family="AF_UNIX", authkey=key)
             def last_note() -> bool:
                 # Sent again until it lands: the flood may have used up the job's rate.
                 conn.send_bytes(json.dumps({"type": "note", "level": "warn",
                                             "message": "the last warning"}).encode())
-                notes = c.job_get(job["id"]).get("notes") or [{}]
-                return notes[-1].get("message") == "the last warning"
+                notes = c.job_get(job.id).notes
+                return bool(notes) and notes[-1].message == "the last warning"
 
             try:
                 for i in range(3000):
@@ -142,21 +142,21 @@ def test_a_flood_of_warnings_from_a_job_neither_fills_the_disk_nor_rotates_the_e
                 wait_for(last_note, 30, "the last note", every=0.2)
             finally:
                 conn.close()
-            taken = [n["message"] for n in c.job_get(job["id"])["notes"]]
+            taken = [n.message for n in c.job_get(job.id).notes]
             assert len(taken) == 50 and taken[0].startswith("warning ")  # the last ones
             # What came over the job's rate (as fast as the engine read) was counted, and said.
-            dropped = c.job_get(job["id"])["dropped_fields"]
-            said = [e for e in c.events(job=job["id"], limit=5000)
+            dropped = c.job_get(job.id).dropped_fields
+            said = [e for e in c.events(job=job.id, limit=5000)
                     if e.kind == "job_bad_message"]
             assert dropped < 3000 and bool(dropped) == bool(said), (dropped, said)
-            events = c.events(job=job["id"], limit=5000)
+            events = c.events(job=job.id, limit=5000)
             notes = [e for e in events if e.kind == "job_note"]
             assert 1 <= len(notes) <= 100, len(notes)
             assert any("kept with the job" in e.message for e in events), events[-3:]
             logged = paths.log_file.read_text(errors="replace").count(": warning ")
             assert logged <= 100, logged
         finally:
-            c.job_action(job["id"], "kill")
+            c.job_action(job.id, "kill")
 
 
 def test_a_stopped_job_resumed_from_its_checkpoint_folder_keeps_its_env_value(
@@ -170,16 +170,16 @@ def test_a_stopped_job_resumed_from_its_checkpoint_folder_keeps_its_env_value(
     with connect(paths, start=True) as c:
         job = c.job_start(spec.to_json(), environ={"PATH": os.environ.get("PATH", "")})
         try:
-            stopped = c.job_action(job["id"], "stop")
-            wait_for(lambda: c.job_get(job["id"])["state"] == "stopped", 30, "the stop")
-            assert c.job_get(job["id"])["resumable"], stopped
-            resumed = c.job_action(job["id"], "resume")
-            assert resumed["pid"] and resumed["pid"] != job["pid"]
-            assert job_environ(resumed["pid"])["API_KEY"] == SECRET
+            stopped = c.job_action(job.id, "stop")
+            wait_for(lambda: c.job_get(job.id).state == "stopped", 30, "the stop")
+            assert c.job_get(job.id).resumable, stopped
+            resumed = c.job_action(job.id, "resume")
+            assert resumed.pid and resumed.pid != job.pid
+            assert job_environ(resumed.pid)["API_KEY"] == SECRET
         finally:
             try:
-                c.job_action(job["id"], "kill")
+                c.job_action(job.id, "kill")
             except EngineError:
                 pass
     found = modes_and_holders(cli_home, SECRET.encode())
-    assert found["holders"] == [f"jobs/{job['id']}/environ.json"]
+    assert found["holders"] == [f"jobs/{job.id}/environ.json"]

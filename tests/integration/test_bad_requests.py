@@ -80,12 +80,12 @@ def test_actions_on_a_job_that_has_ended_are_refused_not_faults(
     faults = []
     with EngineClient(engine.paths, timeout=20) as c:
         job = c.job_start({"script": str(script), "name": "quick"})
-        wait_for(lambda: c.job_get(job["id"])["state"] in ("finished", "failed", "stopped"),
+        wait_for(lambda: c.job_get(job.id).state in ("finished", "failed", "stopped"),
                  30, "the job to end")
         for action in ("pause", "resume", "stop", "kill", "park", "relaunch", "resume_from",
                        "frobnicate", ""):
             try:
-                c.job_action(job["id"], action)
+                c.job_action(job.id, action)
             except EngineError as e:
                 if e.code not in ("refused", "bad_request"):
                     faults.append((action, e.code, str(e)))
@@ -95,7 +95,7 @@ def test_actions_on_a_job_that_has_ended_are_refused_not_faults(
                          ("job_checkpoint_delete", {"checkpoint": ""}),
                          ("job_get", {"curves": True})]:
             try:
-                c.request(op, job=job["id"], **args)
+                c.request(op, job=job.id, **args)
             except EngineError as e:
                 if e.code not in ("refused", "bad_request"):
                     faults.append((op, args, e.code, str(e)))

@@ -197,13 +197,13 @@ def guarded(engine: EngineProcess) -> Dict[str, Any]:
     target of the job messages."""
     with engine.client(timeout=30) as c:
         job = c.job_start({"script": TICKER, "args": ["0", "0.5"], "name": "target"})
-        wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the runner's hello")
+        wait_for(lambda: c.job_get(job.id).connected, 30, "the runner's hello")
     return {"engine": engine, "job": job}
 
 
 def job_channel(ctx: Dict[str, Any]) -> Connection:
     paths = ctx["engine"].paths
-    job_id = ctx["job"]["id"]
+    job_id = ctx["job"].id
     key = (paths.jobs_dir / job_id / "key").read_bytes()
     return Client(paths.job_address(job_id), family="AF_UNIX", authkey=key)
 
@@ -226,11 +226,11 @@ def engine_fine(ctx: Dict[str, Any]) -> None:
     with EngineClient(ctx["engine"].paths, timeout=20) as c:
         assert c.status().engine.running
         jobs = c.jobs()
-        assert any(j.id == ctx["job"]["id"] for j in jobs)
-        job = c.job_get(ctx["job"]["id"])
-        json.dumps(job)  # plain JSON, whatever the job sent
-        for note in job.get("notes") or []:
-            assert str(note["message"]).isprintable()
+        assert any(j.id == ctx["job"].id for j in jobs)
+        json.dumps(c.request("job_get", job=ctx["job"].id))  # plain JSON, whatever the job sent
+        job = c.job_get(ctx["job"].id)
+        for note in job.notes or []:
+            assert str(note.message).isprintable()
 
 
 def hog_is_paused_by_the_guard(ctx: Dict[str, Any], tmp_path: Path) -> None:
@@ -240,17 +240,17 @@ def hog_is_paused_by_the_guard(ctx: Dict[str, Any], tmp_path: Path) -> None:
                            "ram_budget_mb": 300, "name": "hog"})
         try:
             # Held by the kernel at its limit (state D) a moment before the guard pauses it.
-            wait_for(lambda: suspended(hog["pid"]) and c.job_get(hog["id"])["state"] == "paused",
+            wait_for(lambda: suspended(hog.pid) and c.job_get(hog.id).state == "paused",
                      40, "the guard to suspend the hog")
-            job = c.job_get(hog["id"])
-            assert job["state"] == "paused" and job["paused_by"] == "guard", job
+            job = c.job_get(hog.id)
+            assert job.state == "paused" and job.paused_by == "guard", job
             lines = progress.read_text().splitlines()
             assert float(lines[-1].split()[0]) <= 400  # at its budget, not at its bound
         finally:
             with contextlib.suppress(Exception):
-                c.job_action(hog["id"], "kill", reason="test over")
+                c.job_action(hog.id, "kill", reason="test over")
             with contextlib.suppress(psutil.Error):
-                p = psutil.Process(hog["pid"])
+                p = psutil.Process(hog.pid)
                 p.resume()
                 p.kill()
 
@@ -359,10 +359,10 @@ def test_a_job_that_asks_for_answers_and_never_reads_them_cannot_block_the_engin
     """A --fit-batch forecast gets an answer: a job that sends them without end and never reads
     must not fill its channel until the engine's writes (made under the jobs' lock) block."""
     # The job's own runner, stopped, cannot say hello again and take its channel back.
-    runner = psutil.Process(guarded["job"]["pid"])
+    runner = psutil.Process(guarded["job"].pid)
     runner.suspend()
     conn = job_channel(guarded)
-    hello = rp.encode(rp.make(rp.HELLO, job_id=guarded["job"]["id"], fit_hook="installed"))
+    hello = rp.encode(rp.make(rp.HELLO, job_id=guarded["job"].id, fit_hook="installed"))
     probe = rp.encode(rp.make(rp.FORECAST, fit=1, how="probe", batch=4096, micro_batch=4096,
                               accumulation=1, devices=[{
                                   "device": "ram", "fixed_bytes": 2**30,

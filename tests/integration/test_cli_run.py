@@ -143,7 +143,7 @@ def test_jobs_lists_as_table_and_json(eng: EngineProcess) -> None:
         r = run_cli("jobs", "--json", timeout=30)
         assert r.returncode == 0, r.stderr
         listed = json.loads(r.stdout)
-        assert isinstance(listed, list) and [j["id"] for j in listed] == [job["id"]]
+        assert isinstance(listed, list) and [j["id"] for j in listed] == [job.id]
         assert DESIGN_JOB_KEYS <= set(listed[0])
         assert listed[0]["state"] in ("starting", "running")
 
@@ -151,21 +151,21 @@ def test_jobs_lists_as_table_and_json(eng: EngineProcess) -> None:
         header, row = r.stdout.splitlines()
         assert header.split() == ["ID", "NAME", "STATE", "PROGRESS", "RAM", "VRAM", "STARTED",
                                   "PROTECTION"]
-        assert row.startswith(job["id"]) and "ticker" in row
+        assert row.startswith(job.id) and "ticker" in row
 
-        c.job_action(job["id"], "stop")
+        c.job_action(job.id, "stop")
     r = run_cli("jobs", "--json", timeout=30)
     assert json.loads(r.stdout) == []
     r = run_cli("jobs", "--all", "--json", timeout=30)
     ended = json.loads(r.stdout)
-    assert [(j["id"], j["state"]) for j in ended] == [(job["id"], "stopped")]
+    assert [(j["id"], j["state"]) for j in ended] == [(job.id, "stopped")]
 
 
 def test_pause_resume_stop_commands(eng: EngineProcess) -> None:
     with eng.client() as c:
         job = c.job_start(JobSpec(script=script("ticker.py"), args=("0", "0.05"),
                                   name="counting", cwd=str(REPO)).to_json())
-    jid = job["id"]
+    jid = job.id
     r = run_cli("pause", "counting", timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"job {jid} (counting): paused (its processes suspended) by you\n"

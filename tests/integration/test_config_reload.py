@@ -140,13 +140,13 @@ def test_a_bad_edit_is_reported_once_and_the_guard_keeps_guarding(
             job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "quiet_hog.py"),
                                       args=(str(trigger), "600"), ram_budget_mb=250,
                                       cwd=str(tmp_path)).to_json())
-            job_id = job["id"]
-            wait_for(lambda: c.job_get(job_id)["state"] == "running", 30, "the job to run")
+            job_id = job.id
+            wait_for(lambda: c.job_get(job_id).state == "running", 30, "the job to run")
             trigger.write_text("go")
-            paused = wait_for(lambda: (j := c.job_get(job_id))["state"] == "paused" and j, 30,
+            paused = wait_for(lambda: (j := c.job_get(job_id)).state == "paused" and j, 30,
                               "the guard to pause the hog at its budget")
-            assert paused["paused_by"] == "guard"
-            assert paused["rss_bytes"] < 400 * 2**20
+            assert paused.paused_by == "guard"
+            assert paused.rss_bytes < 400 * 2**20
         finally:
             if job_id is not None:
                 try:

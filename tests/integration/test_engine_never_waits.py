@@ -98,9 +98,9 @@ def pause_in_background(engine: EngineProcess, job_id: str) -> threading.Thread:
 def kill(engine: EngineProcess, job: Dict[str, Any]) -> None:
     with contextlib.suppress(Exception):
         with EngineClient(engine.paths, timeout=20) as c:
-            c.job_action(job["id"], "kill", reason="test over")
+            c.job_action(job.id, "kill", reason="test over")
     with contextlib.suppress(psutil.Error):
-        p = psutil.Process(job["pid"])
+        p = psutil.Process(job.pid)
         p.resume()
         p.kill()
 
@@ -116,38 +116,38 @@ def test_a_job_that_never_reads_cannot_stall_the_engine(
         wait_for(marker.exists, 60, "the job to flood its channel")
         with engine.client(timeout=30) as c:
             # The engine decides a job's state: "parking" said unasked is the job's claim.
-            wait_for(lambda: c.job_get(bad["id"])["runner_state"] == "parking", 30,
+            wait_for(lambda: c.job_get(bad.id).runner_state == "parking", 30,
                      "the claim to be recorded")
-            job = c.job_get(bad["id"])
-            assert job["state"] == "running" and job["parked_by"] is None, job
-            assert job["hooked"] and job["answering"]
+            job = c.job_get(bad.id)
+            assert job.state == "running" and job.parked_by is None, job
+            assert job.hooked and job.answering
         with Answers(engine) as answers:
-            pausing = pause_in_background(engine, bad["id"])
+            pausing = pause_in_background(engine, bad.id)
             # Each hello now asks the engine to ask the runner again: the job's socket fills.
             with engine.client(timeout=30) as c:
-                cut = wait_for(lambda: (lambda j: j if not j["answering"] else None)(
-                    c.job_get(bad["id"])), 90, "the job to be cut off")
-                assert cut["state"] in ("pausing", "paused"), cut
-                paused = wait_for(lambda: (lambda j: j if j["state"] == "paused" else None)(
-                    c.job_get(bad["id"])), 30, "the job to be suspended by signals")
-                assert paused["pause_mode"] == "suspended", paused
-                events = [e for e in c.events(job=bad["id"])]
+                cut = wait_for(lambda: (lambda j: j if not j.answering else None)(
+                    c.job_get(bad.id)), 90, "the job to be cut off")
+                assert cut.state in ("pausing", "paused"), cut
+                paused = wait_for(lambda: (lambda j: j if j.state == "paused" else None)(
+                    c.job_get(bad.id)), 30, "the job to be suspended by signals")
+                assert paused.pause_mode == "suspended", paused
+                events = [e for e in c.events(job=bad.id)]
                 assert any("not answering" in e.message for e in events), events
             pausing.join(60)
             # Suspended: stopped by SIGSTOP, or frozen in its cgroup (the kernel brake's).
-            assert psutil.Process(bad["pid"]).status() in (psutil.STATUS_STOPPED,
+            assert psutil.Process(bad.pid).status() in (psutil.STATUS_STOPPED,
                                                            psutil.STATUS_DISK_SLEEP)
             # Meanwhile the guard guards the others and a new job starts.
             hog_is_paused_by_the_guard({"engine": engine}, tmp_path)
             with engine.client(timeout=30) as c:
                 new = c.job_start({"script": TICKER, "args": ["3", "0.01"], "name": "after"})
-                done = wait_for(lambda: (lambda j: j if j["state"] == "finished" else None)(
-                    c.job_get(new["id"])), 60, "a new job to run to its end")
-                assert done["exit_code"] == 0
+                done = wait_for(lambda: (lambda j: j if j.state == "finished" else None)(
+                    c.job_get(new.id)), 60, "a new job to run to its end")
+                assert done.exit_code == 0
         answers.check()
         with engine.client(timeout=30) as c:
             listed = {j.id: j for j in c.jobs()}
-            assert listed[bad["id"]].answering is False
+            assert listed[bad.id].answering is False
         no_tracebacks({"engine": engine})
     finally:
         kill(engine, bad)
@@ -156,7 +156,7 @@ def test_a_job_that_never_reads_cannot_stall_the_engine(
 def never_read(ctx: Dict[str, Any]) -> Connection:
     """A connection on the target job's channel, with its key, that is never read."""
     paths = ctx["engine"].paths
-    job_id = ctx["job"]["id"]
+    job_id = ctx["job"].id
     key = (paths.jobs_dir / job_id / "key").read_bytes()
     conn = Client(paths.job_address(job_id), family="AF_UNIX", authkey=key)
     ctx["open"].append(conn)
@@ -184,8 +184,8 @@ def test_job_messages_on_channels_never_read_leave_the_engine_answering(
         first = never_read(ctx)
         first.send_bytes(to_text(HELLO).encode())
         with engine.client(timeout=30) as c:
-            wait_for(lambda: c.job_get(target["id"])["hooked"], 30, "the job to read as hooked")
-        pausing = pause_in_background(engine, target["id"])  # a pause that asks and asks
+            wait_for(lambda: c.job_get(target.id).hooked, 30, "the job to read as hooked")
+        pausing = pause_in_background(engine, target.id)  # a pause that asks and asks
 
         @settings(EXAMPLES, max_examples=40)
         @given(msgs=sequences)

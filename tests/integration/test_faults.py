@@ -139,8 +139,8 @@ def test_a_full_disk_warns_once_and_the_guard_keeps_working(small_disk: Path,
             job = c.job_start(JobSpec(script=str(SCRIPTS / "faults" / "quiet_hog.py"),
                                       args=(str(trigger), "600"), ram_budget_mb=250,
                                       cwd=str(tmp_path)).to_json())
-            job_id = job["id"]
-            wait_for(lambda: c.job_get(job_id)["state"] == "running", 30, "the job to run")
+            job_id = job.id
+            wait_for(lambda: c.job_get(job_id).state == "running", 30, "the job to run")
             fill(small_disk)
             warnings: List[Dict[str, Any]] = []
             deadline = time.monotonic() + 8
@@ -153,10 +153,10 @@ def test_a_full_disk_warns_once_and_the_guard_keeps_working(small_disk: Path,
             assert c.status().engine.store_error
             # With the disk still full, the guard still acts: the hog passes its budget.
             trigger.write_text("go")
-            paused = wait_for(lambda: (j := c.job_get(job_id))["state"] == "paused" and j, 30,
+            paused = wait_for(lambda: (j := c.job_get(job_id)).state == "paused" and j, 30,
                               "the guard to pause the hog at its budget")
-            assert paused["paused_by"] == "guard"
-            assert paused["rss_bytes"] < 400 * 2**20
+            assert paused.paused_by == "guard"
+            assert paused.rss_bytes < 400 * 2**20
             # Recent history still answers, from memory.
             h = c.history(time.time() - 30)
             assert len(h["series"]["mem.available"]["t"]) >= 5
@@ -187,30 +187,30 @@ def test_pause_park_and_stop_reach_every_worker(home: Path, tmp_path: Path,
                                   script=str(SCRIPTS / "faults" / "keras_workers.py"),
                                   args=("50", "40", "0.05"), checkpoint_dir=str(ckpt),
                                   cwd=str(tmp_path)).to_json())
-        jid = job["id"]
+        jid = job.id
         try:
-            wait_for(lambda: (c.job_get(jid).get("step") or 0) >= 3, 90, "training steps")
-            workers = wait_for(lambda: len(tree(job["pid"])) >= 3 and tree(job["pid"]), 30,
+            wait_for(lambda: (c.job_get(jid).step or 0) >= 3, 90, "training steps")
+            workers = wait_for(lambda: len(tree(job.pid)) >= 3 and tree(job.pid), 30,
                                "the data pipeline's worker processes")
             # Pause: the training holds still, and a hard suspend stops every process.
             c.job_action(jid, "pause")
-            paused = wait_for(lambda: (j := c.job_get(jid))["state"] == "paused" and j, 30,
+            paused = wait_for(lambda: (j := c.job_get(jid)).state == "paused" and j, 30,
                               "the pause")
-            step = paused["step"]
+            step = paused.step
             time.sleep(1.5)
-            assert c.job_get(jid)["step"] == step
+            assert c.job_get(jid).step == step
             # Park: checkpoint, end; nothing of the tree may stay behind.
             c.job_action(jid, "park")
-            wait_for(lambda: c.job_get(jid)["state"] == "parked", 90, "the park")
+            wait_for(lambda: c.job_get(jid).state == "parked", 90, "the park")
             wait_for(lambda: not alive(workers), 20, "every worker to end with the job")
             assert any(ckpt.rglob("*")), "a checkpoint on disk"
             # Resume, then stop: again the whole tree goes.
             c.job_action(jid, "resume")
-            again = wait_for(lambda: (j := c.job_get(jid))["state"] == "running" and j["pid"]
-                             and len(tree(j["pid"])) >= 3 and j, 120, "the relaunch's workers")
-            workers = tree(again["pid"])
+            again = wait_for(lambda: (j := c.job_get(jid)).state == "running" and j.pid
+                             and len(tree(j.pid)) >= 3 and j, 120, "the relaunch's workers")
+            workers = tree(again.pid)
             c.job_action(jid, "stop")
-            wait_for(lambda: c.job_get(jid)["state"] in ("stopped", "failed", "finished"), 60,
+            wait_for(lambda: c.job_get(jid).state in ("stopped", "failed", "finished"), 60,
                      "the stop")
             wait_for(lambda: not alive(workers), 20, "every worker to end with the stop")
             # The engine reaps what the tree left at its next look at orphans (once a second).

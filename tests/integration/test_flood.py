@@ -102,8 +102,8 @@ def test_a_flood_on_a_jobs_channel_starves_neither_clients_nor_the_guard(
         engine: EngineProcess) -> None:
     with engine.client() as c:
         job = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})
-        wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the job's channel")
-        address = engine.paths.job_address(job["id"])
+        wait_for(lambda: c.job_get(job.id).connected, 30, "the job's channel")
+        address = engine.paths.job_address(job.id)
         try:
             with flood(address, "reconnect", 200), flood(address, "stall", 200):
                 first = c.status().time
@@ -111,10 +111,10 @@ def test_a_flood_on_a_jobs_channel_starves_neither_clients_nor_the_guard(
                 # The engine's loop (the guard's readings) goes on meanwhile.
                 wait_for(lambda: c.status().time >= first + 2.5, 30,
                          "readings taken during the flood")
-                assert c.job_get(job["id"])["state"] == "running"
+                assert c.job_get(job.id).state == "running"
             assert not failures, f"{len(failures)} of {TRIES} failed: {failures[:3]}"
         finally:
-            c.job_action(job["id"], "stop")
+            c.job_action(job.id, "stop")
 
 
 # -- an engine whose limits are small enough to reach -------------------------------------------

@@ -19,7 +19,6 @@ from tests.integration.test_guard_e2e import wait_state
 from tests.integration.test_relaunch_smaller import ENDED, events
 from tests.integration.test_runner import Job, TestEngine, engine, jobs, of, start  # noqa: F401
 from trayapp.jobs.options import JobSpec
-from trayapp.jobs.record import JobRecord
 from trayapp.runner import protocol
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
@@ -38,11 +37,11 @@ def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "2"), python=sys.executable,
                    ram_budget_mb=BUDGET_MB, fit_batch=True)
     client = real.client()
-    job_id = client.job_start(spec.to_json())["id"]
+    job_id = client.job_start(spec.to_json()).id
     plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", "2"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        job = wait_state(client, job_id, ENDED, 240)
         said = events(client, job_id)
         messages = [e.message for e in said]
         assert job.state == S.FINISHED, (job, messages)
@@ -156,11 +155,11 @@ def test_without_any_flag_the_probe_decides_the_first_steps_micro_batch(
                    ram_budget_mb=BUDGET_MB)  # no fit_batch given
     assert spec.fit_batch
     client = real.client()
-    job_id = client.job_start(spec.to_json())["id"]
+    job_id = client.job_start(spec.to_json()).id
     plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", "2"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        job = wait_state(client, job_id, ENDED, 240)
         said = events(client, job_id)
         messages = [e.message for e in said]
         assert job.state == S.FINISHED, (job, messages)
@@ -199,9 +198,9 @@ def test_no_fit_batch_starts_at_the_full_batch(
     spec = JobSpec(script=str(WIDE_FIT), args=(str(out), "4096", "1"), python=sys.executable,
                    fit_batch=False)
     client = real.client()
-    job_id = client.job_start(spec.to_json())["id"]
+    job_id = client.job_start(spec.to_json()).id
     try:
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        job = wait_state(client, job_id, ENDED, 240)
         said = events(client, job_id)
         assert job.state == S.FINISHED, (job, [e.message for e in said])
         assert job.batch == 4096 and (job.accumulation or 1) == 1, job
@@ -241,8 +240,8 @@ def forecast_events(start_engine: Callable[..., EngineProcess], tmp_path: Path,
     spec = JobSpec(script=str(SMALL_FIT), args=(str(out),), python=sys.executable,
                    ram_budget_mb=budget_mb, fit_batch=True)
     try:
-        job_id = client.job_start(spec.to_json())["id"]
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        job_id = client.job_start(spec.to_json()).id
+        job = wait_state(client, job_id, ENDED, 240)
         said = events(client, job_id)
         assert job.state == S.FINISHED, (job, [e.message for e in said])
         assert json.loads(out.read_text())["updates"] == 3 * 32  # 31 batches and one of 8

@@ -79,7 +79,7 @@ def test_the_warning_names_the_job_filling_memory_not_the_largest_process(
         job = client.job_start({"script": HOG_IN_CHILD,
                                 "args": ["8", "40", "480", str(tmp_path / "progress")],
                                 "ram_budget_mb": 1024})
-        label = f"job {job['id']} (hog_in_child)"
+        label = f"job {job.id} (hog_in_child)"
 
         def named() -> Optional[str]:
             line = culprit_line(client)
@@ -94,19 +94,19 @@ def test_the_warning_names_the_job_filling_memory_not_the_largest_process(
         assert "still_big" not in filling and "headroom engine" not in filling, line
 
         # The job's tree is the job's: its child is not a process of its own in the warning.
-        pids = list(client.job_get(job["id"]).get("pids") or [])
+        pids = list(client.job_get(job.id).pids or [])
         assert len(pids) >= 2, pids
         sampled = {p["pid"]: p for p in client.status().guard_json["top_processes"]}
         for pid in pids[1:]:
             if pid in sampled:
-                assert sampled[pid]["job_id"] == job["id"]
+                assert sampled[pid]["job_id"] == job.id
         if still.pid in sampled:
             assert sampled[still.pid]["name"] == "still_big"
     finally:
         if job:
             with contextlib.suppress(Exception):
-                pids = pids or list(client.job_get(job["id"]).get("pids") or [])
-                client.job_action(job["id"], "kill", reason="test over")
+                pids = pids or list(client.job_get(job.id).pids or [])
+                client.job_action(job.id, "kill", reason="test over")
         for pid in pids:
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()

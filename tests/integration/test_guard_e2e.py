@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import REPO, EngineProcess, headroom_cmd, run_cli, suspended
 from trayapp.config import Paths
 from trayapp.engine.client import EngineClient, EngineUnavailable
+from trayapp.jobs.record import JobRecord
 from trayapp.probes.memory import make_memory_probe
 
 MiB = 1 << 20
@@ -91,7 +92,7 @@ class Launch:
         pids: List[int] = []
         if self.job_id is not None and client is not None:
             with contextlib.suppress(Exception):
-                pids = list(client.job_get(self.job_id).get("pids") or [])
+                pids = list(client.job_get(self.job_id).pids or [])
                 client.job_action(self.job_id, "kill", reason="test over")
         for pid in pids:
             with contextlib.suppress(psutil.Error):
@@ -108,20 +109,22 @@ class Launch:
         self._out.close()
 
 
-def wait_state(client: EngineClient, job_id: str, states: set, timeout: float) -> Dict[str, Any]:
-    last: Dict[str, Any] = {}
+def wait_state(client: EngineClient, job_id: str, states: set, timeout: float) -> JobRecord:
+    """The job's record once it is in one of ``states``."""
+    last: List[JobRecord] = []
 
-    def check() -> Optional[Dict[str, Any]]:
-        last.update(client.job_get(job_id))
-        return dict(last) if last["state"] in states else None
+    def check() -> Optional[JobRecord]:
+        last[:] = [client.job_get(job_id)]
+        return last[0] if last[0].state in states else None
 
     try:
         return wait_for(f"job {job_id} to be {'/'.join(sorted(states))}", check, timeout)
     except AssertionError as e:
         guard = client.status().guard_json
-        raise AssertionError(f"{e}; the job: state {last.get('state')}, paused by "
-                             f"{last.get('paused_by')} ({last.get('pause_reason')}), pause mode "
-                             f"{last.get('pause_mode')}, RSS {last.get('rss_bytes')}; the guard: "
+        job = last[0] if last else JobRecord(id=job_id)
+        raise AssertionError(f"{e}; the job: state {job.state}, paused by {job.paused_by} "
+                             f"({job.pause_reason}), pause mode {job.pause_mode}, RSS "
+                             f"{job.rss_bytes}; the guard: "
                              f"{guard.get('state')} {guard.get('reasons')}") from None
 
 
@@ -162,9 +165,9 @@ def test_a_job_over_its_ram_budget_is_paused_and_resumed_by_hand(
     run = Launch(engine.paths, ["--ram-budget", "300", HOG, "50", "100", "600", str(progress)])
     client = engine.client()
     try:
-        job_id = run.job(client)["id"]
+        job_id = run.job(client).id
         job = wait_state(client, job_id, {"paused"}, 30)
-        assert job["paused_by"] == "guard"
+        assert job.paused_by == "guard"
         pause = pause_event(client, job_id)
         assert "over its budget of 300.0 MiB" in pause.message
         assert pause.data["cause"] == "budget_ram"
@@ -201,17 +204,17 @@ def test_the_guard_acts_with_no_client_connected(
     with engine.client() as c:
         job = c.job_start({"script": HOG, "args": ["50", "100", "600", str(progress)],
                            "ram_budget_mb": 300})
-    pid = job["pid"]
+    pid = job.pid
     try:
         # Nobody is connected now: the hog is watched through /proc alone.
         wait_for("the hog to be suspended", lambda: suspended(pid), 30)
         assert progress_mib(progress) <= 350
         with engine.client() as c:
-            job = c.job_get(job["id"])
-            assert job["state"] == "paused" and job["paused_by"] == "guard"
+            job = c.job_get(job.id)
+            assert job.state == "paused" and job.paused_by == "guard"
     finally:
         with engine.client() as c, contextlib.suppress(Exception):
-            c.job_action(job["id"], "kill", reason="test over")
+            c.job_action(job.id, "kill", reason="test over")
         with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
 
@@ -238,9 +241,9 @@ def test_the_guard_acts_while_clients_flood_the_channel(
         with engine.client() as c:
             job = c.job_start({"script": HOG, "args": ["50", "100", "600", str(progress)],
                                "ram_budget_mb": 300})
-            job = wait_state(c, job["id"], {"paused"}, 30)
-            assert job["paused_by"] == "guard"
-            pause = pause_event(c, job["id"])
+            job = wait_state(c, job.id, {"paused"}, 30)
+            assert job.paused_by == "guard"
+            pause = pause_event(c, job.id)
             assert pause.data["rss_bytes"] <= 400 * MiB
         assert progress_mib(progress) <= 350
         assert sum(answered) > 50  # the channel was busy all along
@@ -250,7 +253,7 @@ def test_the_guard_acts_while_clients_flood_the_channel(
             t.join(10)
         if job:
             with engine.client() as c, contextlib.suppress(Exception):
-                c.job_action(job["id"], "kill", reason="test over")
+                c.job_action(job.id, "kill", reason="test over")
 
 
 # -- a machine-wide threshold -----------------------------------------------------------------
@@ -281,9 +284,9 @@ def test_a_fast_hog_is_paused_at_the_machine_threshold(
                                 str(progress)])
     client = engine.client()
     try:
-        job_id = run.job(client)["id"]
+        job_id = run.job(client).id
         job = wait_state(client, job_id, {"paused"}, 30)
-        assert job["paused_by"] == "guard"
+        assert job.paused_by == "guard"
         ev = pause_event(client, job_id)
         cause = ev.data["cause"]
         if predict:
@@ -385,16 +388,16 @@ def test_a_job_in_a_1_gib_cgroup_is_paused_before_the_oom_killer(paths: Paths,
                 mem = client.status().memory
                 assert mem is not None
                 assert mem.limit_source == "cgroup" and mem.total_bytes == 1 * GiB
-                job_id = run.job(client)["id"]
+                job_id = run.job(client).id
                 job = wait_state(client, job_id, {"paused", "failed", "lost"}, 30)
-                assert job["state"] == "paused" and job["paused_by"] == "guard", job
+                assert job.state == "paused" and job.paused_by == "guard", job
                 oom = dict(line.split() for line in
                            (cgroup / "memory.oom_control").read_text().splitlines())
                 assert oom.get("oom_kill", "0") == "0"
                 assert int((cgroup / "memory.max_usage_in_bytes").read_text()) < 1 * GiB
                 assert progress_mib(progress) < 1024
                 time.sleep(0.5)
-                assert client.job_get(job_id)["state"] == "paused"
+                assert client.job_get(job_id).state == "paused"
             finally:
                 run.end(client)
                 client.close()
@@ -428,14 +431,14 @@ def test_a_keras_job_is_parked_and_finishes_after_resume(
     thresholds = {k: client.config_get().section("guard")[k]
                   for k in ("warn_available", "pause_available", "park_available")}
     try:
-        job_id = run.job(client, timeout=60)["id"]
+        job_id = run.job(client, timeout=60).id
         job = wait_state(client, job_id, {"paused", "parked", "failed", "stopped", "lost",
                                           "finished"}, 120)
-        if job["state"] == "paused":
+        if job.state == "paused":
             # Suspended before memory fell to the park threshold: memory now holds steady, so
             # the ladder rests at pause. The guard parks a paused job that holds what the
             # machine needs: raise the park threshold over what is available now.
-            assert job["paused_by"] == "guard", job
+            assert job.paused_by == "guard", job
             above = mib(available() + 256 * MiB)
             for name in ("warn_available", "pause_available", "park_available"):
                 client.config_set(f"guard.{name}", above)
@@ -443,7 +446,7 @@ def test_a_keras_job_is_parked_and_finishes_after_resume(
                                               "finished"}, 60)
             for name, value in thresholds.items():
                 client.config_set(f"guard.{name}", value)
-        assert job["state"] == "parked", (job, run.output)
+        assert job.state == "parked", (job, run.output)
         assert marker.exists()
         assert run.proc.wait(30) == 75  # `headroom run` says the job is parked
         kinds = [e.kind for e in guard_events(client, job_id)]
@@ -456,7 +459,7 @@ def test_a_keras_job_is_parked_and_finishes_after_resume(
         assert r.returncode == 0, r.stderr
         job = wait_state(client, job_id, {"finished", "failed", "stopped", "lost", "parked"},
                          120)
-        assert job["state"] == "finished", job
+        assert job.state == "finished", job
         launches: Dict[str, List[int]] = {}
         for pid, epoch in (line.split() for line in epoch_log.read_text().splitlines()):
             launches.setdefault(pid, []).append(int(epoch))

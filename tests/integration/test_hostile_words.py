@@ -65,16 +65,16 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
                            text=True)
     try:
         with engine.client() as c:
-            talker = c.job_start({"script": str(script), "args": [str(marker)]})["id"]
+            talker = c.job_start({"script": str(script), "args": [str(marker)]}).id
             named = wait_for(lambda: [j.id for j in c.jobs() if j.name == WORDS], 60,
                              "the job headroom run started")[0]
             wait_for(marker.exists, 60, "the hostile notes sent")
             events: List[Dict[str, Any]] = wait_for(
                 lambda: [e for e in c.events(job=talker) if e.kind == E.JOB_SHRUNK], 30,
                 "the job_shrunk event")
-            record = wait_for(lambda: (lambda j: j if j["dropped_fields"] else None)(
+            record = wait_for(lambda: (lambda j: j if j.dropped_fields else None)(
                 c.job_get(talker)), 30, "the forecast dropped")
-        assert record["name"] == Path(SCRIPT).stem  # its name is its script's
+        assert record.name == Path(SCRIPT).stem  # its name is its script's
         escaped_name = one_line(WORDS)
 
         jobs = cli("jobs").stdout
@@ -91,10 +91,10 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
         cli("logs", named, "--tail", "3")
 
         # The notes: kept escaped, and the shrunk one as its notification would read.
-        notes = record["notes"]
-        assert {n["level"] for n in notes} == {"info", "warn", "error"}
+        notes = record.notes
+        assert {n.level for n in notes} == {"info", "warn", "error"}
         for note in notes:
-            clean("a note", note["message"])
+            clean("a note", note.message)
         (shrunk,) = events
         clean("the job_shrunk event", shrunk.message)
         notice = notice_for(shrunk)
@@ -102,7 +102,7 @@ def test_no_view_shows_a_jobs_words_raw(engine: Any, paths: Paths, tmp_path: Pat
         clean("its notification", notice.message)
         assert "<" not in notice.message and "&lt;img src=y&gt;" in notice.message
         # The forecast no machine holds: dropped, counted, not kept.
-        assert record["forecast"] is None and record["dropped_fields"] >= 1
+        assert record.forecast is None and record.dropped_fields >= 1
 
         for job in (named, talker):
             cli("stop", job)

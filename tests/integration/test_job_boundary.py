@@ -41,9 +41,9 @@ def start_hog(client: EngineClient, progress: Path) -> Dict[str, Any]:
 
 def kill_job(client: EngineClient, job: Dict[str, Any]) -> None:
     with contextlib.suppress(Exception):
-        client.job_action(job["id"], "kill", reason="test over")
+        client.job_action(job.id, "kill", reason="test over")
     with contextlib.suppress(psutil.Error):
-        p = psutil.Process(job["pid"])
+        p = psutil.Process(job.pid)
         p.resume()
         p.kill()
 
@@ -51,10 +51,10 @@ def kill_job(client: EngineClient, job: Dict[str, Any]) -> None:
 def assert_hog_paused_by_guard(client: EngineClient, hog: Dict[str, Any],
                                progress: Path) -> None:
     # Held by the kernel at its limit (state D) a moment before the guard pauses it.
-    job = wait_for(lambda: (lambda j: j if suspended(hog["pid"]) and j["state"] == "paused"
-                            else None)(client.job_get(hog["id"])), 40,
+    job = wait_for(lambda: (lambda j: j if suspended(hog.pid) and j.state == "paused"
+                            else None)(client.job_get(hog.id)), 40,
                    "the guard to pause the hog")
-    assert job["state"] == "paused" and job["paused_by"] == "guard", job
+    assert job.state == "paused" and job.paused_by == "guard", job
     assert progress_mib(progress) <= 400  # paused near its 300 MiB budget, not at its bound
 
 
@@ -71,23 +71,23 @@ def test_a_poisoned_progress_message_does_not_blind_the_guard(engine: EngineProc
         hog = start_hog(client, progress)
         assert_hog_paused_by_guard(client, hog, progress)
         assert client.status().guard.state in ("warn", "pause")
-        assert {j.id for j in client.jobs()} >= {hostile["id"], hog["id"]}
+        assert {j.id for j in client.jobs()} >= {hostile.id, hog.id}
         # The engine read them all: the dropped fields are counted on the job.
-        job = wait_for(lambda: (lambda j: j if (j.get("dropped_fields") or 0) >= 5 else None)(
-            client.job_get(hostile["id"])), 10, "the dropped fields to be counted")
-        assert job["tf_memory"] is None and job["epoch"] == 1 and job["epochs"] == 3
-        assert job["step"] is None and job["checkpoint"] is None
-        assert job.get("runner_state") is None
-        note = job["notes"][-1]["message"]
+        job = wait_for(lambda: (lambda j: j if (j.dropped_fields or 0) >= 5 else None)(
+            client.job_get(hostile.id)), 10, "the dropped fields to be counted")
+        assert job.tf_memory is None and job.epoch == 1 and job.epochs == 3
+        assert job.step is None and job.checkpoint is None
+        assert job.runner_state is None
+        note = job.notes[-1].message
         assert "\x1b" not in note and "\r" not in note and "\n" not in note
         assert note.startswith("\\x1b[2J")
         # The job's events say so, once.
-        dropped = [e for e in client.events(job=hostile["id"], limit=100)
+        dropped = [e for e in client.events(job=hostile.id, limit=100)
                    if e.kind == "job_bad_message"]
         assert len(dropped) == 1, dropped
         assert "tf_memory" in dropped[0].message
         assert client.status().engine.running
-        assert any(j.id == hostile["id"] for j in client.jobs())
+        assert any(j.id == hostile.id for j in client.jobs())
     finally:
         for j in (hog, hostile):
             if j:
@@ -131,7 +131,7 @@ def test_the_ladder_acts_when_the_rest_of_the_tick_fails(engine_in_process: Any,
     with EngineClient(engine.paths, timeout=20) as client:
         hog = start_hog(client, progress)
     try:
-        wait_for(lambda: engine.jobs.get(hog["id"]).state == "running", 30,
+        wait_for(lambda: engine.jobs.get(hog.id).state == "running", 30,
                  "the hog's runner to say hello")
 
         def broken(*args: Any, **kwargs: Any) -> Any:
@@ -143,18 +143,18 @@ def test_the_ladder_acts_when_the_rest_of_the_tick_fails(engine_in_process: Any,
         monkeypatch.setattr(engine.store, "add_sample", broken)
         monkeypatch.setattr(engine.store, "add_event", broken)
         monkeypatch.setattr(type(engine), "status", broken)
-        wait_for(lambda: suspended(hog["pid"]), 40, "the guard to suspend the hog")
+        wait_for(lambda: suspended(hog.pid), 40, "the guard to suspend the hog")
         assert progress_mib(progress) <= 400
         # The guard's own status says so too, once the tick that acted has published it (the
         # suspension is seen a moment before: the state "pause" may be the tick's before).
-        wanted = {f"job:{hog['id']}"}
+        wanted = {f"job:{hog.id}"}
         wait_for(lambda: (lambda st: st["state"] == "pause" and st["paused_by_guard"].keys()
                           == wanted)(engine.guard.state_json()), 10, "the guard's status")
     finally:
         monkeypatch.undo()
         with contextlib.suppress(psutil.Error):
-            p = psutil.Process(hog["pid"])
+            p = psutil.Process(hog.pid)
             p.resume()
             p.kill()
         with contextlib.suppress(Exception):
-            engine.jobs.stop(hog["id"], force=True)
+            engine.jobs.stop(hog.id, force=True)

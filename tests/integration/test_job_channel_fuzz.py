@@ -45,8 +45,8 @@ def job_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, A
         engine = EngineProcess(get_paths()).wait_ready()
         with EngineClient(engine.paths, timeout=30) as c:
             job = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "fuzzed"})
-            wait_for(lambda: c.job_get(job["id"])["connected"], 30, "the runner's hello")
-        yield {"engine": engine, "job": job["id"]}
+            wait_for(lambda: c.job_get(job.id).connected, 30, "the runner's hello")
+        yield {"engine": engine, "job": job.id}
         assert engine.proc.poll() is None, "the engine died:\n" + engine.stderr
         engine.stop()
         assert "Traceback" not in engine.stderr, engine.stderr
@@ -75,7 +75,7 @@ def _engine_fine(ctx: Dict[str, Any]) -> None:
         assert status.engine.running and status.guard.available_bytes
         job = c.job_get(ctx["job"])
         # A state message from the job's own key may say "paused": trusted, but never an end.
-        assert job["state"] in vocab.LIVE, job["state"]
+        assert job.state in vocab.LIVE, job.state
     log = engine.stderr
     assert not any(f in log for f in FAILURES), log
 
@@ -140,5 +140,5 @@ def test_huge_and_pickled_messages(job_engine: Dict[str, Any], tmp_path: Path) -
     _engine_fine(job_engine)
     # The real runner is still connected and reporting.
     with EngineClient(job_engine["engine"].paths, timeout=10) as c:
-        wait_for(lambda: c.job_get(job_engine["job"])["connected"], 15,
+        wait_for(lambda: c.job_get(job_engine["job"]).connected, 15,
                  "the real runner still connected")

@@ -45,7 +45,7 @@ def oom_score_adj_of(pid: int) -> int:
 
 def ended(c: EngineClient, job_id: str) -> Optional[Dict[str, Any]]:
     job = c.job_get(job_id)
-    return job if job["state"] in ("finished", "failed", "stopped", "lost") else None
+    return job if job.state in ("finished", "failed", "stopped", "lost") else None
 
 
 def kill_quietly(engine: EngineProcess, job_id: Optional[str]) -> None:
@@ -81,7 +81,7 @@ def test_a_job_and_its_children_run_below_the_engine(home: Path, tmp_path: Path,
         try:
             wait_for(report.exists, 30, "the job to report its pids")
             pid, tid, child = (int(x) for x in report.read_text().split())
-            assert pid == job["pid"]
+            assert pid == job.pid
             for p, t in ((pid, None), (pid, tid), (child, None)):
                 assert nice_of(p, t) == nice, (p, t)
             assert oom_score_adj_of(pid) == oom
@@ -90,14 +90,14 @@ def test_a_job_and_its_children_run_below_the_engine(home: Path, tmp_path: Path,
             assert nice_of(engine.proc.pid) == engine_nice
             assert oom_score_adj_of(engine.proc.pid) == engine_oom
             # What the job runs at is in its record, for the jobs window.
-            process = c.job_get(job["id"])["process"]
+            process = c.job_get(job.id).process
             assert process["nice"] == nice and process["oom_score_adj"] == oom
             release.write_text("go")
-            done = wait_for(lambda: ended(c, job["id"]), 30, "the job to end")
-            assert done["state"] == "finished", done
+            done = wait_for(lambda: ended(c, job.id), 30, "the job to end")
+            assert done.state == "finished", done
         finally:
             release.write_text("go")
-            kill_quietly(engine, job["id"])
+            kill_quietly(engine, job.id)
 
 
 def test_dry_run_shows_the_priority(home: Path, tmp_path: Path) -> None:
@@ -130,18 +130,18 @@ def test_a_fast_spew_is_capped_with_its_head_and_tail(home: Path, tmp_path: Path
     with engine.client(timeout=30) as c:
         job = c.job_start(spec("spew.py", count, line, report, cwd=tmp_path))
         try:
-            done = wait_for(lambda: ended(c, job["id"]), 120, "the spew to end")
-            assert done["state"] == "finished", done
-            log = Path(done["log_path"])
+            done = wait_for(lambda: ended(c, job.id), 120, "the spew to end")
+            assert done.state == "finished", done
+            log = Path(done.log_path)
             # The last bytes may wait for the engine's next look (a tenth of a second).
             wait_for(lambda: log.stat().st_size <= MiB, 10, "the log within its cap")
             peak = int(report.read_text())
             text = log.read_text()
-            tail = c.job_log(job["id"])["data"]
+            tail = c.job_log(job.id).data
             # A follower that was further on than the trimmed log goes on at the marker.
-            follower = c.job_log(job["id"], offset=50 * MiB)
+            follower = c.job_log(job.id, offset=50 * MiB)
         finally:
-            kill_quietly(engine, job["id"])
+            kill_quietly(engine, job.id)
     lines = text.splitlines()
     assert lines[0] == "FIRST LINE OF THE SPEW"
     assert lines[-1] == f"LAST LINE OF THE SPEW after {count} lines"
@@ -156,7 +156,7 @@ def test_a_fast_spew_is_capped_with_its_head_and_tail(home: Path, tmp_path: Path
     # The cap holds while the job prints, not only once it has ended.
     assert peak <= MiB + MiB // 4, f"the log reached {peak} bytes"
     assert tail.rstrip("\n").endswith(lines[-1])
-    assert follower["start"] == MiB // 8 and follower["data"].startswith("\n[headroom: ")
+    assert follower.start == MiB // 8 and follower.data.startswith("\n[headroom: ")
 
 
 # -- a full disk --------------------------------------------------------------------------------
@@ -170,21 +170,21 @@ def test_a_job_lives_on_when_its_log_disk_fills(small_disk: Path, tmp_path: Path
     try:
         with engine.client(timeout=30) as c:
             job = c.job_start(spec("chatty.py", after, progress, 40, 0.02, 7, cwd=tmp_path))
-            job_id = job["id"]
+            job_id = job.id
             wait_for(lambda: progress.exists() and int(progress.read_text()) >= 5, 30,
                      "the job to print")
             fill(small_disk)
             at_fill = int(progress.read_text())
             after.write_text("go")
             done = wait_for(lambda: ended(c, job_id), 60, "the job to end")
-            assert done["exit_code"] == 7, done
-            assert done["end_reason"] == "exit status 7"
+            assert done.exit_code == 7, done
+            assert done.end_reason == "exit status 7"
             # "go" may be seen in the same turn that wrote at_fill: 39 more at least.
             assert int(progress.read_text()) >= at_fill + 39
-            notes = [n for n in done["notes"] if "output" in n["message"]]
-            assert len(notes) == 1, done["notes"]
-            assert notes[0]["level"] == "warn"
-            assert "no space left on device" in notes[0]["message"].lower()
+            notes = [n for n in done.notes if "output" in n.message]
+            assert len(notes) == 1, done.notes
+            assert notes[0].level == "warn"
+            assert "no space left on device" in notes[0].message.lower()
     finally:
         kill_quietly(engine, job_id)
         assert engine.proc.poll() is None, engine.stderr

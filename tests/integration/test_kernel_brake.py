@@ -29,7 +29,6 @@ from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs import cgroups
 from trayapp.jobs.options import JobSpec
-from trayapp.jobs.record import JobRecord
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
@@ -162,8 +161,8 @@ def test_a_hog_is_held_at_its_budget_by_the_kernel_never_killed(
         # 10 MiB chunks as fast as it can, at most 600 MiB: held at 200 MiB by its cgroup.
         job_id = client.job_start({"script": GATED_HOG, "python": sys.executable,
                                    "args": ["10", "0", "600", str(progress), str(gate)],
-                                   "ram_budget_mb": 200})["id"]
-        job = JobRecord.from_json(wait_state(client, job_id, {S.PAUSED} | ENDED, 60))
+                                   "ram_budget_mb": 200}).id
+        job = wait_state(client, job_id, {S.PAUSED} | ENDED, 60)
         assert job.state == S.PAUSED and job.paused_by == "guard", job
         assert job.protection == "kernel brake (cgroup v1)"
         folder = job_cgroup(job_id)
@@ -190,7 +189,7 @@ def test_forks_during_a_pause_are_frozen_too(
     job_id = None
     try:
         job_id = client.job_start({"script": FORKING, "python": sys.executable,
-                                   "args": [str(report), str(stop)]})["id"]
+                                   "args": [str(report), str(stop)]}).id
         daemon = int(wait_for("the daemon", lambda: report.exists() and report.read_text(), 30))
         folder, freezer = job_cgroup(job_id), job_freezer(job_id)
         procs = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
@@ -208,7 +207,7 @@ def test_forks_during_a_pause_are_frozen_too(
         procs = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
         frozen = states(procs)
         assert daemon in frozen and set(frozen.values()) == {"D"}, frozen  # frozen: D
-        assert JobRecord.from_json(client.job_get(job_id)).pause_mode == "suspended"
+        assert client.job_get(job_id).pause_mode == "suspended"
         # A SIGKILL from anyone to a frozen process ends it (the v1 freezer would hold it):
         # the rest of the job stays paused, stopped by signal.
         os.kill(daemon, signal.SIGKILL)
@@ -217,13 +216,13 @@ def test_forks_during_a_pause_are_frozen_too(
         rest = states([int(p) for p in (folder / "cgroup.procs").read_text().split()])
         assert rest and set(rest.values()) <= {"T", "D"}, rest
         assert (freezer / "freezer.state").read_text().strip() == "THAWED"
-        assert JobRecord.from_json(client.job_get(job_id)).state == S.PAUSED
+        assert client.job_get(job_id).state == S.PAUSED
         client.job_action(job_id, "resume")
         wait_for("the job to run again", lambda: set(states([
             int(p) for p in (folder / "cgroup.procs").read_text().split()]).values()) <=
             {"S", "R"}, 30)
         stop.touch()
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 60))
+        job = wait_state(client, job_id, ENDED, 60)
         assert job.state == S.FINISHED, job
         wait_for("its cgroups removed", lambda: not folder.exists() and not freezer.exists(),
                  30)
@@ -241,28 +240,28 @@ def test_a_cgroup_removed_under_a_running_job_leaves_it_to_the_guard(
     try:
         job_id = client.job_start({"script": GATED_HOG, "python": sys.executable,
                                    "args": ["10", "30", "60", str(progress), str(gate)],
-                                   "ram_budget_mb": 300})["id"]
+                                   "ram_budget_mb": 300}).id
         wait_for("30 MiB allocated", lambda: progress_mib(progress) >= 30, 30)
-        wait_for("its cgroup's reading", lambda: client.job_get(job_id)["memory_method"]
+        wait_for("its cgroup's reading", lambda: client.job_get(job_id).memory_method
                  == "cgroup", 30)
         folder = job_cgroup(job_id)
         parent = folder.parent
         for pid in (folder / "cgroup.procs").read_text().split():
             (parent / "cgroup.procs").write_text(pid)
         folder.rmdir()  # as another program could
-        job = JobRecord.from_json(wait_for("the engine to see it", lambda: (
-            lambda j: j if (j.get("protection") or "").startswith("none: the guard only")
-            else None)(client.job_get(job_id)), 30))
+        job = wait_for("the engine to see it", lambda: (
+            lambda j: j if (j.protection or "").startswith("none: the guard only")
+            else None)(client.job_get(job_id)), 30)
         assert job.protection == f"none: the guard only (its cgroup {folder} is gone)"
         assert job.state == S.RUNNING and psutil.pid_exists(job.pid or 0)
-        wait_for("the guard's own reading", lambda: client.job_get(job_id)["memory_method"]
+        wait_for("the guard's own reading", lambda: client.job_get(job_id).memory_method
                  not in (None, "cgroup"), 30)
         gate.touch()
         wait_for("the job to go on", lambda: progress_mib(progress) >= 60, 30)
         lines = [line for line in engine.stderr.splitlines() if "is gone" in line]
         assert len(lines) == 1 and "the kernel brake is off for it, the guard goes on" in \
             lines[0], lines
-        assert client.job_get(job_id)["state"] == S.RUNNING
+        assert client.job_get(job_id).state == S.RUNNING
     finally:
         kill_job(client, job_id)
 
@@ -280,8 +279,8 @@ def test_a_budget_below_what_an_adopted_job_uses_keeps_its_limit_above_its_use(
     try:
         job_id = client.job_start({"script": GATED_HOG, "python": sys.executable,
                                    "args": ["10", "30", "250", str(progress), str(gate)],
-                                   "ram_budget_mb": 150})["id"]
-        pid = int(client.job_get(job_id)["pid"])
+                                   "ram_budget_mb": 150}).id
+        pid = int(client.job_get(job_id).pid)
         wait_for("30 MiB allocated", lambda: progress_mib(progress) >= 30, 30)
         folder = job_cgroup(job_id)
         wait_for("its limit", lambda: read_int(folder, "memory.limit_in_bytes") == 150 * MiB,
@@ -294,7 +293,7 @@ def test_a_budget_below_what_an_adopted_job_uses_keeps_its_limit_above_its_use(
         assert used > 240 * MiB
         second = start_engine()
         client = client_of(second)
-        job = JobRecord.from_json(wait_state(client, job_id, {S.PAUSED}, 30))
+        job = wait_state(client, job_id, {S.PAUSED}, 30)
         assert job.paused_by == "guard" and job.protection == "kernel brake (cgroup v1)"
         limit = read_int(folder, "memory.limit_in_bytes")
         assert used <= limit <= used + cgroups.MARGIN_BYTES + cgroups.WRITE_STEP_BYTES
@@ -321,11 +320,11 @@ def test_a_keras_step_over_its_budget_is_braked_and_relaunched_smaller(
     spec = JobSpec(fit_batch=False, script=WIDE_FIT, args=(str(out), "4096", "2"),
                    python=sys.executable,
                    ram_budget_mb=1100, checkpoint_dir=str(ckpt))
-    job_id = client.job_start(spec.to_json())["id"]
+    job_id = client.job_start(spec.to_json()).id
     plain = subprocess.Popen([sys.executable, WIDE_FIT, str(ref), "4096", "2"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 400))
+        job = wait_state(client, job_id, ENDED, 400)
         said = events(client, job_id)
         messages = [e.message for e in said]
         assert job.state == S.FINISHED, (job, messages)
@@ -370,7 +369,7 @@ def test_empty_job_cgroups_an_engine_left_are_removed(
     try:
         job_id = client.job_start({"script": FORKING, "python": sys.executable,
                                    "args": [str(tmp_path / "daemon"), str(tmp_path / "stop")]
-                                   })["id"]
+                                   }).id
         assert not any(folder.exists() for folder in stale)
         assert (own[0] / f"{cgroups.PREFIX}{job_id}").is_dir()
         # Said in its log (read from its stderr as it comes: the line may follow the removal).
@@ -409,7 +408,7 @@ def test_a_job_the_oom_killer_ended_is_said_so_with_the_cause(paths: Paths,
             client = EngineClient(paths)
             job = client.job_start({"script": GATED_HOG, "python": sys.executable,
                                     "args": ["10", "250", "260", str(progress), str(gate)]})
-            job_id, pid = job["id"], int(job["pid"])
+            job_id, pid = job.id, int(job.pid)
             wait_for("250 MiB held", lambda: progress_mib(progress) >= 250, 30)
             folder = parent / f"{cgroups.PREFIX}{job_id}"
             assert oom_control(folder)["oom_kill"] == 0
@@ -419,7 +418,7 @@ def test_a_job_the_oom_killer_ended_is_said_so_with_the_cause(paths: Paths,
                        "'600'])\n")
             other = subprocess.Popen([sys.executable, "-c", wrapper],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            ended = JobRecord.from_json(wait_state(client, job_id, ENDED, 60))
+            ended = wait_state(client, job_id, ENDED, 60)
             assert ended.state == S.FAILED and ended.exit_code == -signal.SIGKILL, ended
             assert (ended.end_reason or "").startswith("the kernel's OOM killer ended it at ")
             assert "; not relaunched: it does not report to Headroom (no Keras fit hooked)" in \
@@ -467,8 +466,8 @@ def test_a_keras_job_the_oom_killer_ended_is_relaunched_smaller(paths: Paths,
             client = EngineClient(paths)
             spec = JobSpec(fit_batch=False, script=WIDE_FIT, args=(str(out), "1024", str(epochs)),
                            python=sys.executable, checkpoint_dir=str(ckpt))
-            job_id = client.job_start(spec.to_json())["id"]
-            wait_for("the fit's batch", lambda: client.job_get(job_id)["shrinkable"], 120)
+            job_id = client.job_start(spec.to_json()).id
+            wait_for("the fit's batch", lambda: client.job_get(job_id).shrinkable, 120)
             wrapper = ("import os, sys\n"
                        f"open({str(parent / 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
                        f"os.execv(sys.executable, [sys.executable, {HOG!r}, '10', '200', "
@@ -485,7 +484,7 @@ def test_a_keras_job_the_oom_killer_ended_is_relaunched_smaller(paths: Paths,
                                       "it at "), message
             assert message.endswith("relaunched from its checkpoint at micro-batches of "
                                     "512 x 2 (the same training)"), message
-            job = JobRecord.from_json(wait_state(client, job_id, ENDED, 300))
+            job = wait_state(client, job_id, ENDED, 300)
             assert job.state == S.FINISHED, job
             assert (job.batch, job.micro_batch, job.accumulation) == (1024, 512, 2)
             report = json.loads(out.read_text())
@@ -518,7 +517,7 @@ def test_a_frozen_job_is_left_paused_by_signal_when_the_engine_goes(
     job_id = None
     try:
         job_id = client.job_start({"script": FORKING, "python": sys.executable,
-                                   "args": [str(report), str(stop)]})["id"]
+                                   "args": [str(report), str(stop)]}).id
         daemon = int(wait_for("the daemon", lambda: report.exists() and report.read_text(), 30))
         folder, freezer = job_cgroup(job_id), job_freezer(job_id)
         client.job_action(job_id, "pause")
@@ -530,13 +529,13 @@ def test_a_frozen_job_is_left_paused_by_signal_when_the_engine_goes(
         assert daemon in procs and set(states(procs).values()) == {"T"}, states(procs)
         second = start_engine()
         client = client_of(second)
-        assert JobRecord.from_json(client.job_get(job_id)).state == S.PAUSED
+        assert client.job_get(job_id).state == S.PAUSED
         client.job_action(job_id, "resume")
         wait_for("all of it to run again", lambda: set(states([
             int(p) for p in (folder / "cgroup.procs").read_text().split()]).values()) <=
             {"S", "R"}, 30)
         stop.touch()
-        wait_for("the job to end", lambda: client.job_get(job_id)["state"] in ENDED, 60)
+        wait_for("the job to end", lambda: client.job_get(job_id).state in ENDED, 60)
     finally:
         stop.touch()
         kill_job(client, job_id)

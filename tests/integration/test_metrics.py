@@ -135,13 +135,13 @@ def test_a_job_appears_with_its_memory_and_drops_out_when_it_ends(
                    name='tick "one" \\ ü').to_json()
     with exporting.engine.client(timeout=30.0) as c:
         job = c.job_start(spec)
-        jid = job["id"]
+        jid = job.id
         try:
             # The exporter's ``job`` label meets the scrape job's own: Prometheus keeps it
             # as ``exported_job``.
             of_job = f'exported_job="{jid}"'
             ram = prom.wait_for(f'headroom_job_memory_bytes{{{of_job},kind="ram"}}', timeout=30)
-            rss = wait_for(lambda: c.job_get(jid)["rss_bytes"], 20, "the job's RSS")
+            rss = wait_for(lambda: c.job_get(jid).rss_bytes, 20, "the job's RSS")
             assert 0.5 * rss < float(ram[0]["value"][1]) < 2 * rss
             assert ram[0]["metric"]["name"] == 'tick "one" \\ ü'  # quoted and escaped as it is
             prom.wait_for(f'headroom_job_state{{{of_job},state="running"}} == 1', timeout=30)
@@ -149,7 +149,7 @@ def test_a_job_appears_with_its_memory_and_drops_out_when_it_ends(
             assert len(prom.query(f'headroom_job_state{{{of_job}}}')) == 1
         finally:
             c.job_action(jid, "stop")
-        wait_for(lambda: c.job_get(jid)["state"] in ("stopped", "finished"), 30, "the stop")
+        wait_for(lambda: c.job_get(jid).state in ("stopped", "finished"), 30, "the stop")
     prom.wait_for(f'headroom_job_memory_bytes{{exported_job="{jid}"}}', lambda r: r == [],
                   timeout=30)
     assert prom.query(f'headroom_job_state{{exported_job="{jid}"}}') == []

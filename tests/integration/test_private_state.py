@@ -386,12 +386,12 @@ def test_a_relaunch_from_the_shown_spec_gets_the_value_back(cli_home: Path,
         assert "API_KEY" in str(e.value)
         job = c.job_start(spec, env_from=first.id)
         try:
-            assert job_environ(job["pid"])["API_KEY"] == SECRET
+            assert job_environ(job.pid)["API_KEY"] == SECRET
             # The job runs with the user's umask (022 here), not the engine's private one.
-            assert _umask(job["pid"]) == 0o022
-            assert c.job_get(job["id"])["spec"]["env"] == [["API_KEY", None]]
+            assert _umask(job.pid) == 0o022
+            assert c.job_get(job.id).spec["env"] == [["API_KEY", None]]
         finally:
-            c.job_action(job["id"], "kill")
+            c.job_action(job.id, "kill")
     db = paths.db_file.read_bytes() + Path(f"{paths.db_file}-wal").read_bytes()
     assert SECRET.encode() not in db
 
@@ -408,20 +408,20 @@ def test_resume_of_a_parked_job_gets_the_env_value(cli_home: Path, paths: Paths,
     with connect(paths, start=True) as c:
         job = c.job_start(spec.to_json())
         try:
-            wait_for(lambda: (c.job_get(job["id"]).get("epoch") or 0) >= 1, 90,
+            wait_for(lambda: (c.job_get(job.id).epoch or 0) >= 1, 90,
                      "the first epoch")
-            assert c.job_action(job["id"], "park")["state"] == "parked"
-            resumed = c.job_action(job["id"], "resume")
-            assert resumed["pid"] and resumed["pid"] != job["pid"]
-            assert job_environ(resumed["pid"])["API_KEY"] == SECRET
+            assert c.job_action(job.id, "park").state == "parked"
+            resumed = c.job_action(job.id, "resume")
+            assert resumed.pid and resumed.pid != job.pid
+            assert job_environ(resumed.pid)["API_KEY"] == SECRET
         finally:
             try:
-                c.job_action(job["id"], "kill")
+                c.job_action(job.id, "kill")
             except EngineError:
                 pass
     found = modes_and_holders(cli_home, SECRET.encode())
     assert found["wrong"] == []
-    assert found["holders"] == [f"jobs/{job['id']}/environ.json"]
+    assert found["holders"] == [f"jobs/{job.id}/environ.json"]
 
 
 def test_the_state_a_new_home_gets_is_private(tmp_path: Path,

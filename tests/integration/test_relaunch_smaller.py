@@ -19,7 +19,6 @@ from tests.integration.test_guard_e2e import wait_for, wait_state
 from trayapp.config import Paths
 from trayapp.engine.event_record import EngineEvent
 from trayapp.jobs.options import JobSpec
-from trayapp.jobs.record import JobRecord
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
@@ -55,13 +54,13 @@ def test_a_job_over_its_budget_is_relaunched_smaller_and_finishes(
     spec = JobSpec(fit_batch=False, script=str(WIDE_FIT), args=(str(out), "4096", str(EPOCHS)),
                    python=sys.executable, ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt))
     client = engine.client()
-    job_id = client.job_start(spec.to_json())["id"]
+    job_id = client.job_start(spec.to_json()).id
     # The training asked for: the same fit at batch 4096 without Headroom, meanwhile.
     ref = tmp_path / "reference.json"
     plain = subprocess.Popen([sys.executable, str(WIDE_FIT), str(ref), "4096", str(EPOCHS)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        job = JobRecord.from_json(wait_state(client, job_id, ENDED, 240))
+        job = wait_state(client, job_id, ENDED, 240)
         said = events(client, job_id)
         assert job.state == S.FINISHED, (job, [e.message for e in said])
         assert (job.batch, job.micro_batch, job.accumulation) == (4096, 2048, 2)
@@ -104,9 +103,9 @@ def test_a_job_that_cannot_shrink_stays_paused_at_its_budget(
                    python=sys.executable, ram_budget_mb=BUDGET_MB, checkpoint_dir=str(ckpt),
                    on_oom="stop")
     client = engine.client()
-    job_id = client.job_start(spec.to_json())["id"]
+    job_id = client.job_start(spec.to_json()).id
     try:
-        job = JobRecord.from_json(wait_state(client, job_id, {S.PAUSED} | ENDED, 240))
+        job = wait_state(client, job_id, {S.PAUSED} | ENDED, 240)
         assert job.state == S.PAUSED and job.paused_by == "guard" and not job.shrinkable
         wait_for("a few guard ticks", lambda: len(events(client, job_id)) >= 2, 10)
         assert E.GUARD_PARK not in [e.kind for e in events(client, job_id)]

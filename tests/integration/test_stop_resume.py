@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import REPO, EngineProcess, headroom_cmd, run_cli, wait_for
 from tests.integration.test_runner import Job, TestEngine, of
 from trayapp.jobs.options import JobSpec, MemoryOptions
+from trayapp.jobs.record import JobRecord
 from trayapp.runner import protocol
 from trayapp.runner.protocol import STOP_EXIT_CODE
 
@@ -61,12 +62,12 @@ def start_run(*args: str, log: Path) -> subprocess.Popen:
                                 stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
 
 
-def listed(eng: EngineProcess, all: bool = False) -> List[Dict[str, Any]]:
+def listed(eng: EngineProcess, all: bool = False) -> List[JobRecord]:
     with eng.client() as c:
-        return [j.to_json() for j in c.jobs(all=all)]
+        return c.jobs(all=all)
 
 
-def job_state(eng: EngineProcess, job_id: str) -> Dict[str, Any]:
+def job_state(eng: EngineProcess, job_id: str) -> JobRecord:
     with eng.client() as c:
         return c.job_get(job_id)
 
@@ -79,12 +80,12 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
                     "--gate", str(gate), log=tmp_path / "run.err")
     try:
         job = wait_for(lambda: (listed(eng) or [None])[0], 60, "the job")
-        jid = job["id"]
+        jid = job.id
         wait_for(lambda: Path(str(out) + ".held").exists(), 120, "epoch 4")
         # stop's answer waits for the job to get there: the gate opens meanwhile.
         stop = subprocess.Popen(headroom_cmd("stop", jid), cwd=str(REPO),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: job_state(eng, jid).get("runner_state") == "stopping", 60,
+        wait_for(lambda: job_state(eng, jid).runner_state == "stopping", 60,
                  "the runner to take the stop")
         gate.touch()
         said = stop.communicate(timeout=60)[1]
@@ -97,8 +98,8 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     err = (tmp_path / "run.err").read_text()
     assert code == STOP_EXIT_CODE, err
     stopped = job_state(eng, jid)
-    assert stopped["state"] == "stopped", stopped
-    assert stopped["exit_code"] == STOP_EXIT_CODE
+    assert stopped.state == "stopped", stopped
+    assert stopped.exit_code == STOP_EXIT_CODE
     assert f"headroom resume {jid}" in err  # it says how to go on
     # `headroom jobs` lists it (it can still be resumed), not only `headroom jobs --all`.
     shown = run_cli("jobs", timeout=60)
@@ -118,10 +119,10 @@ def test_stop_checkpoints_skips_the_rest_and_resume_continues(
     assert jid in run_cli("jobs", timeout=60).stdout  # from the store
     r = run_cli("resume", jid, timeout=60)
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: job_state(eng, jid)["state"] not in ("starting", "running", "stopping"),
+    wait_for(lambda: job_state(eng, jid).state not in ("starting", "running", "stopping"),
              180, "the resumed job to end")
     done = job_state(eng, jid)
-    assert (done["state"], done["exit_code"]) == ("finished", 0), done
+    assert (done.state, done.exit_code) == ("finished", 0), done
     assert Path(str(out) + ".after-fit").exists()
     resumed = epochs_begun(out)[len(begun):]
     assert resumed == list(range(meta["epoch"], EPOCHS)), resumed  # not from 0
@@ -160,8 +161,8 @@ def test_stop_without_a_checkpoint_folder_skips_the_rest_too(eng: EngineProcess,
     cli = start_run(*job_args(out), log=tmp_path / "run.err")
     try:
         job = wait_for(lambda: (listed(eng) or [None])[0], 60, "the job")
-        jid = job["id"]
-        wait_for(lambda: (job_state(eng, jid).get("epoch") or 0) >= 2, 120, "epoch 2")
+        jid = job.id
+        wait_for(lambda: (job_state(eng, jid).epoch or 0) >= 2, 120, "epoch 2")
         r = run_cli("stop", jid, timeout=60)
         assert r.returncode == 0, r.stderr
         code = cli.wait(60)
@@ -171,7 +172,7 @@ def test_stop_without_a_checkpoint_folder_skips_the_rest_too(eng: EngineProcess,
             cli.wait(10)
     assert code == STOP_EXIT_CODE, (tmp_path / "run.err").read_text()
     stopped = job_state(eng, jid)
-    assert (stopped["state"], stopped["exit_code"]) == ("stopped", STOP_EXIT_CODE)
+    assert (stopped.state, stopped.exit_code) == ("stopped", STOP_EXIT_CODE)
     assert not Path(str(out) + ".after-fit").exists(), "the script went on after the stop"
     assert len(epochs_begun(out)) < EPOCHS
     r = run_cli("resume", jid, timeout=30)
@@ -228,14 +229,14 @@ def test_a_runner_that_answers_gets_the_time_to_reach_its_batch(eng: EngineProce
                                   python=sys.executable, cwd=str(REPO),
                                   options=MemoryOptions(cpu_only=True),
                                   checkpoint_dir=str(ckpt)).to_json())
-    jid = job["id"]
+    jid = job.id
     # Its first batch trained (and now in its 7 s): the stop waits for the second.
-    wait_for(lambda: job_state(eng, jid).get("hooked") and Path(str(out) + ".batches").exists(),
+    wait_for(lambda: job_state(eng, jid).hooked and Path(str(out) + ".batches").exists(),
              120, "the first batch")
     with eng.client() as c:
         c.job_action(jid, "stop")
-    done = wait_for(lambda: (lambda j: j if j["state"] == "stopped" else None)(
+    done = wait_for(lambda: (lambda j: j if j.state == "stopped" else None)(
         job_state(eng, jid)), 60, "the stop")
-    assert done["exit_code"] == STOP_EXIT_CODE, done  # ended by its runner, not by a signal
+    assert done.exit_code == STOP_EXIT_CODE, done  # ended by its runner, not by a signal
     assert not Path(str(out) + ".after-fit").exists()
     assert metadata(ckpt)["headroom"]["finished"] is False

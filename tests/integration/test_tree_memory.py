@@ -44,7 +44,7 @@ def get(eng: EngineProcess, job_id: str) -> Dict[str, Any]:
 def all_forked(eng: EngineProcess, job_id: str) -> Dict[str, Any]:
     def ready() -> Any:
         job = get(eng, job_id)
-        return job if len(job.get("pids") or []) == WORKERS + 1 and job.get("rss_bytes") \
+        return job if len(job.pids or []) == WORKERS + 1 and job.rss_bytes \
             else None
 
     return wait_for(ready, 60, "the job and all its workers in the engine's view")
@@ -61,7 +61,7 @@ def pss_sum(pids: List[int]) -> int:
 
 def stop(eng: EngineProcess, job_id: str) -> None:
     with eng.client() as c:
-        if c.job_get(job_id)["state"] not in ("stopped", "finished", "failed", "lost"):
+        if c.job_get(job_id).state not in ("stopped", "finished", "failed", "lost"):
             c.job_action(job_id, "kill")
 
 
@@ -69,35 +69,35 @@ def test_forked_workers_are_counted_once_and_a_budget_above_real_use_holds(
         eng: EngineProcess) -> None:
     job = start_job(eng, budget_mb=2048, seconds=60)
     try:
-        seen = all_forked(eng, job["id"])
-        summed, real = summed_rss(seen["pids"]), pss_sum(seen["pids"])
+        seen = all_forked(eng, job.id)
+        summed, real = summed_rss(seen.pids), pss_sum(seen.pids)
         assert real >= REAL_MB * MiB and summed > 20 * real  # what RSS alone would say
         # Close to the real use (each page once, as the kernel's PSS tells), from the first
         # reading that has all the workers on.
-        assert 0.7 * real <= seen["rss_bytes"] <= 1.5 * real, (seen["rss_bytes"], real)
-        assert seen["memory_method"] in ("pss", "cgroup")  # cgroup: the kernel brake's count
+        assert 0.7 * real <= seen.rss_bytes <= 1.5 * real, (seen.rss_bytes, real)
+        assert seen.memory_method in ("pss", "cgroup")  # cgroup: the kernel brake's count
         # The guard reads the budgeted job on every tick; give it a few seconds of them.
         deadline = time.monotonic() + 4.0
         while time.monotonic() < deadline:
-            now = get(eng, job["id"])
-            assert now["state"] == "running", now
-            real = pss_sum(now["pids"])
-            assert 0.7 * real <= now["rss_bytes"] <= 1.5 * real, (now["rss_bytes"], real)
+            now = get(eng, job.id)
+            assert now.state == "running", now
+            real = pss_sum(now.pids)
+            assert 0.7 * real <= now.rss_bytes <= 1.5 * real, (now.rss_bytes, real)
             time.sleep(0.2)
         with eng.client() as c:
-            events = c.events(job=job["id"])
+            events = c.events(job=job.id)
         assert not [e for e in events if e.kind in ("job_paused", "guard_pause")], events
     finally:
-        stop(eng, job["id"])
+        stop(eng, job.id)
 
 
 def test_a_budget_below_real_use_still_pauses_the_same_job(eng: EngineProcess) -> None:
     # The same job with a budget under its real use: the guard does act on it.
     job = start_job(eng, budget_mb=REAL_MB // 2, seconds=60)
     try:
-        wait_for(lambda: get(eng, job["id"])["state"] == "paused", 60, "the budget pause")
+        wait_for(lambda: get(eng, job.id).state == "paused", 60, "the budget pause")
     finally:
-        stop(eng, job["id"])
+        stop(eng, job.id)
 
 
 def test_the_meter_between_exact_readings_follows_new_allocations() -> None:

@@ -45,7 +45,7 @@ def _record() -> Dict[str, Any]:
     try:
         with engine.client() as c:
             job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"],
-                                  "name": "recorded"})["id"]
+                                  "name": "recorded"}).id
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 status = c.request("status")

@@ -43,12 +43,12 @@ def alive(pid: int) -> bool:
 def start_ticker(paths: Paths) -> str:
     with EngineClient(paths) as c:
         job = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})
-    return str(job["id"])
+    return str(job.id)
 
 
 def job_state(paths: Paths, job_id: str) -> str:
     with EngineClient(paths) as c:
-        return str(c.job_get(job_id)["state"])
+        return str(c.job_get(job_id).state)
 
 
 def test_quit_without_jobs_stops_the_engine_the_tray_started(qtbot, app_on, paths) -> None:
@@ -167,7 +167,7 @@ def test_a_job_launched_from_the_dialog_shows_in_the_jobs_window(qtbot, demo_eng
     job_id = start_ticker(paths)
     qtbot.waitUntil(lambda: any(j.id == job_id for j in (app.status.jobs if app.status else ())),
                     timeout=15000)
-    dialog.launched.emit({"id": job_id, "name": "ticker"})  # type: ignore[union-attr]
+    dialog.launched.emit(JobRecord(id=job_id, name="ticker"))  # type: ignore[union-attr]
     jobs = app.windows.get("jobs")
     assert jobs is not None and jobs.isVisible()
     qtbot.waitUntil(lambda: jobs.select_job(job_id), timeout=15000)

@@ -105,7 +105,7 @@ def test_live_events_from_a_real_engine(qtbot, demo_engine, app_on, paths) -> No
     d = app.open_window("dashboard")
     qtbot.waitUntil(lambda: d.updates >= 2 and d.history_loads >= 1, timeout=20000)
     with EngineClient(paths) as c:
-        job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
+        job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"}).id
         # The job's first event may come before a status names the job: its marker is named
         # as soon as one does (by the event's job id).
         qtbot.waitUntil(lambda: "ticker started" in [

@@ -113,7 +113,7 @@ def test_a_driver_without_memory_per_process_is_said_on_the_chart(qtbot, tmp_pat
 def test_a_real_engine_serves_ram_by_process_to_the_dashboard(qtbot, demo_engine, app_on,
                                                               paths) -> None:
     with EngineClient(paths) as c:
-        job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
+        job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"}).id
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:

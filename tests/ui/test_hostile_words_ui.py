@@ -64,7 +64,7 @@ def test_the_tray_and_the_jobs_window_show_a_jobs_words_escaped(qtbot, paths, st
         talker = c.job_start({"script": str(script), "args": [str(marker)]})
         wait_for(marker.exists, 60, "the hostile notes sent")
         shrunk: List[Dict[str, Any]] = wait_for(
-            lambda: [e for e in c.events(job=talker["id"]) if e.kind == E.JOB_SHRUNK], 30,
+            lambda: [e for e in c.events(job=talker.id) if e.kind == E.JOB_SHRUNK], 30,
             "the job_shrunk event")
         status = wait_for(lambda: (lambda s: s if len(active_jobs(s)) == 2 else None)(
             c.status()), 30, "both jobs in the status")
@@ -111,9 +111,9 @@ def test_the_tray_and_the_jobs_window_show_a_jobs_words_escaped(qtbot, paths, st
     name_tip = window.proxy.index(
         next(r for r in range(2) if window.proxy.index(r, 0).data() != one_line(WORDS)),
         0).data(Qt.ItemDataRole.ToolTipRole)
-    assert shown(name_tip) == lines(f"{talker['id']} · {script}")
+    assert shown(name_tip) == lines(f"{talker.id} · {script}")
     for job in (named, talker):
-        assert window.select_job(job["id"])
+        assert window.select_job(job.id)
         header = window.header_label
         assert header.textFormat() == Qt.TextFormat.PlainText
         assert raw(header.text()) == [] and "\\x1b]0;pwned" in header.text()
@@ -122,4 +122,4 @@ def test_the_tray_and_the_jobs_window_show_a_jobs_words_escaped(qtbot, paths, st
         assert raw(line) == [], line
     with engine.client() as c:
         for job in (named, talker):
-            c.job_action(job["id"], "kill")
+            c.job_action(job.id, "kill")

@@ -10,6 +10,7 @@ import pytest
 
 from tests.ui.statuses import job
 from trayapp import series
+from trayapp.jobs.curves import JobCurves
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.job_details import CurvesChart, MemoryChart
 
@@ -57,7 +58,7 @@ def test_the_curves_legend_is_in_the_title_and_escaped(qtbot: Any) -> None:
                           {"x": 1.0, "t": T0 + 1, "m": {"loss": 0.8, "<b>acc</b>": 0.6}}],
               "epochs": [{"x": 1.0, "t": T0 + 1, "m": {"loss": 0.8, "val_loss": 0.9}}],
               "fits": [{"fit": 1, "x": 0.0}]}
-    chart.show_curves(curves, None)
+    chart.show_curves(JobCurves.from_json(curves), None)
     plot = chart.chart.getPlotItem()
     assert plot.legend is None
     assert [k[0] for k in chart.keys] == ["loss", "val_loss", "<b>acc</b>"]

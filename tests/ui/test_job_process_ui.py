@@ -29,9 +29,9 @@ def test_the_details_show_the_jobs_priority(qtbot, paths, start_engine) -> None:
     Path(paths.config_file).write_text("[jobs]\nnice = 4\noom_score_adj = 700\n")
     engine = start_engine()
     done = start_job(engine, EXIT_WITH, "0", name="quick")
-    qtbot.waitUntil(lambda: job_state(engine, done["id"]) == S.FINISHED, timeout=30000)
+    qtbot.waitUntil(lambda: job_state(engine, done.id) == S.FINISHED, timeout=30000)
     window = open_window(qtbot, paths)
-    qtbot.waitUntil(lambda: window.selected_id == done["id"], timeout=10000)
+    qtbot.waitUntil(lambda: window.selected_id == done.id, timeout=10000)
     tree = window.options_tree
 
     def process_section() -> dict:

@@ -124,7 +124,7 @@ def start_job(engine, script: str, *args: str, name: str = None):  # type: ignor
 
 def job_state(engine, job_id: str) -> str:  # type: ignore[no-untyped-def]
     with engine.client() as c:
-        return str(c.job_get(job_id)["state"])
+        return str(c.job_get(job_id).state)
 
 
 def open_window(qtbot, paths) -> JobsWindow:  # type: ignore[no-untyped-def]
@@ -140,7 +140,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     failed = start_job(engine, EXIT_WITH, "3", name="will-fail")
     finished = start_job(engine, EXIT_WITH, "0", name="will-finish")
     for job in (failed, finished):
-        qtbot.waitUntil(lambda j=job: job_state(engine, j["id"]) in (S.FAILED, S.FINISHED),
+        qtbot.waitUntil(lambda j=job: job_state(engine, j.id) in (S.FAILED, S.FINISHED),
                         timeout=30000)
     ticker = start_job(engine, TICKER, "0", "0.05", name="ticker")
 
@@ -148,8 +148,8 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     assert window.windowTitle() == "Jobs — Headroom"
     qtbot.waitUntil(lambda: window.proxy.rowCount() == 3, timeout=10000)
     names = [window.proxy.index(r, 0).data() for r in range(3)]
-    assert names == [f"{j['name']} ({j['id'][:4]})" for j in (ticker, finished, failed)]
-    fail_row = window.model.job(failed["id"])
+    assert names == [f"{j.name} ({j.id[:4]})" for j in (ticker, finished, failed)]
+    fail_row = window.model.job(failed.id)
     assert fail_row is not None and state_text(fail_row) == "failed (exit status 3)"
 
     # The filter.
@@ -163,8 +163,8 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     window.show_combo.setCurrentIndex(window.show_combo.findData("all"))
 
     # The live log of the selected job: it grows, search finds, copy copies.
-    assert window.select_job(ticker["id"])
-    assert window.selected_id == ticker["id"]
+    assert window.select_job(ticker.id)
+    assert window.selected_id == ticker.id
     qtbot.waitUntil(lambda: "tick 20" in window.log_text(), timeout=20000)
     window.search_edit.setText("tick 7")
     assert window.find_in_log()
@@ -194,7 +194,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     qtbot.waitUntil(lambda: any(e.endswith("suspended by you") for e in window.event_lines())
                     and any(e.endswith("resumed by you") for e in window.event_lines()),
                     timeout=20000)
-    assert any(e.endswith("started in " + str(Path(TICKER).parent) + f" (pid {ticker['pid']})")
+    assert any(e.endswith("started in " + str(Path(TICKER).parent) + f" (pid {ticker.pid})")
                for e in window.event_lines())
 
     # The memory chart from the engine's history of this job.
@@ -213,7 +213,7 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
         qtbot.mouseClick(window.buttons["folder"], Qt.MouseButton.LeftButton)
     finally:
         QDesktopServices.unsetUrlHandler("file")
-    assert catcher.paths == [str(paths.jobs_dir / ticker["id"])]
+    assert catcher.paths == [str(paths.jobs_dir / ticker.id)]
 
     # Stop (after saying yes), then relaunch the same spec.
     asked: List[str] = []
@@ -226,25 +226,25 @@ def test_jobs_window_with_real_jobs(qtbot, paths, start_engine, tmp_path) -> Non
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
         qtbot.mouseClick(window.buttons["relaunch"], Qt.MouseButton.LeftButton)
     new = relaunched.args[0]
-    assert new["id"] != ticker["id"] and new["spec"] == ticker["spec"]
-    qtbot.waitUntil(lambda: window.selected_id == new["id"], timeout=10000)
+    assert new.id != ticker.id and new.spec == ticker.spec
+    qtbot.waitUntil(lambda: window.selected_id == new.id, timeout=10000)
     qtbot.waitUntil(lambda: "tick 3" in window.log_text(), timeout=20000)
     with engine.client() as c:
-        c.job_action(new["id"], "stop")
+        c.job_action(new.id, "stop")
 
 
 def test_engine_refusal_shows_one_line(qtbot, paths, start_engine) -> None:  # type: ignore
     engine = start_engine()
     done = start_job(engine, EXIT_WITH, "0", name="quick")
-    qtbot.waitUntil(lambda: job_state(engine, done["id"]) == S.FINISHED, timeout=30000)
+    qtbot.waitUntil(lambda: job_state(engine, done.id) == S.FINISHED, timeout=30000)
     window = open_window(qtbot, paths)
-    qtbot.waitUntil(lambda: window.selected_id == done["id"], timeout=10000)  # the first row
+    qtbot.waitUntil(lambda: window.selected_id == done.id, timeout=10000)  # the first row
     assert not window.buttons["pause"].isEnabled()
     window.act("pause")  # as if a stale button were clicked
     qtbot.waitUntil(lambda: window.action_error.text() != "", timeout=15000)
     text = window.action_error.text()
     assert "\n" not in text and "Traceback" not in text
-    assert done["id"] in text or "quick" in text
+    assert done.id in text or "quick" in text
     qtbot.waitUntil(lambda: "about to exit with 0" in window.log_text(), timeout=10000)
     qtbot.waitUntil(lambda: window.options_tree.topLevelItemCount() > 0, timeout=10000)
 

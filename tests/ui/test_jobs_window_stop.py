@@ -51,7 +51,7 @@ def test_the_relaunch_choice_becomes_resume_or_fresh() -> None:
 
 def state(engine, job_id: str) -> str:  # type: ignore[no-untyped-def]
     with engine.client() as c:
-        return str(c.job_get(job_id)["state"])
+        return str(c.job_get(job_id).state)
 
 
 def open_window(qtbot, paths) -> JobsWindow:  # type: ignore[no-untyped-def]
@@ -70,15 +70,15 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     with engine.client() as c:
         job = c.job_start({"script": EXIT_WITH, "args": ["0"], "name": "quick",
                            "checkpoint_dir": str(ckpt), "options": {"cpu_only": True}})
-    qtbot.waitUntil(lambda: state(engine, job["id"]) == S.FINISHED,
+    qtbot.waitUntil(lambda: state(engine, job.id) == S.FINISHED,
                     timeout=30000)
     # What the earlier run left: a checkpoint the runner wrote.
     (ckpt / "fit-1").mkdir()
     (ckpt / "fit-1" / "training_metadata.json").write_text('{"epoch": 3}')
 
     window = open_window(qtbot, paths)
-    qtbot.waitUntil(lambda: window.select_job(job["id"]), timeout=10000)
-    qtbot.waitUntil(lambda: window.selected_id == job["id"], timeout=10000)
+    qtbot.waitUntil(lambda: window.select_job(job.id), timeout=10000)
+    qtbot.waitUntil(lambda: window.selected_id == job.id, timeout=10000)
     asked: List[Tuple[str, Tuple[str, ...]]] = []
     answer: List[Optional[int]] = [None]
 
@@ -92,28 +92,28 @@ def test_relaunch_asks_before_it_writes_over_a_checkpoint(qtbot, paths, start_en
     assert asked and str(ckpt) in asked[0][0] and asked[0][1] == RELAUNCH_CHOICES
     qtbot.wait(300)
     with engine.client() as c:
-        assert [j.id for j in c.jobs(all=True)] == [job["id"]]
+        assert [j.id for j in c.jobs(all=True)] == [job.id]
 
     # Start over: the new job's spec says so.
     answer[0] = 1
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
         qtbot.mouseClick(window.buttons["relaunch"], Qt.MouseButton.LeftButton)
     fresh = relaunched.args[0]
-    assert fresh["id"] != job["id"]
-    assert (fresh["spec"]["fresh"], fresh["spec"]["resume"]) == (True, False)
+    assert fresh.id != job.id
+    assert (fresh.spec["fresh"], fresh.spec["resume"]) == (True, False)
 
     # Continue: from the checkpoint.
-    qtbot.waitUntil(lambda: state(engine, fresh["id"]) == S.FINISHED,
+    qtbot.waitUntil(lambda: state(engine, fresh.id) == S.FINISHED,
                     timeout=30000)
     (ckpt / "fit-1").mkdir(exist_ok=True)
     (ckpt / "fit-1" / "training_metadata.json").write_text('{"epoch": 3}')
-    qtbot.waitUntil(lambda: window.select_job(job["id"]), timeout=10000)
-    qtbot.waitUntil(lambda: window.selected_id == job["id"], timeout=10000)
+    qtbot.waitUntil(lambda: window.select_job(job.id), timeout=10000)
+    qtbot.waitUntil(lambda: window.selected_id == job.id, timeout=10000)
     answer[0] = 0
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
         qtbot.mouseClick(window.buttons["relaunch"], Qt.MouseButton.LeftButton)
     resumed = relaunched.args[0]
-    assert (resumed["spec"]["fresh"], resumed["spec"]["resume"]) == (False, True)
+    assert (resumed.spec["fresh"], resumed.spec["resume"]) == (False, True)
     assert len(asked) == 3
 
 

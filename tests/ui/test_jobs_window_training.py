@@ -39,7 +39,7 @@ def test_park_is_disabled_with_its_reason_and_a_refusal_goes(qtbot, paths,  # ty
     engine = start_engine()
     ticker = start_job(engine, TICKER, "0", "0.05", name="ticker")
     window = open_window(qtbot, paths)
-    assert window.select_job(ticker["id"])
+    assert window.select_job(ticker.id)
     qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) == S.RUNNING,
                     timeout=20000)
     # The table shows more than a few jobs at the window's first size.
@@ -56,7 +56,7 @@ def test_park_is_disabled_with_its_reason_and_a_refusal_goes(qtbot, paths,  # ty
     assert "\n" not in window.action_error.text()
     assert window.detail_tabs.mapTo(window, window.detail_tabs.rect().topLeft()) == where
     with engine.client() as c:
-        c.job_action(ticker["id"], "stop")
+        c.job_action(ticker.id, "stop")
     qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) in ENDED,
                     timeout=30000)
     qtbot.waitUntil(lambda: window.action_error.text() == "", timeout=5000)
@@ -67,10 +67,10 @@ def test_curves_and_the_checkpoint_manager(qtbot, paths, start_engine,  # type: 
     engine = start_engine()
     ckpt = tmp_path / "ckpt"
     job = keras_job(engine, tmp_path, ckpt)
-    qtbot.waitUntil(lambda: job_state(engine, job["id"]) in ENDED, timeout=120000)
-    assert job_state(engine, job["id"]) == S.FINISHED
+    qtbot.waitUntil(lambda: job_state(engine, job.id) in ENDED, timeout=120000)
+    assert job_state(engine, job.id) == S.FINISHED
     window = open_window(qtbot, paths)
-    assert window.select_job(job["id"])
+    assert window.select_job(job.id)
 
     # The loss curve from the progress the runner sent, against the epoch.
     window.detail_tabs.setCurrentIndex(TRAINING_TAB)
@@ -98,11 +98,11 @@ def test_curves_and_the_checkpoint_manager(qtbot, paths, start_engine,  # type: 
         qtbot.mouseClick(pane.buttons["continue"], Qt.MouseButton.LeftButton)
     assert "(fit-2) are deleted first" in asked[-1] and "--resume" in asked[-1]
     new = relaunched.args[0]
-    assert new["id"] != job["id"] and new["spec"]["resume"] is True
+    assert new.id != job.id and new.spec["resume"] is True
     assert not (ckpt / "fit-2").exists() and (ckpt / "fit-1" / "latest.weights.h5").exists()
-    qtbot.waitUntil(lambda: job_state(engine, new["id"]) in ENDED, timeout=120000)
-    assert job_state(engine, new["id"]) == S.FINISHED
-    qtbot.waitUntil(lambda: window.selected_id == new["id"], timeout=10000)
+    qtbot.waitUntil(lambda: job_state(engine, new.id) in ENDED, timeout=120000)
+    assert job_state(engine, new.id) == S.FINISHED
+    qtbot.waitUntil(lambda: window.selected_id == new.id, timeout=10000)
     qtbot.waitUntil(lambda: getattr(window.selected_job(), "state", None) in ENDED,
                     timeout=10000)
     assert pane.buttons["delete"].isEnabled()  # no longer live: its checkpoints may go

@@ -311,13 +311,13 @@ def test_launch_remembers_the_settings_for_the_script(qtbot, paths, start_engine
     job = launched.args[0]
     assert dialog.result() == QDialog.DialogCode.Accepted
     with engine.client() as c:
-        saved = c.job_get(job["id"])
-    assert saved["name"] == "first run"
-    assert saved["spec"]["args"] == ["--epochs", "2"]
-    assert saved["spec"]["options"]["cpu_only"] is True
-    assert saved["spec"]["ram_budget_mb"] == 3072
-    assert saved["spec"]["checkpoint_every_steps"] == 50
-    assert saved["spec"]["auto_resume"] is False
+        saved = c.job_get(job.id)
+    assert saved.name == "first run"
+    assert saved.spec["args"] == ["--epochs", "2"]
+    assert saved.spec["options"]["cpu_only"] is True
+    assert saved.spec["ram_budget_mb"] == 3072
+    assert saved.spec["checkpoint_every_steps"] == 50
+    assert saved.spec["auto_resume"] is False
 
     # A new dialog starts with the last script and its settings, and lists it as recent.
     again = open_dialog(qtbot, paths, probe_cache)
@@ -433,9 +433,9 @@ def test_show_command_is_what_is_launched(qtbot, paths, start_engine, probe_cach
     plan = dialog.launch_plan(dialog.spec)
     with qtbot.waitSignal(dialog.launched, timeout=30000) as launched:
         dialog.launch()
-    job_id = launched.args[0]["id"]
+    job_id = launched.args[0].id
     with engine.client() as c:
-        qtbot.waitUntil(lambda: c.job_get(job_id)["state"] in ENDED, timeout=60000)
+        qtbot.waitUntil(lambda: c.job_get(job_id).state in ENDED, timeout=60000)
     seen = json.loads(out.read_text())
 
     def ours(env):  # type: ignore[no-untyped-def]

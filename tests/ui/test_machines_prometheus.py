@@ -56,7 +56,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for e in engines:
             e.wait_ready()
         with engines[0].client() as c:
-            job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"})["id"]
+            job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"], "name": "ticker"}).id
         dead = f"127.0.0.1:{free_port()}"
         with PrometheusServer([*instances, dead], rule_files=[RULES]) as prom:
             prom.wait_for("up", lambda r: len(r) == 3)

@@ -24,7 +24,7 @@ def test_relaunch_gets_the_hidden_env_value_back(qtbot, paths, start_engine) -> 
             "env": [["API_KEY", "sekrit-value"]], "options": {"cpu_only": True}}
     with engine.client() as c:
         first = c.job_start(spec)
-    assert first["spec"]["env"] == [["API_KEY", None]]
+    assert first.spec["env"] == [["API_KEY", None]]
     window = JobsWindow(lambda: EngineClient(paths, timeout=10.0), poll_ms=200)
     qtbot.addWidget(window)
     window.show()
@@ -36,6 +36,6 @@ def test_relaunch_gets_the_hidden_env_value_back(qtbot, paths, start_engine) -> 
     with qtbot.waitSignal(window.relaunched, timeout=20000) as relaunched:
         qtbot.mouseClick(window.buttons["relaunch"], Qt.MouseButton.LeftButton)
     new = relaunched.args[0]
-    assert new["id"] != first["id"] and new["spec"]["env"] == [["API_KEY", None]]
-    qtbot.waitUntil(lambda: window.selected_id == new["id"], timeout=10000)
+    assert new.id != first.id and new.spec["env"] == [["API_KEY", None]]
+    qtbot.waitUntil(lambda: window.selected_id == new.id, timeout=10000)
     qtbot.waitUntil(lambda: "API_KEY = sekrit-value" in window.log_text(), timeout=20000)

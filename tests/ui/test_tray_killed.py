@@ -45,20 +45,20 @@ def test_engine_guards_on_and_a_new_tray_sees_the_same(qtbot, paths: Paths, home
         trigger = tmp_path / "go"
         with EngineClient(paths, timeout=30) as c:
             ticker = c.job_start({"script": str(SCRIPTS / "jobs" / "ticker.py"),
-                                  "args": ["0", "0.2"], "name": "ticker"})["id"]
+                                  "args": ["0", "0.2"], "name": "ticker"}).id
             hog = c.job_start({"script": str(SCRIPTS / "faults" / "quiet_hog.py"),
                                "args": [str(trigger), "600"], "name": "hog",
-                               "ram_budget_mb": 200})["id"]
-            wait_for(lambda: c.job_get(hog)["state"] == S.RUNNING, 30, "the hog to run")
+                               "ram_budget_mb": 200}).id
+            wait_for(lambda: c.job_get(hog).state == S.RUNNING, 30, "the hog to run")
         tray.send_signal(signal.SIGKILL)
         tray.wait(10)
 
         # No tray: the engine is still there, and still acts.
         trigger.write_text("go")
         with EngineClient(paths, timeout=30) as c:
-            paused = wait_for(lambda: (j := c.job_get(hog))["state"] == S.PAUSED and j, 30,
+            paused = wait_for(lambda: (j := c.job_get(hog)).state == S.PAUSED and j, 30,
                               "the guard to pause the hog with no tray running")
-            assert paused["paused_by"] == "guard"
+            assert paused.paused_by == "guard"
             assert c.ping()["pid"] == engine_pid
             truth = {j.id: j.state for j in c.jobs()}
         assert truth[ticker] == "running" and truth[hog] == "paused"

@@ -41,7 +41,7 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
     assert dialog.summary_label.text().startswith("TensorFlow runs on the CPU only")
     with qtbot.waitSignal(dialog.launched, timeout=30000) as launched:
         qtbot.mouseClick(dialog.launch_button, Qt.MouseButton.LeftButton)
-    job_id = launched.args[0]["id"]
+    job_id = launched.args[0].id
 
     window = JobsWindow(factory, poll_ms=250)
     qtbot.addWidget(window)
@@ -83,6 +83,6 @@ def test_keras_job_from_dialog_to_finish(qtbot, paths, start_engine,  # type: ig
     assert any("paused at a batch end by you" in e for e in lines)
     assert any(e.endswith("resumed by you") for e in lines)
     with engine.client() as c:
-        assert c.job_get(job_id)["exit_code"] == 0
+        assert c.job_get(job_id).exit_code == 0
     # The dialog remembered the settings for this script.
     assert dialog.recent_store.spec_for(str(KERAS_TRAIN))["args"] == ["3", "20", "0.05"]

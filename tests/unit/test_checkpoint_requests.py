@@ -100,7 +100,7 @@ def test_the_requests_are_checked_like_the_others() -> None:
 
 def _ended(c: Any, job_id: str) -> Dict[str, Any]:
     job = c.job_get(job_id)
-    return job if job["state"] in ("finished", "failed", "stopped", "lost") else None
+    return job if job.state in ("finished", "failed", "stopped", "lost") else None
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="symbolic links")
@@ -115,29 +115,29 @@ def test_the_engine_lists_and_deletes_only_in_the_jobs_folder(engine: EngineProc
                    checkpoint_dir=str(folder)).to_json()
     with engine.client(timeout=30) as c:
         job = c.job_start(spec)
-        wait_for(lambda: _ended(c, job["id"]), 60, "the job to end")
+        wait_for(lambda: _ended(c, job.id), 60, "the job to end")
         _fit(folder, 1, 14, 67)
         _fit(folder, 2, 0, 5)
         os.symlink(victim, folder / "fit-3")
-        listing = c.job_checkpoints(job["id"])
+        listing = c.job_checkpoints(job.id)
         assert [(x.name, x.epoch, x.step) for x in listing.checkpoints] == \
             [("fit-1", 14, 67), ("fit-2", 0, 5)]
         for hostile in ("fit-3", str(victim), "../victim", str(folder / ".." / "victim")):
             with pytest.raises(EngineError):
-                c.job_checkpoint_delete(job["id"], hostile)
+                c.job_checkpoint_delete(job.id, hostile)
         assert (victim / "latest.weights.h5").read_text() == "precious"
-        assert c.job_checkpoint_delete(job["id"], "fit-2")["deleted"] == "fit-2"
-        assert [x.name for x in c.job_checkpoints(job["id"]).checkpoints] == ["fit-1"]
+        assert c.job_checkpoint_delete(job.id, "fit-2")["deleted"] == "fit-2"
+        assert [x.name for x in c.job_checkpoints(job.id).checkpoints] == ["fit-1"]
         with pytest.raises(EngineError, match="no job"):
             c.job_checkpoints("nosuchjob")
         # A live job may be writing its checkpoint: none of it is deleted under it.
         live = c.job_start(dict(spec, args=["tick", "30"], resume=True))
         try:
             with pytest.raises(EngineError, match="once it is parked or has ended"):
-                c.job_checkpoint_delete(live["id"], "fit-1")
+                c.job_checkpoint_delete(live.id, "fit-1")
             assert (folder / "fit-1" / "latest.weights.h5").exists()
         finally:
-            c.job_action(live["id"], "kill")
+            c.job_action(live.id, "kill")
 
 
 def test_a_garbled_listing_reads_as_the_checkpoints_that_can_be_read() -> None:

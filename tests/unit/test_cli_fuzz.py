@@ -250,9 +250,9 @@ def test_each_command_does_its_work_against_the_engine(
     with homes.engine.client() as c:
         ticker = REPO / "tests" / "scripts" / "jobs" / "ticker.py"
         job = c.job_start(JobSpec(script=str(ticker), args=("0", "0.5"), name="steady").to_json())
-    for argv, said in ((["pause", job["id"]], "(steady): pause"),
+    for argv, said in ((["pause", job.id], "(steady): pause"),
                        (["resume", "steady"], "(steady): "),
-                       (["jobs"], "steady"), (["status"], "Job    steady [" + job["id"]),
+                       (["jobs"], "steady"), (["status"], "Job    steady [" + job.id),
                        (["stop", "steady"], "(steady): stop")):
         assert main(argv) == 0, (argv, capsys.readouterr())
         out = capsys.readouterr()

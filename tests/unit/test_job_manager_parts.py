@@ -19,11 +19,11 @@ import pytest
 from tests.unit.test_launcher import Events, ticker, until
 from trayapp.config import Paths, get_paths
 from trayapp.engine.store import Store
-from trayapp.request_args import Args
 from trayapp.jobs import control, eta
 from trayapp.jobs.job import Job
 from trayapp.jobs.manager import JobManager, ending
 from trayapp.jobs.record import JobRecord
+from trayapp.request_args import Args
 from trayapp.runner import protocol as rp
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S

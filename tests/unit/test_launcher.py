@@ -127,18 +127,18 @@ def test_log_pages_never_split_a_character(manager: JobManager, store: Store,
     out, offset = [], 0
     while True:
         chunk = manager.log("aaaa1111", offset=offset, max_bytes=7)
-        if not chunk["data"] and chunk["offset"] >= chunk["size"]:
+        if not chunk.data and chunk.offset >= chunk.size:
             break
-        assert chunk["offset"] > offset or chunk["data"] == ""
-        out.append(chunk["data"])
-        offset = chunk["offset"]
+        assert chunk.offset > offset or chunk.data == ""
+        out.append(chunk.data)
+        offset = chunk.offset
     assert "".join(out) == text
 
     big = "€" * 40_000  # 120 000 bytes: the tail starts inside a character
     _saved_job(store, paths, "bbbb2222", "big", big)
     tail = manager.log("bbbb2222")
-    assert tail["offset"] == tail["size"] == len(big.encode())
-    assert set(tail["data"]) == {"€"} and len(tail["data"].encode()) <= logpages.LOG_TAIL_BYTES
+    assert tail.offset == tail.size == len(big.encode())
+    assert set(tail.data) == {"€"} and len(tail.data.encode()) <= logpages.LOG_TAIL_BYTES
     with pytest.raises(ValueError):
         manager.log("bbbb2222", offset=-1)
 

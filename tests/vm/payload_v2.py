@@ -195,15 +195,15 @@ def _engine(seen: Dict[str, Any]) -> None:
         gate.touch()
         job_id = client.job_start({"script": GATED_HOG, "python": sys.executable,
                                    "args": ["10", "0", "500", str(progress), str(gate)],
-                                   "ram_budget_mb": 200})["id"]
+                                   "ram_budget_mb": 200}).id
         job_ids.append(job_id)
         job = wait_for("the job paused or ended", lambda: (
-            lambda j: j if j["state"] in ("paused", "finished", "failed", "stopped", "lost",
+            lambda j: j if j.state in ("paused", "finished", "failed", "stopped", "lost",
                                           "parked") else None)(client.job_get(job_id)), 120)
-        seen["job"] = {k: job.get(k) for k in ("state", "paused_by", "protection",
+        seen["job"] = {k: job.to_json().get(k) for k in ("state", "paused_by", "protection",
                                                "memory_method", "cgroup_memory", "pid",
                                                "rss_bytes", "end_reason")}
-        pid = int(job["pid"] or 0)
+        pid = int(job.pid or 0)
         seen["job_cgroup"] = Path(f"/proc/{pid}/cgroup").read_text().strip()
         seen["job_events"] = [e.message for e in client.events(limit=200)
                               if e.job_id == job_id]
@@ -228,12 +228,12 @@ def _engine(seen: Dict[str, Any]) -> None:
         progress2, gate2 = WORK / "job2.progress", WORK / "job2.gate"
         job2 = client.job_start({"script": GATED_HOG, "python": sys.executable,
                                  "args": ["10", "30", "60", str(progress2), str(gate2)],
-                                 "ram_budget_mb": 300})["id"]
+                                 "ram_budget_mb": 300}).id
         job_ids.append(job2)
         wait_for("30 MiB allocated", lambda: progress_mib(progress2) >= 30, 60)
-        wait_for("its scope's reading", lambda: client.job_get(job2)["memory_method"]
+        wait_for("its scope's reading", lambda: client.job_get(job2).memory_method
                  == "cgroup", 60)
-        pid2 = int(client.job_get(job2)["pid"] or 0)
+        pid2 = int(client.job_get(job2).pid or 0)
         path = Path(f"/proc/{pid2}/cgroup").read_text().strip().split("::", 1)[1]
         folder = Path("/sys/fs/cgroup" + path)
         service = Path(OFFER.memory_parent or "")
@@ -241,13 +241,13 @@ def _engine(seen: Dict[str, Any]) -> None:
             (service / "init.scope" / "cgroup.procs").write_text(p)
         seen["scope_gone"] = wait_for("the scope collected", lambda: not folder.exists(), 60)
         gone = wait_for("the engine to see it", lambda: (
-            lambda j: j if (j.get("protection") or "").startswith("none: the guard only")
+            lambda j: j if (j.protection or "").startswith("none: the guard only")
             else None)(client.job_get(job2)), 60)
-        seen["job2"] = {k: gone.get(k) for k in ("state", "protection", "pid")}
+        seen["job2"] = {k: gone.to_json().get(k) for k in ("state", "protection", "pid")}
         gate2.touch()
         seen["job2_went_on_to"] = wait_for("the job to go on", lambda: (
             lambda mb: mb if mb >= 60 else None)(progress_mib(progress2)), 60)
-        seen["job2_state"] = client.job_get(job2)["state"]
+        seen["job2_state"] = client.job_get(job2).state
         seen["job2_alive"] = os.path.exists(f"/proc/{pid2}")
     finally:
         for jid in job_ids:

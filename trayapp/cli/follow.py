@@ -76,7 +76,7 @@ class Follower:
 
     def __init__(
         self,
-        client: Any,
+        client: EngineClient,
         paths: Paths,
         job: JobRecord,
         out: Optional[TextIO] = None,
@@ -181,7 +181,7 @@ class Follower:
                 woken = self._woken.is_set()
                 self._woken.clear()
                 if woken or now - last_get >= JOB_GET_SECONDS or not self.job.is_live:
-                    self.job = JobRecord.from_json(self.client.job_get(self.job_id))
+                    self.job = self.client.job_get(self.job_id)
                     last_get = now
                 busy_said = False
             except EngineBusy:
@@ -278,9 +278,9 @@ class Follower:
         size = 0
         for _ in range(64):
             chunk = self.client.job_log(self.job_id, offset=self.offset)
-            data = chunk.get("data") or ""
-            self.offset = int(chunk.get("offset") or self.offset)
-            size = int(chunk.get("size") or 0)
+            data = chunk.data
+            self.offset = chunk.offset or self.offset
+            size = chunk.size
             if data:
                 with self._said:
                     self.screen.output(data)
@@ -372,7 +372,7 @@ class Follower:
             chunk = self.client.job_log(self.job_id, offset=None)
         except Exception:
             return
-        lines = (chunk.get("data") or "").rstrip("\n").splitlines()[-LAST_LINES:]
+        lines = chunk.data.rstrip("\n").splitlines()[-LAST_LINES:]
         if lines:
             print(f"headroom: the last lines of its output ({self.job.log_path}):", file=sys.stderr)
             for line in lines:

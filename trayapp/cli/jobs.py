@@ -196,10 +196,9 @@ def cmd_action(args: argparse.Namespace, paths: Paths) -> int:
     start = args.command == "resume" and paths.db_file.exists()
     client = connect(paths, start=start, demo=demo(args), config_file=config_file(args))
     try:
-        job = client.job_action(args.job, args.command)
+        record = client.job_action(args.job, args.command)
     finally:
         client.close()
-    record = JobRecord.from_json(job)
     if record.is_kernel and args.command == "park":
         show(describe_interrupt(record))
     elif record.is_kernel and args.command == "stop":

@@ -27,7 +27,7 @@ from trayapp.cli.follow import Follower
 from trayapp.cli.jobs import cmd_action, describe
 from trayapp.cli.screen import Screen
 from trayapp.config import Paths
-from trayapp.engine.client import EngineBusy, EngineUnavailable, connect
+from trayapp.engine.client import EngineBusy, EngineClient, EngineUnavailable, connect
 from trayapp.jobs.record import JobRecord
 
 POLL_SECONDS = 0.2
@@ -35,9 +35,9 @@ ATTACH_TAIL_LINES = 20  # of the output so far, shown before ``attach`` follows 
 TAIL_STEP_BYTES = 64 * 1024  # a tail is looked for this much further back each time
 
 
-def tail_offset(client: Any, job: str, lines: int) -> int:
+def tail_offset(client: EngineClient, job: str, lines: int) -> int:
     """The byte of ``job``'s log where its last ``lines`` lines start (0: the whole log)."""
-    size = int(client.job_log(job, max_bytes=1).get("size") or 0)
+    size = client.job_log(job, max_bytes=1).size
     if lines <= 0:
         return size
     back = TAIL_STEP_BYTES
@@ -46,11 +46,11 @@ def tail_offset(client: Any, job: str, lines: int) -> int:
         text, offset = "", start
         while offset < size:
             page = client.job_log(job, offset=offset)
-            data = page.get("data") or ""
+            data = page.data
             if not data:
                 break
             text += data
-            offset = int(page.get("offset") or size)
+            offset = page.offset or size
         # A line is complete when a newline ends it; the last one may still be open.
         body = text[:-1] if text.endswith("\n") else text
         newlines = [i for i, ch in enumerate(body) if ch == "\n"]
@@ -63,26 +63,26 @@ def tail_offset(client: Any, job: str, lines: int) -> int:
         back *= 2
 
 
-def follow_log(client: Any, job_id: str, offset: int, screen: Screen, follow: bool) -> int:
+def follow_log(client: EngineClient, job_id: str, offset: int, screen: Screen, follow: bool) -> int:
     """Copy ``job_id``'s log from ``offset`` to ``screen``; with ``follow``, until the job has
     ended (a parked job the guard resumes by itself is waited for). Returns the job's record
     at the end, as JSON."""
     while True:
         page = client.job_log(job_id, offset=offset)
-        data = page.get("data") or ""
-        offset = int(page.get("offset") or offset)
+        data = page.data
+        offset = page.offset or offset
         if data:
             screen.output(data)
-        if offset < int(page.get("size") or 0) and data:
+        if offset < page.size and data:
             continue  # more of it already there
         if not follow:
             return offset
-        job = JobRecord.from_json(client.job_get(job_id))
+        job = client.job_get(job_id)
         if not job.is_live and not _resumes_by_itself(job):
             page = client.job_log(job_id, offset=offset)  # what it wrote last
-            if page.get("data"):
-                screen.output(page["data"])
-                offset = int(page.get("offset") or offset)
+            if page.data:
+                screen.output(page.data)
+                offset = page.offset or offset
                 continue
             return offset
         time.sleep(POLL_SECONDS)
@@ -100,7 +100,7 @@ def cmd_logs(args: argparse.Namespace, paths: Paths, out: Optional[TextIO] = Non
     )
     screen = Screen(out, sys.stderr)
     try:
-        job = JobRecord.from_json(client.job_get(args.job))
+        job = client.job_get(args.job)
         if job.is_kernel:
             say(
                 f"job {job.id} ({job.name}) is a Jupyter kernel: its output is in its notebook, "
@@ -154,7 +154,7 @@ def cmd_attach(args: argparse.Namespace, paths: Paths) -> int:
         paths, start=paths.db_file.exists(), demo=demo(args), config_file=config_file(args)
     )
     try:
-        job = JobRecord.from_json(client.job_get(args.job))
+        job = client.job_get(args.job)
     except BaseException:
         client.close()
         raise
@@ -172,7 +172,7 @@ def cmd_resume(args: argparse.Namespace, paths: Paths) -> int:
     try:
         # A relaunch's output starts at the end of the log as it is now.
         offset = tail_offset(client, args.job, 0)
-        job = JobRecord.from_json(client.job_action(args.job, "resume"))
+        job = client.job_action(args.job, "resume")
     except BaseException:
         client.close()
         raise

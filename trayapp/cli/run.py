@@ -17,7 +17,6 @@ from trayapp.jobs import cgroups
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, SpecError, apply_preset, spec_from_cli, validate
 from trayapp.jobs.plan import JobProcess, build_launch, format_plan, guard_lines
-from trayapp.jobs.record import JobRecord
 from trayapp.probes.gpu import make_backend
 from trayapp.probes.memory import make_memory_probe
 from trayapp.readings import GpuReading
@@ -65,7 +64,7 @@ def cmd_run(args: argparse.Namespace, paths: Paths) -> int:
     client = connect(paths, start=True, demo=demo(args), config_file=config_file(args))
     try:
         job = client.job_start(spec.to_json(), environ=dict(os.environ))
-        follower = Follower(client, paths, JobRecord.from_json(job))
+        follower = Follower(client, paths, job)
         follower.engine_options = {"demo": demo(args), "config_file": config_file(args)}
         return follower.run()
     finally:

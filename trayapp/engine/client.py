@@ -15,7 +15,7 @@ import threading
 import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from trayapp import private
 from trayapp.config import Paths
@@ -24,6 +24,8 @@ from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 from trayapp.engine.status_record import Status
+from trayapp.jobs.curves import JobCurves
+from trayapp.jobs.logpages import LogPage
 from trayapp.jobs.record import JobRecord, records
 
 WINDOWS = sys.platform == "win32"
@@ -298,47 +300,74 @@ class EngineClient:
         """The engine's jobs (with ``all``, the ended ones too), as records."""
         return records(self.request("jobs", all=all))
 
-    def job_get(self, job: str, curves: bool = False) -> Dict[str, Any]:
-        """The job's dict; with ``curves`` its loss and metric curves too (``"curves"``)."""
-        return self.request("job_get", job=job, curves=True if curves else None)
+    def job_get(self, job: str) -> JobRecord:
+        """The job's record (by id, unique id prefix or unique name)."""
+        return _job(self.request("job_get", job=job))
+
+    def job_curves(self, job: str) -> JobCurves:
+        """The job's loss and metric curves (``jobs.curves.JobCurves``)."""
+        answer = self.request("job_get", job=job, curves=True)
+        return JobCurves.from_json(answer.get("curves") if isinstance(answer, dict) else None)
 
     def job_start(
         self,
-        spec: Dict[str, Any],
-        environ: Optional[Dict[str, str]] = None,
+        spec: Mapping[str, Any],
+        environ: Optional[Mapping[str, str]] = None,
         env_from: Optional[str] = None,
-    ) -> Dict[str, Any]:
+    ) -> JobRecord:
         """Launch a job; ``environ`` is the environment it starts from (default: the
         engine's). ``env_from``: the job whose kept ``--env`` values fill ``spec``'s hidden ones
         (a spec from ``jobs`` shows each value as None)."""
-        return self.request(
-            "job_start",
-            spec=spec,
-            environ=environ,
-            env_from=env_from,
-            timeout=max(self.timeout, 30.0),
+        return _job(
+            self.request(
+                "job_start",
+                spec=dict(spec),
+                environ=dict(environ) if environ is not None else None,
+                env_from=env_from,
+                timeout=max(self.timeout, 30.0),
+            )
         )
 
-    def job_action(self, job: str, action: str, reason: Optional[str] = None) -> Dict[str, Any]:
-        return self.request(
-            "job_action", job=job, action=action, reason=reason, timeout=max(self.timeout, 60.0)
+    def job_action(self, job: str, action: str, reason: Optional[str] = None) -> JobRecord:
+        """Act on a job (pause, resume, park, stop, kill, interrupt); its record after."""
+        return _job(
+            self.request(
+                "job_action",
+                job=job,
+                action=action,
+                reason=reason,
+                timeout=max(self.timeout, 60.0),
+            )
         )
 
     def job_log(
         self, job: str, offset: Optional[int] = None, max_bytes: Optional[int] = None
-    ) -> Dict[str, Any]:
-        return self.request("job_log", job=job, offset=offset, max_bytes=max_bytes)
+    ) -> LogPage:
+        """A page of the job's log (``jobs.logpages.read_page``)."""
+        return LogPage.from_json(
+            self.request("job_log", job=job, offset=offset, max_bytes=max_bytes)
+        )
 
     def job_checkpoints(self, job: str) -> CheckpointListing:
         """The job's checkpoints (``engine.checkpoints.list_checkpoints``)."""
         return CheckpointListing.from_json(self.request("job_checkpoints", job=job))
 
-    def job_checkpoint_delete(self, job: str, checkpoint: str) -> Dict[str, Any]:
-        """Delete one of the job's checkpoints (its ``fit-<n>`` name or path)."""
+    def job_checkpoint_delete(self, job: str, checkpoint: str) -> Any:
+        """Delete one of the job's checkpoints (its ``fit-<n>`` name or path); the answer is
+        ``{"deleted": name, "kept": [names left]}``."""
         return self.request("job_checkpoint_delete", job=job, checkpoint=checkpoint)
 
-    def pause_all(self) -> List[Dict[str, Any]]:
-        return self.request("jobs_pause_all")
+    def pause_all(self) -> List[JobRecord]:
+        """Pause every running job; the records of those paused."""
+        return records(self.request("jobs_pause_all"))
+
+
+def _job(answer: Any) -> JobRecord:
+    """The job an answer holds; EngineError when it holds none."""
+    try:
+        return JobRecord.from_json(answer)
+    except ValueError:
+        raise EngineError("the engine's answer is not a job", "bad_answer") from None
 
 
 class Subscription:

@@ -5,8 +5,8 @@ is connected; the control channel's threads only read ``state_json()``. Before a
 resume, park, stop) it takes a fresh reading and drops the act when its cause has passed.
 
 It acts on the engine's jobs through the job manager, and on other processes only where a
-``[[guard.rules]]`` entry names them. Those it suspends it also continues when memory is back,
-and on ``close()``.
+``[[guard.rules]]`` entry names them, through ``foreign.ForeignProcesses`` (which reads the
+process list, and continues those it suspended when memory is back and on ``close()``).
 
 What it works with comes in through its constructor (the jobs, the job manager's acts, where
 events go, a fresh reading, the policy, the process list), so it runs without an engine.
@@ -14,18 +14,17 @@ events go, a fresh reading, the policy, the process list), so it runs without an
 
 from __future__ import annotations
 
-import fnmatch
 import logging
-import os
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple
 
 import psutil
 
 from trayapp.config import Config, ConfigError
 from trayapp.engine import guard
+from trayapp.engine.foreign import TOP_LIMIT, ForeignProcesses
 from trayapp.engine.guard import (
     ENDED_STATES,
     RUNNING_STATES,
@@ -36,18 +35,13 @@ from trayapp.engine.guard import (
     GuardState,
     JobView,
     Policy,
-    ProcessView,
-    Rule,
 )
 from trayapp.engine.parts import Parts
 from trayapp.errors import Unknown
 from trayapp.jobs.record import JobRecord
-from trayapp.probes.names import Namer
 from trayapp.probes.processes import (
-    ProcessRow,
     ProcessSampler,
     pids_rss,
-    same_process,
     tree_vram,
 )
 from trayapp.readings import GpuReading, Snapshot
@@ -60,10 +54,6 @@ from trayapp.vocab import GuardMode as M
 
 log = logging.getLogger("headroom.guard")
 
-TOP_LIMIT = 5  # processes named in a warning
-TOP_MIN_INTERVAL = 1.0  # the process list is read at most once a second, and only when short
-TOP_MAX_AGE = 2.5  # a sample older than this is not shown
-FOREIGN_KILL_SECONDS = 5.0  # a process a rule stops gets SIGTERM, then SIGKILL after this
 FAILURE_QUIET_SECONDS = 60.0  # the same failed act is reported at most this often
 BY = "guard"  # who the job manager is told paused, parked or stopped a job
 
@@ -155,7 +145,7 @@ class GuardService:
         self._emit_event = emit
         self._read_snapshot = read_snapshot
         self.policy = policy
-        self._sampler = processes if processes is not None else ProcessSampler()
+        self.foreign = ForeignProcesses(processes)  # the processes a rule names
         self.history = FillHistory()
         self.state = GuardState()
         self._lock = threading.RLock()
@@ -163,15 +153,7 @@ class GuardService:
         self._last_decision: Optional[Decision] = None
         self._interval: Optional[float] = None
         self._gpus_seen: Any = None
-        self._top: List[ProcessRow] = []
-        self._namer = Namer()
-        self._top_at = -1e18  # monotonic time of the last process sample
-        self._foreign_paused: Dict[int, Tuple[float, str, int]] = {}  # pid -> (created, name,
-        # rss)
-        self._foreign_stops: Dict[int, Tuple[float, float]] = {}  # pid -> (kill at, created)
-        self._created: Dict[int, float] = {}
         self._failures: Dict[str, float] = {}
-        self._self_pid = os.getpid()
         self._parts = Parts(log)  # what is not the ladder itself, each part on its own
         self._json: Dict[str, Any] = {
             "state": L.OK,
@@ -224,15 +206,7 @@ class GuardService:
     def close(self) -> None:
         """Continue the processes a rule suspended (the engine is going away)."""
         with self._lock:
-            for pid, (created, name, _) in list(self._foreign_paused.items()):
-                proc = same_process(pid, created)
-                if proc is not None:
-                    try:
-                        proc.resume()
-                        log.info("continued %s (pid %d) on the way out", name, pid)
-                    except psutil.Error:
-                        pass
-            self._foreign_paused.clear()
+            self.foreign.close()
 
     # -- one tick -----------------------------------------------------------------------------
 
@@ -242,13 +216,9 @@ class GuardService:
         inp = self._input(snap, jobs)
         self.history.record(inp)
         d = guard.decide(inp, self.history, policy, self.state)
-        if (
-            d.wants_processes
-            and policy.mode != M.OFF
-            and time.monotonic() - self._top_at >= TOP_MIN_INTERVAL
-        ):
-            if self._parts.run("guard: the process list", self._sample_processes, policy):
-                inp = replace(inp, processes=self._processes(jobs, policy))
+        if d.wants_processes and policy.mode != M.OFF and self.foreign.due():
+            if self._parts.run("guard: the process list", self.foreign.sample, policy):
+                inp = replace(inp, processes=self.foreign.views(jobs, policy))
                 d = guard.decide(inp, self.history, policy, self.state)
         self.state = d.next
         self._last_input = inp
@@ -257,7 +227,7 @@ class GuardService:
                 self._carry_out(action, inp, policy)
             except Exception:
                 log.exception("guard: %s failed", action.message)
-        self._parts.run("guard: foreign processes", self._tend_foreign)
+        self._parts.run("guard: foreign processes", self.foreign.tend)
         self._last_decision = d
         self._parts.run("guard: the status", self._publish, d, policy, inp)
 
@@ -309,7 +279,7 @@ class GuardService:
             snap.memory,
             tuple(snap.gpus),
             jobs,
-            self._processes(jobs, self.policy()),
+            self.foreign.views(jobs, self.policy()),
             gpus_fresh=fresh,
         )
 
@@ -353,7 +323,7 @@ class GuardService:
             if action.job_id is not None:
                 self._act_on_job(action)
             else:
-                self._act_on_process(action)
+                self.foreign.act(action)
         except (LookupError, ValueError, psutil.Error, OSError) as e:
             self._refused(action, fresh, policy, e)
             return
@@ -426,87 +396,6 @@ class GuardService:
         elif action.kind == A.STOP:
             manager.stop(ref, by=BY, reason=action.reason)
 
-    def _act_on_process(self, action: Action) -> None:
-        pid = action.pid
-        assert pid is not None
-        created = self._created.get(pid)
-        if created is None and pid in self._foreign_paused:
-            created = self._foreign_paused[pid][0]
-        proc = same_process(pid, created)
-        if proc is None or pid == self._self_pid:
-            raise Unknown(f"process {pid} is gone")
-        if action.kind == A.PAUSE:
-            proc.suspend()
-            rss = int(action.data.get("rss_bytes") or 0)
-            self._foreign_paused[pid] = (proc.create_time(), proc.name(), rss)
-        elif action.kind == A.RESUME:
-            proc.resume()
-            self._foreign_paused.pop(pid, None)
-        elif action.kind == A.STOP:
-            if pid in self._foreign_paused:
-                proc.resume()  # a stopped process cannot act on SIGTERM
-                self._foreign_paused.pop(pid, None)
-            proc.terminate()
-            self._foreign_stops[pid] = (time.monotonic() + FOREIGN_KILL_SECONDS, proc.create_time())
-
-    def _tend_foreign(self) -> None:
-        """Finish stops (SIGKILL once the grace has passed); forget processes that ended."""
-        if self._foreign_stops:
-            now = time.monotonic()
-            for pid, (when, created) in list(self._foreign_stops.items()):
-                proc = same_process(pid, created)
-                if proc is None:
-                    del self._foreign_stops[pid]
-                elif now >= when:
-                    try:
-                        proc.kill()
-                    except psutil.Error:
-                        pass
-                    del self._foreign_stops[pid]
-        for pid, (created, _, _) in list(self._foreign_paused.items()):
-            if same_process(pid, created) is None:
-                del self._foreign_paused[pid]
-
-    # -- other processes ----------------------------------------------------------------------
-
-    def _sample_processes(self, policy: Policy) -> None:
-        """Read the process list once: the largest by RSS, those growing fastest, and any a
-        rule names."""
-        self._top_at = time.monotonic()
-        rules = policy.rules
-        named = (lambda name: _rule_for(name, rules) is not None) if rules else None
-        self._top = self._sampler.sample(TOP_LIMIT, named, window=policy.rate_window_seconds)
-        self._created = {r.pid: r.create_time for r in self._top}
-
-    def _processes(self, jobs: Sequence[JobView], policy: Policy) -> Tuple[ProcessView, ...]:
-        owner = {pid: j.id for j in jobs for pid in j.pids}
-        out: Dict[int, ProcessView] = {}
-        if time.monotonic() - self._top_at <= TOP_MAX_AGE:
-            for pid, name, rss, created, rate in self._top:
-                job_id = owner.get(pid)
-                shown = self._namer.name(pid, name, created)  # "train.py", not "python3"
-                rule = (
-                    None
-                    if job_id or pid == self._self_pid
-                    else (_rule_for(name, policy.rules) or _rule_for(shown, policy.rules))
-                )
-                out[pid] = ProcessView(
-                    pid,
-                    shown,
-                    rss,
-                    rate,
-                    job_id,
-                    rule,
-                    pid in self._foreign_paused,
-                    pid == self._self_pid,
-                )
-        for pid, (_, name, rss) in self._foreign_paused.items():
-            if pid not in out:
-                out[pid] = ProcessView(
-                    pid, name, rss, None, None, _rule_for(name, policy.rules), True
-                )
-        return tuple(out.values())
-
     # -- the status ---------------------------------------------------------------------------
 
     def _publish(self, d: Decision, policy: Policy, inp: GuardInput) -> None:
@@ -537,13 +426,6 @@ class GuardService:
             if d.wants_processes
             else [],
             "paused_by_guard": dict(self.state.paused_for),
-            "suspended_processes": sorted(self._foreign_paused),
+            "suspended_processes": sorted(self.foreign.paused),
             "last_action": self.state.last_action,
         }
-
-
-def _rule_for(name: str, rules: Sequence[Rule]) -> Optional[Rule]:
-    for rule in rules:
-        if fnmatch.fnmatch(name, rule.pattern):
-            return rule
-    return None

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trayapp.jsonvalue import JSONObject
 
@@ -36,22 +37,108 @@ def position(epoch: Optional[int], step: Optional[int], steps: Optional[int]) ->
     return float(epoch)
 
 
+def _finite(value: Any) -> Optional[float]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Where training stood (``x``, the epoch position), when (``t``) and its metrics then."""
+
+    x: float
+    t: float
+    m: Mapping[str, float]
+
+    def to_json(self) -> JSONObject:
+        return {"x": self.x, "t": self.t, "m": dict(self.m)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional[CurvePoint]:
+        """A point from JSON; None for what is not one (a metric that is not a number is left
+        out)."""
+        if not isinstance(data, Mapping):
+            return None
+        x, t, m = _finite(data.get("x")), _finite(data.get("t")), data.get("m")
+        if x is None or not isinstance(m, Mapping):
+            return None
+        values = {str(k): v for k, v in ((k, _finite(v)) for k, v in m.items()) if v is not None}
+        return cls(x, t or 0.0, values)
+
+
+@dataclass(frozen=True)
+class FitStart:
+    """Where a later ``fit()`` call began (``x``), and its number (from 1)."""
+
+    fit: int
+    x: float
+
+    def to_json(self) -> JSONObject:
+        return {"fit": self.fit, "x": self.x}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional[FitStart]:
+        if not isinstance(data, Mapping):
+            return None
+        fit, x = data.get("fit"), _finite(data.get("x"))
+        if not isinstance(fit, int) or isinstance(fit, bool) or x is None:
+            return None
+        return cls(fit, x)
+
+
+def _read(kind: Any, items: Any) -> Tuple[Any, ...]:
+    found = (kind.from_json(i) for i in (items if isinstance(items, list) else ()))
+    return tuple(i for i in found if i is not None)
+
+
+@dataclass(frozen=True)
+class JobCurves:
+    """A job's curves: its metric names in the order they came, the points per batch and at
+    each epoch's end, and where each ``fit()`` call began."""
+
+    names: Tuple[str, ...] = ()
+    batches: Tuple[CurvePoint, ...] = ()
+    epochs: Tuple[CurvePoint, ...] = ()
+    fits: Tuple[FitStart, ...] = ()
+
+    def to_json(self) -> JSONObject:
+        return {
+            "names": list(self.names),
+            "batches": [p.to_json() for p in self.batches],
+            "epochs": [p.to_json() for p in self.epochs],
+            "fits": [f.to_json() for f in self.fits],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobCurves:
+        """The curves from JSON; a part that is garbled is left out (no curves at all: empty)."""
+        if not isinstance(data, Mapping):
+            return cls()
+        names = data.get("names")
+        return cls(
+            names=tuple(str(n) for n in (names if isinstance(names, list) else ())),
+            batches=_read(CurvePoint, data.get("batches")),
+            epochs=_read(CurvePoint, data.get("epochs")),
+            fits=_read(FitStart, data.get("fits")),
+        )
+
+
 class _JobCurves:
     def __init__(self) -> None:
-        self.batches: List[Dict[str, Any]] = []
-        self.epochs: List[Dict[str, Any]] = []
+        self.batches: List[CurvePoint] = []
+        self.epochs: List[CurvePoint] = []
         self.names: List[str] = []
-        self.fits: List[Dict[str, Any]] = []  # {"fit": n, "x": where it began}
+        self.fits: List[FitStart] = []
         self.offset = 0.0  # where the current fit began
         self.end = 0.0  # the furthest point of the current fit
 
     def start_fit(self, fit: Optional[int]) -> None:
-        if fit is None or (self.fits and self.fits[-1]["fit"] == fit):
+        if fit is None or (self.fits and self.fits[-1].fit == fit):
             return
         if self.fits:
             self.offset = self.end
         if len(self.fits) < MAX_POINTS:
-            self.fits.append({"fit": fit, "x": self.offset})
+            self.fits.append(FitStart(fit, self.offset))
 
     def add(self, x: float, t: float, metrics: Mapping[str, Any], epoch_end: bool) -> None:
         values: Dict[str, float] = {}
@@ -66,22 +153,19 @@ class _JobCurves:
             return
         x += self.offset
         self.end = max(self.end, x)
-        point = {"x": x, "t": t, "m": values}
+        point = CurvePoint(x, t, values)
         into = self.epochs if epoch_end else self.batches
-        if into and into[-1]["x"] == x:
+        if into and into[-1].x == x:
             into[-1] = point  # the same position again: the newer values
         else:
             into.append(point)
         if len(into) > MAX_POINTS:
             del into[::2]
 
-    def to_json(self) -> JSONObject:
-        return {
-            "names": list(self.names),
-            "batches": [dict(p) for p in self.batches],
-            "epochs": [dict(p) for p in self.epochs],
-            "fits": [dict(f) for f in self.fits],
-        }
+    def record(self) -> JobCurves:
+        return JobCurves(
+            tuple(self.names), tuple(self.batches), tuple(self.epochs), tuple(self.fits)
+        )
 
 
 class Curves:
@@ -118,15 +202,11 @@ class Curves:
             curves.start_fit(fit)
             curves.add(x, t, metrics, epoch_end)
 
-    def get(self, job_id: str) -> Dict[str, Any]:
-        """``{"names": [...], "batches": [{"x", "t", "m": {name: value}}], "epochs": [...],
-        "fits": [{"fit", "x"}]}``: ``x`` is the epoch position (``position``, after the fits
-        before), ``t`` the time; empty lists when the job sent no metrics (or the engine started
-        after it)."""
+    def get(self, job_id: str) -> JobCurves:
+        """The job's curves: ``x`` is the epoch position (``position``, after the fits before),
+        ``t`` the time; empty when the job sent no metrics (or the engine started after it).
+        Their JSON: ``{"names": [...], "batches": [{"x", "t", "m": {name: value}}], "epochs":
+        [...], "fits": [{"fit", "x"}]}``."""
         with self._lock:
             curves = self._jobs.get(job_id)
-            return (
-                curves.to_json()
-                if curves is not None
-                else {"names": [], "batches": [], "epochs": [], "fits": []}
-            )
+            return curves.record() if curves is not None else JobCurves()

@@ -7,28 +7,59 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Mapping, Optional
 
 from trayapp import private
 from trayapp.errors import Refused
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.runner import joblog
 from trayapp.text import one_line
 
 LOG_TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class LogPage:
+    """A page of a job's log: its text, the offset to read on from, the log's size and the
+    offset this page was read from."""
+
+    data: str = ""
+    offset: int = 0
+    size: int = 0
+    start: int = 0
+
+    def to_json(self) -> JSONObject:
+        return {"data": self.data, "offset": self.offset, "size": self.size, "start": self.start}
+
+    @classmethod
+    def from_json(cls, data: Any) -> LogPage:
+        """A page from the engine's answer; a field missing or of the wrong type reads as
+        empty (0, "")."""
+        values = data if isinstance(data, Mapping) else {}
+        text = values.get("data")
+
+        def count(name: str) -> int:
+            v = values.get(name)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+        return cls(
+            text if isinstance(text, str) else "", count("offset"), count("size"), count("start")
+        )
+
+
 # Logs go back as JSON with non-ASCII escaped (up to 6 bytes a byte): stay under the 1 MiB limit.
 LOG_MAX_BYTES = 128 * 1024
 
 
-def read_page(
-    path: Path, offset: Optional[int], max_bytes: Optional[int], cap: int
-) -> Dict[str, Any]:
+def read_page(path: Path, offset: Optional[int], max_bytes: Optional[int], cap: int) -> LogPage:
     """The log from byte ``offset`` (default: the last 64 KiB); ``cap``: the size the log is
     trimmed at (to find where a trimmed log goes on).
 
-    Returns ``{"data": text, "offset": next offset, "size": file size, "start": offset read
-    from}``; a character cut at either end is left for the next read. Raises ValueError for a
+    Returns the page (its text, the next offset, the file's size, the offset read from); a
+    character cut at either end is left for the next read. Raises ValueError for a
     negative offset, OSError for a log that cannot be read."""
     limit = LOG_MAX_BYTES if max_bytes is None else max(1, min(int(max_bytes), LOG_MAX_BYTES))
     if offset is not None and offset < 0:
@@ -44,14 +75,14 @@ def read_page(
             f.seek(start)
             data = f.read(min(limit, size - start))
     except FileNotFoundError:
-        return {"data": "", "offset": offset or 0, "size": 0, "start": offset or 0}
+        return LogPage("", offset or 0, 0, offset or 0)
     skip = 0
     if tail and start > 0:
         while skip < len(data) and skip < 4 and (data[skip] & 0xC0) == 0x80:
             skip += 1
     keep = complete_utf8(data)
     text = data[skip:keep].decode("utf-8", errors="replace")
-    return {"data": text, "offset": start + keep, "size": size, "start": start + skip}
+    return LogPage(text, start + keep, size, start + skip)
 
 
 def log_cap(rec: JobRecord, default: int) -> int:

@@ -211,7 +211,7 @@ class JobManager:
             "job_action": self.control.op_action,
             "job_log": lambda peer, a: self.log(
                 a.text("job"), a.opt_int("offset"), a.opt_int("max_bytes")
-            ),
+            ).to_json(),
             "jobs_pause_all": lambda peer, a: [r.to_json() for r in self.pause_all(by=BY_USER)],
             **self.kernel_handlers(),
         }
@@ -256,7 +256,7 @@ class JobManager:
         rec = self.get(args.text("job"))
         found = rec.to_json()
         if args.flag("curves"):
-            found["curves"] = self.link.curves.get(rec.id)
+            found["curves"] = self.link.curves.get(rec.id).to_json()
         return found
 
     def tree_bytes(self, job_id: str, pids: Sequence[int]) -> Optional[int]:
@@ -542,11 +542,9 @@ class JobManager:
 
     def log(
         self, job_ref: str, offset: Optional[int] = None, max_bytes: Optional[int] = None
-    ) -> Dict[str, Any]:
-        """The job's output from byte ``offset`` (default: the last 64 KiB).
-
-        Returns ``{"data": text, "offset": next offset, "size": file size, "start": offset
-        read from}``; a character cut at either end is left for the next read. Raises
+    ) -> logpages.LogPage:
+        """The job's output from byte ``offset`` (default: the last 64 KiB), a page of it; a
+        character cut at either end is left for the next read. Raises
         LookupError for an unknown job, ValueError for a negative offset or a log that cannot
         be read."""
         with self.table.lock:

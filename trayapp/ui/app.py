@@ -219,12 +219,11 @@ class HeadroomApp(QObject):
             window.launched.connect(self._show_launched_job)
         return self._raise(window)
 
-    def _show_launched_job(self, job: Dict[str, Any]) -> None:
-        """A job just launched from the dialog (the engine's JSON of it): show it in the jobs
-        window."""
+    def _show_launched_job(self, job: JobRecord) -> None:
+        """A job just launched from the dialog (its record): show it in the jobs window."""
         jobs = self.open_window("jobs")
         if jobs is not None and hasattr(jobs, "select_job"):
-            jobs.select_job(JobRecord.from_json(job).id)
+            jobs.select_job(job.id)
 
     @staticmethod
     def _raise(window: QWidget) -> QWidget:

@@ -9,7 +9,7 @@ the engine (``job_checkpoints``, ``job_checkpoint_delete``) and relaunches the j
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -209,10 +209,10 @@ def continue_question(job: JobRecord, ck: CheckpointInfo, later: List[str]) -> s
     return text
 
 
-def continue_from(client: EngineClient, job: JobRecord, later: List[str]) -> Dict[str, Any]:
+def continue_from(client: EngineClient, job: JobRecord, later: List[str]) -> JobRecord:
     """Continue ``job`` from its checkpoints after deleting those of the ``later`` fits: a
     parked (or resumable stopped) job resumes under its id, another is launched again with
-    --resume (its environment taken from it). Returns the engine's job dict. Runs on a worker
+    --resume (its environment taken from it). Returns the job's record. Runs on a worker
     thread (the requests block)."""
     for name in later:
         client.job_checkpoint_delete(job.id, name)

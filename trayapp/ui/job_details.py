@@ -37,6 +37,7 @@ from trayapp import formats
 from trayapp import series as seriesmod
 from trayapp.config import format_bytes
 from trayapp.engine.event_record import EngineEvent
+from trayapp.jobs.curves import FitStart, JobCurves
 from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
 from trayapp.ui.forms import ERROR_STYLE, NOTE_STYLE, plain_label, plain_tip, set_message
@@ -419,21 +420,18 @@ class CurvesChart(QWidget):
         self.chart.getPlotItem().setTitle(None)
         self.note.setText("")
 
-    def _mark_fits(self, fits: List[Dict[str, Any]]) -> None:
+    def _mark_fits(self, fits: Sequence[FitStart]) -> None:
         plot = self.chart.getPlotItem()
         for line in self.fit_lines:
             plot.removeItem(line)
         self.fit_lines = []
         for fit in fits[1:]:
-            x = fit.get("x")
-            if not isinstance(x, (int, float)):
-                continue
             line = pg.InfiniteLine(
-                pos=float(x),
+                pos=fit.x,
                 angle=90,
                 movable=False,
                 pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DotLine),
-                label=f"fit {fit.get('fit')}",
+                label=f"fit {fit.fit}",
                 labelOpts={"position": 0.05, "color": "#555555"},
             )
             plot.addItem(line, ignoreBounds=True)
@@ -473,12 +471,11 @@ class CurvesChart(QWidget):
                 plot.setTitle(title_legend(self.keys), size="8pt")
         return item
 
-    def show_curves(self, curves: Optional[Dict[str, Any]], job: Optional[JobRecord]) -> None:
-        """Draw the engine's curves of a job (``job_get`` with curves)."""
+    def show_curves(self, curves: Optional[JobCurves], job: Optional[JobRecord]) -> None:
+        """Draw the engine's curves of a job (``EngineClient.job_curves``)."""
         batches, epochs = curve_data(curves)
-        names = [str(n) for n in (curves or {}).get("names") or []]
-        fits = [f for f in (curves or {}).get("fits") or [] if isinstance(f, dict)]
-        self._mark_fits(fits)
+        names = list(curves.names) if curves is not None else []
+        self._mark_fits(curves.fits if curves is not None else ())
         for name in names:
             if name in batches:
                 self._item(name, name, names, False).setData(*batches[name])

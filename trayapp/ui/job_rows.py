@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from trayapp import formats, vocab
 from trayapp.config import format_bytes
 from trayapp.engine.checkpoint_record import CheckpointInfo
+from trayapp.jobs.curves import JobCurves
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.record_parts import Checkpoint
@@ -382,22 +383,20 @@ def action_refusal(job: Optional[JobRecord], action: str) -> Optional[str]:
 CurveData = Dict[str, Tuple[List[float], List[float]]]
 
 
-def curve_data(curves: Optional[Mapping[str, Any]]) -> Tuple[CurveData, CurveData]:
-    """The engine's curves of a job (``jobs.curves.Curves.get``) as (per batch, per epoch
+def curve_data(curves: Optional[JobCurves]) -> Tuple[CurveData, CurveData]:
+    """The engine's curves of a job (``jobs.curves.JobCurves``) as (per batch, per epoch
     end): ``{metric: (epoch positions, values)}``, each in the order the metrics came."""
     out: Tuple[CurveData, CurveData] = ({}, {})
-    names = [str(n) for n in (curves or {}).get("names") or []]
-    for into, key in zip(out, ("batches", "epochs")):
-        for point in (curves or {}).get(key) or []:
-            x, values = point.get("x"), point.get("m") or {}
-            if not isinstance(x, (int, float)):
-                continue
-            for name in names:
-                value = values.get(name)
-                if isinstance(value, (int, float)):
+    if curves is None:
+        return out
+    for into, points in zip(out, (curves.batches, curves.epochs)):
+        for point in points:
+            for name in curves.names:
+                value = point.m.get(name)
+                if value is not None:
                     xs, ys = into.setdefault(name, ([], []))
-                    xs.append(float(x))
-                    ys.append(float(value))
+                    xs.append(point.x)
+                    ys.append(value)
     return out
 
 

@@ -37,7 +37,7 @@ from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.status_record import Status
 from trayapp.jobs.options import holds_checkpoint
-from trayapp.jobs.record import JobRecord, records
+from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line as printable
 from trayapp.ui.forms import (
     ERROR_STYLE,
@@ -511,18 +511,17 @@ class JobsWindow(QWidget):
             lambda c: c.job_action(job_id, action), self._acted, self._action_failed
         )
 
-    def _acted(self, job: Dict[str, Any]) -> None:
-        self.model.update_jobs(records([job]), complete=False)
+    def _acted(self, job: JobRecord) -> None:
+        self.model.update_jobs([job], complete=False)
         self._selection_changed_data()
         self.refresh()
 
-    def _relaunched(self, job: Dict[str, Any]) -> None:
+    def _relaunched(self, job: JobRecord) -> None:
+        """A job launched again (its record): selected, and said with ``relaunched``."""
         self._selection_changed_data()
-        new = records([job])
-        if new:
-            self.model.update_jobs(new, complete=False)
-            self.select_job(new[0].id)
-            self.relaunched.emit(job)
+        self.model.update_jobs([job], complete=False)
+        self.select_job(job.id)
+        self.relaunched.emit(job)
 
     def _action_failed(self, message: str) -> None:
         self._say_error(one_line(message))

@@ -16,6 +16,8 @@ from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidge
 from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
+from trayapp.jobs.curves import JobCurves
+from trayapp.jobs.logpages import LogPage
 from trayapp.jobs.record import JobRecord
 from trayapp.ui import job_checkpoints
 from trayapp.ui.forms import one_line
@@ -57,9 +59,9 @@ class _Window(Protocol):
         error: Optional[Callable[[str], None]] = None,
     ) -> None: ...
 
-    def _acted(self, job: Dict[str, Any]) -> None: ...
+    def _acted(self, job: JobRecord) -> None: ...
 
-    def _relaunched(self, job: Dict[str, Any]) -> None: ...
+    def _relaunched(self, job: JobRecord) -> None: ...
 
 
 class DetailTabs:
@@ -159,15 +161,14 @@ class DetailTabs:
             lambda r: self._got_log(job_id, offset, r),
         )
 
-    def _got_log(self, job_id: str, asked: Optional[int], result: Dict[str, Any]) -> None:
+    def _got_log(self, job_id: str, asked: Optional[int], page: LogPage) -> None:
         if job_id != self._log_job or asked != self._log_offset:
             return  # the selection changed, or another answer came first
-        data = str(result.get("data") or "")
-        self._log_offset = int(result.get("offset") or 0)
-        if data:
-            self._w.append_log(data)
+        self._log_offset = page.offset
+        if page.data:
+            self._w.append_log(page.data)
         # A long log arrives in pieces: read on at once rather than a second later.
-        if int(result.get("size") or 0) > self._log_offset and self._w.selected_id == job_id:
+        if page.size > self._log_offset and self._w.selected_id == job_id:
             QTimer.singleShot(0, lambda: self._poll_log(job_id))
 
     # -- events ---------------------------------------------------------------------------------
@@ -232,13 +233,13 @@ class DetailTabs:
         )
         self._w._submit(
             "curves",
-            lambda c: c.job_get(job_id, curves=True),
+            lambda c: c.job_curves(job_id),
             lambda r: self._got_curves(job_id, r),
         )
 
-    def _got_curves(self, job_id: str, result: Dict[str, Any]) -> None:
+    def _got_curves(self, job_id: str, curves: JobCurves) -> None:
         if job_id == self._w.selected_id:
-            self.curves_chart.show_curves((result or {}).get("curves"), self._w.model.job(job_id))
+            self.curves_chart.show_curves(curves, self._w.model.job(job_id))
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -288,8 +289,8 @@ class DetailTabs:
             lambda m: pane.show_error(one_line(m)),
         )
 
-    def _continued(self, job: Dict[str, Any]) -> None:
-        if job.get("id") == self._w.selected_id:
+    def _continued(self, job: JobRecord) -> None:
+        if job.id == self._w.selected_id:
             self._w._acted(job)  # resumed under its own id (a parked or stopped job)
         else:
             self._w._relaunched(job)

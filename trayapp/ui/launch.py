@@ -31,6 +31,8 @@ from trayapp.jobs import options as opts
 from trayapp.jobs import plan as planmod
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
+from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading
 from trayapp.ui.background import Background
 from trayapp.ui.forms import ERROR_STYLE, one_line, set_message, window_title
@@ -561,7 +563,7 @@ class LaunchDialog(LaunchForm):
             self._launch_failed,
         )
 
-    def _launched(self, data: Dict[str, Any], job: Dict[str, Any]) -> None:
+    def _launched(self, data: JSONObject, job: JobRecord) -> None:
         self.launching = False
         self.launch_button.setText("Launch")
         self.recent_store.remember(data)

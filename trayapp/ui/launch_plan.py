@@ -18,6 +18,7 @@ from trayapp.jobs import options as opts
 from trayapp.jobs import plan as planmod
 from trayapp.jobs import spec_values as sv
 from trayapp.jobs.options import JobSpec, MemoryOptions, SpecError
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import GpuReading
 
 log = logging.getLogger("headroom.ui")
@@ -235,35 +236,43 @@ class RecentLaunches:
     def __init__(self, path: Path):
         self.path = path
 
-    def _read(self) -> Dict[str, Any]:
+    def _read(self) -> Tuple[List[str], Dict[str, JSONObject]]:
+        """(the recent scripts, the last spec of each); what is not one is left out."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return {"recent": [], "specs": {}}
+            return [], {}
         if not isinstance(data, dict):
-            return {"recent": [], "specs": {}}
-        recent = [s for s in data.get("recent") or [] if isinstance(s, str)]
-        specs = {k: v for k, v in (data.get("specs") or {}).items() if isinstance(v, dict)}
-        return {"recent": recent, "specs": specs}
+            return [], {}
+        recent = data.get("recent")
+        specs = data.get("specs")
+        return (
+            [s for s in (recent if isinstance(recent, list) else ()) if isinstance(s, str)],
+            {
+                str(k): v
+                for k, v in (specs if isinstance(specs, dict) else {}).items()
+                if isinstance(v, dict)
+            },
+        )
 
     def recent(self) -> List[str]:
         """Scripts launched lately, newest first."""
-        return list(self._read()["recent"])
+        return self._read()[0]
 
-    def spec_for(self, script: str) -> Optional[Dict[str, Any]]:
+    def spec_for(self, script: str) -> Optional[JSONObject]:
         """The spec (``JobSpec.to_json()``) last launched for ``script``, or None."""
-        return self._read()["specs"].get(os.path.abspath(script))
+        return self._read()[1].get(os.path.abspath(script))
 
-    def remember(self, spec: Dict[str, Any]) -> None:
+    def remember(self, spec: JSONObject) -> None:
         script = os.path.abspath(str(spec.get("script") or ""))
-        data = self._read()
-        data["recent"] = [script] + [s for s in data["recent"] if s != script]
-        del data["recent"][RECENT_SCRIPTS:]
-        specs = data["specs"]
+        recent, specs = self._read()
+        recent = [script] + [s for s in recent if s != script]
+        del recent[RECENT_SCRIPTS:]
         specs.pop(script, None)
         specs[script] = spec
         while len(specs) > REMEMBERED_SPECS:
             specs.pop(next(iter(specs)))
+        data = {"recent": recent, "specs": specs}
         try:
             atomic_write(self.path, json.dumps(data, indent=1) + "\n", mode=0o600)
         except OSError as e:
