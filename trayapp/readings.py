@@ -50,7 +50,7 @@ class MemoryReading:
         values = typed_fields(cls, data, _MEMORY_TYPES)
         if not all(k in values for k in ("total_bytes", "available_bytes")):
             return None
-        base: Dict[str, Any] = {
+        base: JSONObject = {
             "time": time,
             "used_bytes": max(0, values["total_bytes"] - values["available_bytes"]),
             "swap_total_bytes": 0,
@@ -142,7 +142,7 @@ class GpuReading:
             except ValueError:
                 continue
         values["processes"] = tuple(procs)
-        base: Dict[str, Any] = {
+        base: JSONObject = {
             "name": "",
             "uuid": None,
             "memory_total_bytes": None,

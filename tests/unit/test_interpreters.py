@@ -263,3 +263,13 @@ def test_the_probe_runs_without_headroom_on_its_path(tmp_path, bare_python):
     )
     probe(str(python), env=env)
     assert headroom_root not in env_seen.read_text()
+
+
+def test_the_probe_script_needs_nothing_but_the_python_it_runs_in(tmp_path, bare_python):
+    """The probe runs in the user's Python, which has no Headroom: run from a folder without
+    trayapp/ beside it (``-c`` puts the working folder on the path), it still answers."""
+    done = subprocess.run([bare_python, "-c", interpreters.PROBE_SCRIPT], cwd=tmp_path,
+                          env={"PATH": os.environ.get("PATH", "")}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "HEADROOM_PROBE " in done.stdout

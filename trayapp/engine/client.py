@@ -27,6 +27,7 @@ from trayapp.engine.status_record import Status
 from trayapp.jobs.curves import JobCurves
 from trayapp.jobs.logpages import LogPage
 from trayapp.jobs.record import JobRecord, records
+from trayapp.jsonvalue import JSONObject
 
 WINDOWS = sys.platform == "win32"
 
@@ -208,11 +209,11 @@ class EngineClient:
                         ) from None
         if not answer.get("ok"):
             raise EngineError(
-                str(answer.get("error", "unknown error")), answer.get("code", "error")
+                str(answer.get("error", "unknown error")), str(answer.get("code", "error"))
             )
         return answer.get("result")
 
-    def _receive(self, conn: Connection, req_id: int, timeout: float) -> Dict[str, Any]:
+    def _receive(self, conn: Connection, req_id: int, timeout: float) -> JSONObject:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -245,7 +246,7 @@ class EngineClient:
 
     # -- the requests -------------------------------------------------------------------------
 
-    def ping(self) -> Dict[str, Any]:
+    def ping(self) -> JSONObject:
         return self.request("ping")
 
     def status(self) -> Status:
@@ -394,7 +395,7 @@ class Subscription:
             raise EngineError(str(answer.get("error")))
         self.initial = answer.get("result") or {}
 
-    def get(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]:
+    def get(self, timeout: Optional[float] = None) -> Optional[JSONObject]:
         try:
             if not self._conn.poll(timeout):
                 return None

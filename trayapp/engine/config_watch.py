@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, List, Optional, Protocol
 
 from trayapp import config as configmod
 from trayapp.config import Config, Paths
+from trayapp.jsonvalue import JSONObject
 from trayapp.vocab import EventKind as E
 
 log = logging.getLogger("headroom.engine")
@@ -47,7 +48,7 @@ class ConfigHost(Protocol):
         *,
         level: str = ...,
         job_id: Optional[str] = ...,
-        data: Optional[Dict[str, Any]] = ...,
+        data: Optional[JSONObject] = ...,
     ) -> Any: ...
 
     def wake(self) -> None: ...
@@ -149,7 +150,7 @@ class ConfigWatcher:
         head = "; ".join(problems[:PROBLEMS_SHOWN])
         more = len(problems) - PROBLEMS_SHOWN
         message = head + (f" (and {more} more; see the settings)" if more > 0 else "")
-        data: Dict[str, Any] = {"problems": list(problems), "at_start": at_start}
+        data: JSONObject = {"problems": list(problems), "at_start": at_start}
         # The event logs its own line; the problems it leaves out get a line each.
         self.engine.emit_event(E.CONFIG_PROBLEM, message, level="warn", data=data)
         for p in problems[PROBLEMS_SHOWN:]:

@@ -39,6 +39,7 @@ from trayapp.engine.guard import (
 from trayapp.engine.parts import Parts
 from trayapp.errors import Unknown
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.probes.processes import (
     ProcessSampler,
     pids_rss,
@@ -97,7 +98,7 @@ class Emit(Protocol):
         *,
         level: str = ...,
         job_id: Optional[str] = ...,
-        data: Optional[Dict[str, Any]] = ...,
+        data: Optional[JSONObject] = ...,
     ) -> Any: ...
 
 
@@ -155,7 +156,7 @@ class GuardService:
         self._gpus_seen: Any = None
         self._failures: Dict[str, float] = {}
         self._parts = Parts(log)  # what is not the ladder itself, each part on its own
-        self._json: Dict[str, Any] = {
+        self._json: JSONObject = {
             "state": L.OK,
             "mode": self.policy().mode,
             "reasons": [],
@@ -185,7 +186,7 @@ class GuardService:
         finally:
             self._lock.release()
 
-    def state_json(self) -> Dict[str, Any]:
+    def state_json(self) -> JSONObject:
         """The guard's part of the status: state, mode, reasons, prediction, thresholds."""
         out = dict(self._json)
         # The mode as set now, not as of the last tick: a client that just changed it reads it

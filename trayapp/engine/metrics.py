@@ -19,6 +19,7 @@ from trayapp import __version__
 from trayapp.config import Config, ConfigError
 from trayapp.config.net import Listen, parse_listen
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.readings import Snapshot
 from trayapp.text import one_line
 from trayapp.vocab import GUARD_EVENTS
@@ -123,7 +124,7 @@ class MetricsService:
     def note_event(self, kind: str, data: Optional[Mapping[str, Any]]) -> None:
         self.tally.note(kind, data)
 
-    def state_json(self) -> Dict[str, Any]:
+    def state_json(self) -> JSONObject:
         """``{"listen": "127.0.0.1:9835" or None, "tls": bool, "error": why it is off or
         None}``."""
         with self._lock:

@@ -15,6 +15,7 @@ import math
 from typing import Any, Dict, List, Optional, Tuple
 
 from trayapp.channel import encode
+from trayapp.jsonvalue import JSONObject
 from trayapp.runner.protocol import MAX_MESSAGE_BYTES, ProtocolError
 from trayapp.text import one_line
 
@@ -103,7 +104,7 @@ def _parse_int(digits: str) -> int:
         raise _NumberOutOfRange from None
 
 
-def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
+def parse_request(data: bytes) -> Tuple[Any, str, JSONObject]:
     """Bytes -> (id, op, args); raises ProtocolError with a one-line reason."""
     try:
         msg = json.loads(data.decode("utf-8"), parse_int=_parse_int)
@@ -148,7 +149,7 @@ def parse_request(data: bytes) -> Tuple[Any, str, Dict[str, Any]]:
     return req_id, op, args
 
 
-def _check_bounds(msg: Dict[str, Any]) -> None:
+def _check_bounds(msg: JSONObject) -> None:
     """Raise ProtocolError for a request nested deeper than MAX_DEPTH or holding a number that
     is not finite or not within MAX_NUMBER. Iterative: a deep request cannot exhaust the stack."""
     stack: List[Tuple[Any, int]] = [(msg, 1)]
@@ -168,7 +169,7 @@ def _check_bounds(msg: Dict[str, Any]) -> None:
             raise ProtocolError("request holds a number out of range")
 
 
-def ok(req_id: Any, result: Any) -> Dict[str, Any]:
+def ok(req_id: Any, result: Any) -> JSONObject:
     return {"id": req_id, "ok": True, "result": result}
 
 
@@ -176,15 +177,15 @@ MAX_ID_CHARS = 200  # a request's id, given back in its answer
 MAX_ERROR_CHARS = 500  # an error's message (it may quote the request)
 
 
-def error(req_id: Any, message: str, code: str = "error") -> Dict[str, Any]:
+def error(req_id: Any, message: str, code: str = "error") -> JSONObject:
     """A refusal; its message is one line of at most ``MAX_ERROR_CHARS`` (a request's words
     quoted in it cannot make the answer larger than a client reads)."""
     return {"id": req_id, "ok": False, "error": one_line(message, MAX_ERROR_CHARS), "code": code}
 
 
-def push(kind: str, data: Any) -> Dict[str, Any]:
+def push(kind: str, data: Any) -> JSONObject:
     return {"push": kind, "data": data}
 
 
-def request(req_id: Any, op: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def request(req_id: Any, op: str, args: Optional[JSONObject] = None) -> JSONObject:
     return {"id": req_id, "op": op, "args": args or {}}

@@ -399,7 +399,7 @@ class Engine:
         *,
         level: str = "info",
         job_id: Optional[str] = None,
-        data: Optional[Dict[str, Any]] = None,
+        data: Optional[JSONObject] = None,
     ) -> EngineEvent:
         """Record an event in the store and push it to subscribers; returns the event (its
         message escaped to one line: it often names a job, and every client shows it)."""
@@ -421,7 +421,7 @@ class Engine:
 
     # -- answers ------------------------------------------------------------------------------
 
-    def status(self) -> Dict[str, Any]:
+    def status(self) -> JSONObject:
         """The status object of DESIGN.md (``headroom status --json``), plus an ``engine``
         part: ``status_record``'s JSON."""
         return self.status_record().to_json()
@@ -467,7 +467,7 @@ class Engine:
             guard_json=guard,
         )
 
-    def _handle(self, peer: Peer, data: bytes) -> Optional[Dict[str, Any]]:
+    def _handle(self, peer: Peer, data: bytes) -> Optional[JSONObject]:
         try:
             req_id, op, args = protocol.parse_request(data)
         except protocol.ProtocolError as e:

@@ -34,6 +34,7 @@ from trayapp.engine.store_history import Row
 from trayapp.engine.store_schema import MIGRATIONS, REASON_CHARS, SCHEMA_VERSION
 from trayapp.jobs import saved
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.text import one_line
 from trayapp.vocab import EventKind as E
 
@@ -405,7 +406,7 @@ class Store:
         *,
         level: str = "info",
         job_id: Optional[str] = None,
-        data: Optional[Dict[str, Any]] = None,
+        data: Optional[JSONObject] = None,
         t: Optional[float] = None,
     ) -> EngineEvent:
         """Record an event now (not batched) and return it as stored. When the write fails,
@@ -475,7 +476,7 @@ class Store:
         self,
         include_finished: bool = True,
         limit: int = 200,
-        keep: Optional[Callable[[Dict[str, Any]], bool]] = None,
+        keep: Optional[Callable[[JSONObject], bool]] = None,
         adopting: bool = False,
     ) -> List[JobRecord]:
         """The saved jobs' records, newest start first (``rows``); with ``keep``, only the rows
@@ -489,7 +490,7 @@ class Store:
                 out.append(rec)
         return out
 
-    def save_row(self, job: Dict[str, Any]) -> None:
+    def save_row(self, job: JSONObject) -> None:
         """Insert or replace the job with ``job["id"]``. The whole dict is kept as JSON.
 
         A job counts as finished (and is dropped after ``keep_days``) once it has an ``ended``
@@ -514,7 +515,7 @@ class Store:
                 self._rollback()
                 self._write_failed(f"job {row[0]}", e)
 
-    def rewrite_jobs(self, change: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> int:
+    def rewrite_jobs(self, change: Callable[[JSONObject], Optional[JSONObject]]) -> int:
         """Save ``change(job)`` for every saved job it returns a dict for (None: keep it). What
         is replaced is zeroed in the file (secure_delete) and the WAL emptied afterwards, so the
         old text leaves no copy on disk. Returns how many changed; a database error is logged."""
@@ -546,7 +547,7 @@ class Store:
                     )
             return len(changed)
 
-    def row(self, job_id: str) -> Optional[Dict[str, Any]]:
+    def row(self, job_id: str) -> Optional[JSONObject]:
         """The saved job's JSON, or None when there is none (or on a database error)."""
         with self._lock:
             try:
@@ -560,7 +561,7 @@ class Store:
                 return None
         return store_rows.job_of(row[0]) if row else None
 
-    def rows(self, include_finished: bool = True, limit: int = 200) -> List[Dict[str, Any]]:
+    def rows(self, include_finished: bool = True, limit: int = 200) -> List[JSONObject]:
         """Saved jobs' JSON, newest start first (not yet started ones first of all); ``[]`` on
         error. As written: ``list_jobs`` reads them into records."""
         with self._lock:

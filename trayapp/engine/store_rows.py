@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from trayapp.engine.event_record import EngineEvent
 from trayapp.engine.store_schema import is_finished, limit, loads, number
+from trayapp.jsonvalue import JSONObject
 
 EVENT_COLUMNS = "id, time, kind, level, message, job_id, data"
 EVENTS_LIMIT = 500
@@ -79,7 +80,7 @@ def event_of(row: Sequence[Any]) -> EngineEvent:
     )
 
 
-def job_row(job: Dict[str, Any]) -> JobRow:
+def job_row(job: JSONObject) -> JobRow:
     """The row of a job: the columns retention and listing read, and the whole dict as JSON.
     Raises TypeError or ValueError for a dict that is not JSON."""
     return (
@@ -101,7 +102,7 @@ def jobs_query(include_finished: bool) -> str:
     return sql + " ORDER BY started IS NOT NULL, started DESC, rowid DESC LIMIT ?"
 
 
-def job_of(text: Optional[str]) -> Optional[Dict[str, Any]]:
+def job_of(text: Optional[str]) -> Optional[JSONObject]:
     """A saved job's dict; None for a row that does not hold one."""
     job = loads(text)
     return job if isinstance(job, dict) else None

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from trayapp import private, vocab
 from trayapp.text import one_line
@@ -129,7 +129,7 @@ def number(value: Any) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
-def is_finished(job: Dict[str, Any]) -> bool:
+def is_finished(job: Mapping[str, object]) -> bool:
     return job.get("ended") is not None and job.get("state") not in RESUMABLE_STATES
 
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from trayapp import config as configmod
 from trayapp import private
 from trayapp.errors import Refused
+from trayapp.jsonvalue import JSONObject
 
 FILE_NAME = "environ.json"
 VERSION = 2
@@ -126,9 +127,10 @@ def hide_stored(store: Any, jobs_dir: Path) -> int:
     ``spec.json``): the values move to the job's private file, where its folder is still
     there, and the saved spec keeps the names only. Returns how many jobs changed."""
 
-    def change(job: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        pairs = _visible_pairs(job.get("spec"))
-        if not pairs:
+    def change(job: JSONObject) -> Optional[JSONObject]:
+        spec = job.get("spec")
+        pairs = _visible_pairs(spec)
+        if not pairs or not isinstance(spec, Mapping):
             return None
         folder = jobs_dir / str(job.get("id"))
         if folder.is_dir() and not folder.is_symlink():
@@ -138,11 +140,9 @@ def hide_stored(store: Any, jobs_dir: Path) -> int:
                 save(folder, environ, sorted(values.items()))
                 spec_file = folder / "spec.json"
                 if spec_file.is_file() and not spec_file.is_symlink():
-                    configmod.atomic_write(
-                        spec_file, json.dumps(hide(job["spec"]), indent=2) + "\n"
-                    )
+                    configmod.atomic_write(spec_file, json.dumps(hide(spec), indent=2) + "\n")
             except OSError:
                 pass  # the values are dropped then: a relaunch asks for them
-        return dict(job, spec=hide(job["spec"]))
+        return dict(job, spec=hide(spec))
 
     return int(store.rewrite_jobs(change))

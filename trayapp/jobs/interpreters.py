@@ -35,8 +35,6 @@ _PROBE_MARK = "HEADROOM_PROBE "
 # Runs in any Python, even 2.7 (so an old one says its version rather than a syntax error).
 PROBE_SCRIPT = r"""
 import json, os, sys
-
-from trayapp.jsonvalue import JSONObject
 out = {"python_version": "%d.%d.%d" % tuple(sys.version_info[:3])}
 try:
     import importlib.util as _u

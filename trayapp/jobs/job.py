@@ -18,6 +18,7 @@ import psutil
 from trayapp.channel import ChannelServer, Peer
 from trayapp.jobs.ladder import Stage
 from trayapp.jobs.record import JobRecord
+from trayapp.jsonvalue import JSONObject
 from trayapp.vocab import Actor, PauseMode
 from trayapp.vocab import JobState as S
 
@@ -44,7 +45,7 @@ def who(by: Optional[str]) -> str:
 
 Emit = Callable[..., Any]
 # An event to emit once the lock is released: (kind, level, message, job id, data).
-Event = Tuple[str, str, str, Optional[str], Optional[Dict[str, Any]]]
+Event = Tuple[str, str, str, Optional[str], Optional[JSONObject]]
 
 
 class Job:

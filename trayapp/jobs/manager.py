@@ -449,7 +449,7 @@ class JobManager:
         self.table.save(job)
         if end.state != S.PARKED:
             self.table.retire(job)
-        data = {"state": end.state, "exit_code": code, "end_reason": end.reason}
+        data: JSONObject = {"state": end.state, "exit_code": code, "end_reason": end.reason}
         event: Event = (end.kind, end.level, end.message, job.id, data)
         smaller, job.smaller = job.smaller, None
         if brake is not None and brake.accumulation:
