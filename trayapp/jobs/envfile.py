@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from trayapp import config as configmod
 from trayapp import private
 from trayapp.errors import Refused
+from trayapp.jobs.stored_spec import names_only
 from trayapp.jsonvalue import JSONObject
 
 FILE_NAME = "environ.json"
@@ -27,17 +28,13 @@ VERSION = 2
 MAX_BYTES = 16 * 1024 * 1024  # a shell's environment is kilobytes; this is a sanity bound
 
 
-def hide(spec_json: Mapping[str, Any]) -> Dict[str, Any]:
+def hide(spec_json: Mapping[str, Any]) -> JSONObject:
     """``spec_json`` (``JobSpec.to_json()``) with each ``env`` value replaced by None: the
-    names stay, the values go."""
+    names stay, the values go (``StoredSpec``)."""
     out = dict(spec_json)
-    env = out.get("env")
-    if isinstance(env, list):
-        out["env"] = [
-            [pair[0], None] for pair in env if isinstance(pair, (list, tuple)) and len(pair) == 2
-        ]
-    elif isinstance(env, Mapping):
-        out["env"] = [[name, None] for name in env]
+    env = names_only(out.get("env"))
+    if env is not None:
+        out["env"] = env
     return out
 
 

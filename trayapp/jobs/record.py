@@ -24,6 +24,7 @@ from trayapp.jobs.record_parts import (
     bye_from_json,
     hello_from_json,
 )
+from trayapp.jobs.stored_spec import StoredSpec
 from trayapp.jsonvalue import JSONObject
 from trayapp.runner.protocol import STATE_IDLE as RUNNER_IDLE  # a kernel between fit() calls
 from trayapp.vocab import JobState
@@ -76,7 +77,7 @@ class JobRecord:
     runner_state: Optional[str] = None  # the runner's own word (trayapp.runner.protocol)
     hello: Optional[messages.Hello] = None
     bye: Optional[messages.Bye] = None
-    spec: Mapping[str, Any] = field(default_factory=dict)
+    spec: StoredSpec = field(default_factory=StoredSpec)  # its --env as names only
     script: str = ""
     cwd: Optional[str] = None
     argv: Tuple[str, ...] = ()
@@ -105,6 +106,10 @@ class JobRecord:
     # cgroup's last reading (usage, anon, file, limit, under_oom, oom_kill, failcnt).
     protection: Optional[str] = None
     cgroup_memory: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, StoredSpec):  # a spec given as JSON keeps the names only
+            object.__setattr__(self, "spec", StoredSpec(self.spec))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -308,7 +313,7 @@ _READERS: Dict[str, Any] = {
     "runner_state": _opt(_str),
     "hello": _opt(hello_from_json),
     "bye": _opt(bye_from_json),
-    "spec": _mapping,
+    "spec": StoredSpec.from_json,
     "script": _str,
     "cwd": _opt(_str),
     "argv": _strs,

@@ -31,6 +31,7 @@ from trayapp.jobs.options import JobSpec, SpecError, apply_preset, validate
 from trayapp.jobs.plan import JobProcess, LaunchPlan, build_launch
 from trayapp.jobs.record import JobRecord
 from trayapp.jobs.runner_link import RunnerLink
+from trayapp.jobs.stored_spec import StoredSpec
 from trayapp.jobs.table import JobTable
 from trayapp.jobs.transitions import On
 from trayapp.text import one_line
@@ -203,7 +204,7 @@ class Launcher:
             name=spec.name or Path(str(spec.script or "job")).stem,
             state=S.STARTING.value,
             started=now(),
-            spec=spec_data,
+            spec=StoredSpec(spec_data),
             script=str(spec.script),
             checkpoint_dir=str(spec.checkpoint_dir) if spec.checkpoint_dir else None,
             log_path=str(folder / "log"),
