@@ -91,7 +91,8 @@ def test_a_job_and_its_children_run_below_the_engine(home: Path, tmp_path: Path,
             assert oom_score_adj_of(engine.proc.pid) == engine_oom
             # What the job runs at is in its record, for the jobs window.
             process = c.job_get(job.id).process
-            assert process["nice"] == nice and process["oom_score_adj"] == oom
+            assert process is not None
+            assert process.nice == nice and process.oom_score_adj == oom
             release.write_text("go")
             done = wait_for(lambda: ended(c, job.id), 30, "the job to end")
             assert done.state == "finished", done

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ui.test_jobs_window import EXIT_WITH, job_state, open_window, start_job
+from trayapp.jobs.record_parts import ProcessSettings
 from trayapp.ui.job_rows import process_rows
 from trayapp.vocab import JobState as S
 
@@ -16,13 +17,15 @@ pytestmark = pytest.mark.qt_log_ignore(r"This plugin does not support propagateS
 
 
 def test_process_rows_in_words() -> None:
-    rows = dict(process_rows({"nice": 0, "oom_score_adj": 500, "log_max_bytes": 32 << 20}))
+    rows = dict(process_rows(ProcessSettings(nice=0, oom_score_adj=500, log_max_bytes=32 << 20)))
     assert rows["CPU priority"] == "nice 0 (the desktop's normal priority)"
     if sys.platform != "win32":
         assert rows["OOM score"].startswith("oom_score_adj +500 ")
     assert rows["Log"].startswith("capped at 32.0 MiB")
     assert process_rows(None) == []
-    assert dict(process_rows({"nice": 12}))["CPU priority"] == "nice 12 (below the desktop)"
+    below = dict(process_rows(ProcessSettings(nice=12)))
+    assert below["CPU priority"] == "nice 12 (below the desktop)"
+    assert "OOM score" not in below  # not recorded: not said
 
 
 def test_the_details_show_the_jobs_priority(qtbot, paths, start_engine) -> None:  # type: ignore

@@ -20,7 +20,7 @@ from trayapp.engine.store import Store
 from trayapp.jobs import messages as m
 from trayapp.jobs.manager import JobManager
 from trayapp.jobs.record import JobRecord
-from trayapp.jobs.record_parts import Checkpoint, Note
+from trayapp.jobs.record_parts import Checkpoint, Note, ProcessSettings
 from trayapp.runner import protocol as rp
 
 DEEP = "[" * 600 + "]" * 600
@@ -199,6 +199,26 @@ def test_a_saved_record_poisoned_by_an_earlier_engine_is_reset_when_read_back() 
     assert rec.checkpoint == Checkpoint("/x", 2, None, 3.0)
     assert rec.rss_bytes == 5  # the engine's own fields are not touched
     copy.deepcopy(rec.to_json())  # nothing nested too deep is kept
+
+
+def test_a_records_tf_memory_and_process_settings_are_read_back_as_records() -> None:
+    row = {"id": "j2", "state": "running",
+           "tf_memory": [{"device": "GPU:0", "current_bytes": 10, "peak_bytes": 20},
+                         {"device": "GPU:1", "current_bytes": -5, "peak_bytes": 1},  # bad
+                         {"device": "x", "extra": 1}, "junk"],
+           "process": {"nice": 5, "oom_score_adj": 5000, "log_max_bytes": True},
+           "cgroup_memory": {"usage_bytes": 3, "limit_bytes": None}}
+    rec = JobRecord.from_json(row)
+    assert rec.tf_memory == (m.TfMemory("GPU:0", 10, 20),)  # the entries that fail are left out
+    # A value out of its range is not recorded; the others are kept.
+    assert rec.process == ProcessSettings(nice=5, oom_score_adj=None, log_max_bytes=None)
+    assert rec.cgroup_memory == {"usage_bytes": 3, "limit_bytes": None}
+    out = rec.to_json()
+    assert out["tf_memory"] == [{"device": "GPU:0", "current_bytes": 10, "peak_bytes": 20}]
+    assert out["process"] == {"nice": 5, "oom_score_adj": None, "log_max_bytes": None}
+    assert JobRecord.from_json(json.loads(json.dumps(out))) == rec  # a round trip is the same
+    # Not an object at all: the record reads without it.
+    assert JobRecord.from_json({**row, "process": [1, 2], "tf_memory": "x"}).process is None
 
 
 def test_a_clean_record_is_left_as_it_is() -> None:

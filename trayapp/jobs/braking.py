@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from trayapp.config import Threshold
 from trayapp.formats import format_bytes
@@ -50,6 +50,7 @@ from trayapp.jobs.cgroups_v1 import JobCgroup
 from trayapp.jobs.job import SUSPENDED, Event, Job
 from trayapp.jobs.scopes import ScopeCgroup
 from trayapp.jobs.table import JobTable
+from trayapp.jsonvalue import JSONObject
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import JobState as S
 
@@ -252,7 +253,7 @@ class Brakes:
             log.warning("job %s: its cgroup was not removed: %s", job_id, e)
 
     @staticmethod
-    def _cgroup_counted(job: Job, counted: int, shown: Dict[str, Any]) -> None:
+    def _cgroup_counted(job: Job, counted: int, shown: JSONObject) -> None:
         """The job's memory as its cgroup counts it; none counted yet (its process just moved
         in, its pages charged where they were made) leaves the reading of its processes."""
         if counted > 0:

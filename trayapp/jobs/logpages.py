@@ -88,8 +88,8 @@ def read_page(path: Path, offset: Optional[int], max_bytes: Optional[int], cap: 
 def log_cap(rec: JobRecord, default: int) -> int:
     """The cap a job's log was launched with (``default``, the setting, for one launched
     before caps were kept)."""
-    cap = rec.process.get("log_max_bytes") if rec.process is not None else None
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+    cap = rec.process.log_max_bytes if rec.process is not None else None
+    if cap is not None and cap > 0:
         return cap
     return default
 

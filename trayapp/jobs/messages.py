@@ -80,7 +80,8 @@ class TfMemory:
         }
 
 
-def _tf_memory(value: Any) -> TfMemory:
+def tf_memory(value: Any) -> TfMemory:
+    """One device's entry of a progress message's ``tf_memory``."""
     if not isinstance(value, dict) or not set(value) <= {"device", "current_bytes", "peak_bytes"}:
         raise Bad("not {device, current_bytes, peak_bytes}")
     size = _optional(_int_in(0, MAX_BYTES))
@@ -311,7 +312,7 @@ _SCHEMAS: Dict[str, Tuple[type, Mapping[str, Callable[[Any], Any]]]] = {
             "step": _COUNT,
             "steps": _COUNT,
             "logs": _metrics,
-            "tf_memory": _optional(_objects(_tf_memory)),
+            "tf_memory": _optional(_objects(tf_memory)),
             "batch": _COUNT,
             "micro_batch": _COUNT,
             "accumulation": _COUNT,
@@ -394,7 +395,7 @@ def parse_message(raw: Mapping[str, Any]) -> Tuple[JobMessage, List[str]]:
 # The fields of a job's record that come from its messages, with the check each must pass when a
 # record is read back (an engine adopting jobs from the store trusts no earlier engine's record).
 _RECORD_FIELDS: Dict[str, Callable[[Any], Any]] = {
-    "tf_memory": _optional(lambda v: [t.to_json() for t in _objects(_tf_memory)(v)]),
+    "tf_memory": _optional(lambda v: [t.to_json() for t in _objects(tf_memory)(v)]),
     "metrics": lambda v: dict(_metrics(v)),
     "runner_state": _optional(_choice(RUNNER_STATES)),
     "epoch": _COUNT,

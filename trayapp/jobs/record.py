@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 from trayapp import vocab
 from trayapp.jobs import messages
@@ -21,8 +21,10 @@ from trayapp.jobs.record_parts import (
     Checkpoint,
     Forecast,
     Note,
+    ProcessSettings,
     bye_from_json,
     hello_from_json,
+    tf_memory_from_json,
 )
 from trayapp.jobs.stored_spec import StoredSpec
 from trayapp.jsonvalue import JSONObject
@@ -64,7 +66,7 @@ class JobRecord:
     forecast: Optional[Forecast] = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     eta_seconds: Optional[float] = None
-    tf_memory: Optional[Tuple[Mapping[str, Any], ...]] = None
+    tf_memory: Optional[Tuple[messages.TfMemory, ...]] = None
     started: Optional[float] = None
     ended: Optional[float] = None
     end_reason: Optional[str] = None
@@ -84,7 +86,7 @@ class JobRecord:
     checkpoint_dir: Optional[str] = None
     checkpoint: Optional[Checkpoint] = None  # the last checkpoint the runner saved
     log_path: Optional[str] = None
-    process: Optional[Mapping[str, Any]] = None  # the priority it was given (nice, oom_score_adj)
+    process: Optional[ProcessSettings] = None  # the priority it was given, its log's cap
     paused_by: Optional[str] = None
     pause_reason: Optional[str] = None
     pause_mode: Optional[str] = None  # "cooperative" (at a batch end) or "suspended" (the tree)
@@ -105,7 +107,7 @@ class JobRecord:
     # What guards it besides the guard, in words (trayapp.jobs.cgroups.WORDS), and its memory
     # cgroup's last reading (usage, anon, file, limit, under_oom, oom_kill, failcnt).
     protection: Optional[str] = None
-    cgroup_memory: Optional[Mapping[str, Any]] = None
+    cgroup_memory: Optional[JSONObject] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, StoredSpec):  # a spec given as JSON keeps the names only
@@ -186,7 +188,9 @@ class JobRecord:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (Checkpoint, Note, Forecast, messages.Message)):
+    if isinstance(
+        value, (Checkpoint, Note, Forecast, ProcessSettings, messages.TfMemory, messages.Message)
+    ):
         return value.to_json()
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
@@ -274,10 +278,9 @@ def _parts(read: Any) -> Any:
     return parts
 
 
-def _mappings(v: Any) -> Tuple[Dict[str, Any], ...]:
-    if not isinstance(v, (list, tuple)):
-        raise TypeError("not a list")
-    return tuple(_mapping(x) for x in v if isinstance(x, Mapping))
+def _json_object(v: Any) -> JSONObject:
+    """A part kept as it was read (the cgroup's last reading): JSON from the store or a reply."""
+    return cast(JSONObject, _mapping(v))
 
 
 _FIELDS = dataclasses.fields(JobRecord)
@@ -302,7 +305,7 @@ _READERS: Dict[str, Any] = {
     "forecast": _opt(Forecast.from_json),
     "metrics": _metrics,
     "eta_seconds": _opt(_float),
-    "tf_memory": _opt(_mappings),
+    "tf_memory": _opt(_parts(tf_memory_from_json)),
     "started": _opt(_float),
     "ended": _opt(_float),
     "end_reason": _opt(_str),
@@ -320,7 +323,7 @@ _READERS: Dict[str, Any] = {
     "checkpoint_dir": _opt(_str),
     "checkpoint": _opt(Checkpoint.from_json),
     "log_path": _opt(_str),
-    "process": _opt(_mapping),
+    "process": _opt(ProcessSettings.from_json),
     "paused_by": _opt(_str),
     "pause_reason": _opt(_str),
     "pause_mode": _opt(_str),
@@ -339,7 +342,7 @@ _READERS: Dict[str, Any] = {
     "resumed_at": _opt(_float),
     "resumable": _bool,
     "protection": _opt(_str),
-    "cgroup_memory": _opt(_mapping),
+    "cgroup_memory": _opt(_json_object),
 }
 if set(_READERS) != {f.name for f in _FIELDS[1:]}:  # pragma: no cover - caught by any import
     raise ImportError("every field of JobRecord needs a reader")

@@ -124,6 +124,50 @@ class Forecast:
         )
 
 
+@dataclass(frozen=True)
+class ProcessSettings:
+    """How the job's process was launched beside the desktop: its nice, its OOM score
+    adjustment and its log's cap (``[jobs]`` settings at its launch). None where it was not
+    recorded (a job launched before they were, an adopted kernel)."""
+
+    nice: Optional[int] = None
+    oom_score_adj: Optional[int] = None
+    log_max_bytes: Optional[int] = None
+
+    def to_json(self) -> JSONObject:
+        return {
+            "nice": self.nice,
+            "oom_score_adj": self.oom_score_adj,
+            "log_max_bytes": self.log_max_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> ProcessSettings:
+        """Read back leniently: a value out of its range is not recorded."""
+        v = _object(value)
+        return cls(
+            _lenient(_NICE, v.get("nice")),
+            _lenient(_OOM_SCORE, v.get("oom_score_adj")),
+            _lenient(_SIZE, v.get("log_max_bytes")),
+        )
+
+
+_NICE = optional(int_in(-20, 19))
+_OOM_SCORE = optional(int_in(-1000, 1000))
+
+
+def _lenient(read: Any, value: Any) -> Any:
+    try:
+        return read(value)
+    except Bad:
+        return None
+
+
+def tf_memory_from_json(value: Any) -> messages.TfMemory:
+    """One device's TensorFlow count as kept in a record, checked as the runner's message is."""
+    return messages.tf_memory(value)
+
+
 def hello_from_json(value: Any) -> messages.Hello:
     """The runner's hello as kept in a record, parsed again as the engine parses the message."""
     return _reparse(rp.HELLO, value, messages.Hello)

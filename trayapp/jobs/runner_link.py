@@ -255,9 +255,7 @@ class RunnerLink:
                 fit=msg.fit,
             )
         if "tf_memory" in msg.given:
-            changes["tf_memory"] = (
-                None if msg.tf_memory is None else tuple(m.to_json() for m in msg.tf_memory)
-            )
+            changes["tf_memory"] = None if msg.tf_memory is None else tuple(msg.tf_memory)
         job.change(**changes)
         if job.state == S.STARTING:
             self.table.move(job, On.RUNNER_UP)

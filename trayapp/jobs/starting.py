@@ -30,6 +30,7 @@ from trayapp.jobs.ladder import Stage
 from trayapp.jobs.options import JobSpec, SpecError, apply_preset, validate
 from trayapp.jobs.plan import JobProcess, LaunchPlan, build_launch
 from trayapp.jobs.record import JobRecord
+from trayapp.jobs.record_parts import ProcessSettings
 from trayapp.jobs.runner_link import RunnerLink
 from trayapp.jobs.stored_spec import StoredSpec
 from trayapp.jobs.table import JobTable
@@ -254,11 +255,7 @@ class Launcher:
             create_time=create_time,
             argv=tuple(plan.argv),
             cwd=str(plan.cwd) if plan.cwd else None,
-            process={
-                "nice": process.nice,
-                "oom_score_adj": process.oom_score_adj,
-                "log_max_bytes": process.log_max_bytes,
-            },
+            process=ProcessSettings(process.nice, process.oom_score_adj, process.log_max_bytes),
             warnings=rec.warnings + tuple(w for w in plan.warnings if w not in rec.warnings),
         )
         job.known = {popen.pid: job.process} if job.process is not None else {}

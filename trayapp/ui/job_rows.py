@@ -18,7 +18,7 @@ from trayapp.engine.checkpoint_record import CheckpointInfo
 from trayapp.jobs.curves import JobCurves
 from trayapp.jobs.job import who
 from trayapp.jobs.record import JobRecord
-from trayapp.jobs.record_parts import Checkpoint
+from trayapp.jobs.record_parts import Checkpoint, ProcessSettings
 from trayapp.ui.model import (
     INTERRUPT_TEXT,
     JOB_ACTIONS,
@@ -242,14 +242,14 @@ def plain(value: Any) -> str:
     return str(value)
 
 
-def process_rows(process: Any) -> Rows:
+def process_rows(process: Optional[ProcessSettings]) -> Rows:
     """(what, value) of how the job's process runs beside the desktop: its CPU priority, its
     OOM score, its log's cap; empty for a job launched before they were recorded."""
-    if not isinstance(process, Mapping):
+    if process is None:
         return []
     rows = []
-    nice, oom, cap = process.get("nice"), process.get("oom_score_adj"), process.get("log_max_bytes")
-    if isinstance(nice, int):
+    nice, oom, cap = process.nice, process.oom_score_adj, process.log_max_bytes
+    if nice is not None:
         rows.append(
             (
                 "CPU priority",
@@ -257,7 +257,7 @@ def process_rows(process: Any) -> Rows:
                 + (" (the desktop's normal priority)" if nice == 0 else " (below the desktop)"),
             )
         )
-    if isinstance(oom, int) and sys.platform != "win32":
+    if oom is not None and sys.platform != "win32":
         rows.append(
             (
                 "OOM score",
@@ -266,7 +266,7 @@ def process_rows(process: Any) -> Rows:
                 else f"oom_score_adj {oom}",
             )
         )
-    if isinstance(cap, int):
+    if cap is not None:
         rows.append(("Log", f"capped at {format_bytes(cap)} (its head and its tail kept)"))
     return rows
 
