@@ -66,7 +66,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     app = QApplication.instance() or QApplication([])
+    from trayapp.engine.history_record import History
+    from trayapp.engine.status_record import Status
     from trayapp.ui.dashboard import Dashboard
+    from trayapp.ui.data import RangeData
 
     with tempfile.TemporaryDirectory(prefix="hr-bench-") as tmp:
         d = Dashboard(QSettings(str(Path(tmp) / "ui.ini"), QSettings.Format.IniFormat))
@@ -75,15 +78,15 @@ def main() -> int:
         app.processEvents()
         now = time.time()
         d.set_range(3600)
-        d.apply_snapshot(status(now, 0))
-        assert d.load_history({"range": 3600, "history": history(now), "events": []})
+        d.apply_snapshot(Status.from_json(status(now, 0)))
+        assert d.load_history(RangeData(3600, now, History.from_json(history(now))))
         app.processEvents()
         rows = len(d.table)
         view = d.plots.viewport()
         times = []
         for k in range(1, args.updates + 1):
             t0 = time.perf_counter()
-            d.apply_snapshot(status(now + k / HZ, k))
+            d.apply_snapshot(Status.from_json(status(now + k / HZ, k)))
             view.repaint()
             times.append((time.perf_counter() - t0) * 1000.0)
         d.close()

@@ -45,16 +45,16 @@ def test_history_after_some_samples(engine: EngineProcess) -> None:
     def history() -> Any:
         with engine.client() as c:
             h = c.history(t0 - 5)
-        return h if len(h["series"]["mem.available"]["t"]) >= 2 else None
+        return h if len(h.series["mem.available"].t) >= 2 else None
 
     # Samples are kept at most one a second: two of them within a few seconds.
     h = wait_for(history, 10, "two samples in the history", every=0.2)
-    avail = h["series"]["mem.available"]
-    assert h["resolution"] == "raw"
-    assert len(avail["t"]) >= 2
-    assert all(t0 - 5 <= t <= time.time() for t in avail["t"])
-    assert all(v > 0 for v in avail["v"])
-    assert avail["t"] == sorted(avail["t"])
+    avail = h.series["mem.available"]
+    assert h.resolution == "raw"
+    assert len(avail.t) >= 2 and avail.v is not None and len(avail.v) == len(avail.t)
+    assert all(t0 - 5 <= t <= time.time() for t in avail.t)
+    assert all(v is not None and v > 0 for v in avail.v)
+    assert list(avail.t) == sorted(avail.t)
 
 
 def test_subscription_pushes_snapshots(engine: EngineProcess) -> None:

@@ -159,7 +159,7 @@ def test_a_full_disk_warns_once_and_the_guard_keeps_working(small_disk: Path,
             assert paused.rss_bytes < 400 * 2**20
             # Recent history still answers, from memory.
             h = c.history(time.time() - 30)
-            assert len(h["series"]["mem.available"]["t"]) >= 5
+            assert len(h.series["mem.available"].t) >= 5
     finally:
         if job_id is not None:
             try:

@@ -227,7 +227,7 @@ def test_engine_killed_job_runs_on_and_is_adopted(home: Path, paths: Any, tmp_pa
         assert "job_adopted" in kinds
         # The history has no hole beyond the time no engine ran (samples of the killed engine
         # that had not reached the disk are the only loss: at most one flush interval, 1 s).
-        times = c.history(t_start - 1)["series"]["mem.available"]["t"]
+        times = c.history(t_start - 1).series["mem.available"].t
         before = [t for t in times if t < t_kill]
         after = [t for t in times if t > t_back]
         assert before and after, times

@@ -17,6 +17,7 @@ from trayapp.config.view import ConfigView
 from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import GIB, Dashboard
+from trayapp.ui.data import RangeData
 from trayapp.ui.icon import COLOURS
 from trayapp.vocab import GuardLevel as L
 from trayapp.vocab import JobState as S
@@ -167,8 +168,7 @@ def test_events_become_markers_and_spans(qtbot, tmp_path: Path) -> None:
     assert d.marker_text(8) == "KeyError: {'x'}"
     # A job the status no longer lists is named by the event's job id, from the jobs the
     # history load names (not from the words of the message); one never named shows its id.
-    assert d.load_history({"range": d.range_seconds, "history": {"series": {}}, "events": [],
-                           "jobs": {"3fa2": "resnet"}})
+    assert d.load_history(RangeData(d.range_seconds, t0 + 10, jobs={"3fa2": "resnet"}))
     d.add_event(event(9, "job_finished", t0 + 9, "job 3fa2 (other words) finished",
                       job_id="3fa2"))
     assert d.marker_text(9) == "resnet finished"

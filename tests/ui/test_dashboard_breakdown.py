@@ -128,8 +128,8 @@ def test_a_real_engine_serves_ram_by_process_to_the_dashboard(qtbot, demo_engine
             # From before the engine started: the store answers, with the per-name series from
             # the engine's memory added.
             h = c.history(time.time() - 600, prefix=["ram.proc.", "job."])
-            assert f"job.{job_id}.rss" in h["series"]
-            assert any(n.startswith("ram.proc.") for n in h["series"])
+            assert f"job.{job_id}.rss" in h.series
+            assert any(n.startswith("ram.proc.") for n in h.series)
             app = app_on(tray_available=True)
             app.start()
             d = app.open_window("dashboard")

@@ -10,6 +10,7 @@ import pytest
 
 from tests.ui.statuses import job
 from trayapp import series
+from trayapp.engine.history_record import History
 from trayapp.jobs.curves import JobCurves
 from trayapp.jobs.record import JobRecord
 from trayapp.ui.job_details import CurvesChart, MemoryChart
@@ -22,8 +23,9 @@ T0 = 1796050000.0
 def history(job_id: str, peak_mib: float) -> Any:
     t = [T0 + k for k in range(60)]
     rss = [min(peak_mib, 100 + 10 * k) * MiB for k in range(60)]
-    return {"series": {series.job_series(job_id, "rss"): {"t": t, "v": rss},
-                       series.job_series(job_id, "vram"): {"t": t, "v": [0.0] * 60}}}
+    return History.from_json(
+        {"series": {series.job_series(job_id, "rss"): {"t": t, "v": rss},
+                    series.job_series(job_id, "vram"): {"t": t, "v": [0.0] * 60}}})
 
 
 @pytest.mark.parametrize("budget_mib, in_view", [(600, True), (10240, False)])

@@ -16,6 +16,7 @@ from PySide6.QtCore import QSettings
 from tests.ui.statuses import GiB, job, make_status
 from trayapp.engine.event_record import EngineEvent
 from trayapp.ui.dashboard import Dashboard
+from trayapp.ui.data import RangeData
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints")]
@@ -38,7 +39,7 @@ def test_3000_updates_and_repaints(qtbot, tmp_path: Path) -> None:
     d.resize(800, 600)
     d.show()
     d.set_range(300)
-    d.load_history({"range": 300, "history": {"series": {}}, "events": []})
+    d.load_history(RangeData(300, 0.0))
     t0 = 1796050000.0
     view = d.plots.viewport()
     start_rss = 0

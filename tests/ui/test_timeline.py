@@ -4,9 +4,11 @@ answers put on one time column."""
 from __future__ import annotations
 
 import math
+from typing import Any, Dict, Mapping
 
 import numpy as np
 
+from trayapp.engine.history_record import History, Series
 from trayapp.ui.data import fetch_history, series_for
 from trayapp.ui.timeline import Ring, Table, align_series
 
@@ -56,13 +58,17 @@ def test_folding_rows_keeps_the_peaks() -> None:
 
 
 def test_align_series_raw_and_minute() -> None:
-    t, cols = align_series({"a": {"t": [1, 2, 3], "v": [1, None, 3]},
-                            "b": {"t": [2, 4], "v": [20, 40]}})
+    def rows(answer: Dict[str, Any]) -> Mapping[str, Series]:
+        return History.from_json({"series": answer}).series
+
+    t, cols = align_series(rows({"a": {"t": [1, 2, 3], "v": [1, None, 3]},
+                                 "b": {"t": [2, 4], "v": [20, 40]}}))
     assert t.tolist() == [1, 2, 3, 4]
     assert np.array_equal(cols["a"], [1, np.nan, 3, np.nan], equal_nan=True)
     assert np.array_equal(cols["b"], [np.nan, 20, np.nan, 40], equal_nan=True)
-    t, cols = align_series({"mem.available": {"t": [60], "min": [1], "mean": [2], "max": [3]},
-                            "mem.used": {"t": [60], "min": [1], "mean": [2], "max": [3]}},
+    t, cols = align_series(rows({"mem.available": {"t": [60], "min": [1], "mean": [2],
+                                                   "max": [3]},
+                                 "mem.used": {"t": [60], "min": [1], "mean": [2], "max": [3]}}),
                            low=["mem.available"])
     assert cols["mem.available"].tolist() == [1] and cols["mem.used"].tolist() == [3]
     assert align_series({})[0].size == 0
@@ -81,7 +87,8 @@ class RecordingClient:
         if prefix:
             name = prefix[0] + "j1"
         ts = [float(x) for x in range(int(math.ceil(start)), int(end) + 1, 60)]
-        return {"resolution": self.resolution, "series": {name: {"t": ts, "v": [1.0] * len(ts)}}}
+        return History.from_json({"resolution": self.resolution,
+                                  "series": {name: {"t": ts, "v": [1.0] * len(ts)}}})
 
 
 def test_history_is_fetched_in_pieces_below_the_message_limit() -> None:
@@ -91,14 +98,15 @@ def test_history_is_fetched_in_pieces_below_the_message_limit() -> None:
     client = RecordingClient("minute")
     week = 7 * 86400.0
     out = fetch_history(client, 1000.0, 1000.0 + week, [0])
-    assert out["resolution"] == "minute"
+    assert out.resolution == "minute"
     # Every request asks for one series or one prefix over a bounded stretch of time.
     for start, end, series, prefix in client.calls:
         assert (series is None) != (prefix is None)
         assert end - start <= 5000 * 60
     # Chunk edges do not double a row.
-    ts = out["series"]["mem.used"]["t"]
+    ts = list(out.series["mem.used"].t)
     assert ts == sorted(set(ts)) and ts[0] == 1000.0 and ts[-1] <= 1000.0 + week
-    assert "gpu0.job.j1" in out["series"] and "job.j1" in out["series"]
+    assert out.series["mem.used"].values() == (1.0,) * len(ts)  # each row's value kept with it
+    assert "gpu0.job.j1" in out.series and "job.j1" in out.series
     # The series by process name live in the engine's memory only: not asked for a week.
     assert not any(p and ".proc." in p[0] for _s, _e, _n, p in client.calls)

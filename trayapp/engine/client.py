@@ -22,6 +22,7 @@ from trayapp.config import Paths
 from trayapp.config.view import ConfigView
 from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.event_record import EngineEvent
+from trayapp.engine.history_record import History
 from trayapp.engine.protocol import MAX_MESSAGE_BYTES, encode, request
 from trayapp.engine.status_record import Status
 from trayapp.jobs.curves import JobCurves
@@ -259,8 +260,9 @@ class EngineClient:
         end: Optional[float] = None,
         series: Optional[List[str]] = None,
         prefix: Optional[List[str]] = None,
-    ) -> Dict[str, Any]:
-        return self.request(
+    ) -> History:
+        """The series asked for (by name, or every one under a prefix) between two times."""
+        answer = self.request(
             "history",
             start=start,
             end=end,
@@ -268,6 +270,7 @@ class EngineClient:
             prefix=prefix,
             timeout=max(self.timeout, 30.0),
         )
+        return History.from_json(answer)
 
     def events(
         self,

@@ -49,6 +49,7 @@ from trayapp.ui.dashboard_parts import (
     escape,
     snapshot_values,
 )
+from trayapp.ui.data import RangeData
 from trayapp.ui.model import active_jobs, banner_text, is_demo, job_names
 from trayapp.ui.timeline import Table, align_series
 
@@ -357,14 +358,13 @@ class Dashboard(DashboardPlots):
         """The history could not be fetched (no engine yet): ask again with the next status."""
         self._requested = None
 
-    def load_history(self, answer: Dict[str, Any]) -> bool:
+    def load_history(self, loaded: RangeData) -> bool:
         """The app's answer to ``historyRequested`` (``data.load_range``): rebuild the
         buffers from it, then replay the live rows that came since. False (and ignored) when
         the range changed meanwhile."""
-        if int(answer.get("range") or 0) != self.range_seconds:
+        if int(loaded.range_seconds) != self.range_seconds:
             return False
-        history = answer.get("history") or {}
-        times, cols = align_series(history.get("series") or {}, low=LOW_SERIES)
+        times, cols = align_series(loaded.history.series, low=LOW_SERIES)
         self.table = self._new_table(len(times))
         if len(times):
             self.table.load(times, cols)
@@ -376,9 +376,9 @@ class Dashboard(DashboardPlots):
         gpus = sorted({int(n[3 : n.index(".")]) for n in cols if n.startswith("gpu")})
         self._ensure_gpus(gpus)
         self._clear_annotations()
-        for event in answer.get("events") or []:
+        for event in loaded.events:
             self.add_event(event)
-        self._learn_names({str(k): str(v) for k, v in (answer.get("jobs") or {}).items()})
+        self._learn_names(dict(loaded.jobs))
         self.history_loads += 1
         self.redraw(follow_to=self._now())
         return True

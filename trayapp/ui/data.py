@@ -6,10 +6,12 @@ in time chunks small enough to stay well below it. Runs off the GUI thread (``Ca
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from trayapp import series
 from trayapp.engine.event_record import EngineEvent
+from trayapp.engine.history_record import MINUTE, RAW, History
 from trayapp.series import memory_only
 from trayapp.vocab import EventKind as E
 from trayapp.vocab import words
@@ -60,54 +62,32 @@ def _chunks(start: float, end: float, size: float) -> List[Tuple[float, float]]:
     return out or [(start, end)]
 
 
-def _merge(into: Dict[str, Dict[str, List[float]]], part: Dict[str, Any]) -> None:
-    for name, cols in (part or {}).items():
-        t = list(cols.get("t") or [])
-        # Chunk edges are inclusive on both sides: drop a row the previous chunk already had.
-        skip = 0
-        have = into.get(name)
-        if have and have["t"]:
-            while skip < len(t) and t[skip] <= have["t"][-1]:
-                skip += 1
-        dest = into.setdefault(name, {k: [] for k in cols})
-        for k, vals in cols.items():
-            if k in dest and isinstance(vals, list):
-                dest[k].extend(vals[skip:])
-
-
-def fetch_history(
-    client: Any, start: float, end: float, gpu_indices: Iterable[int]
-) -> Dict[str, Any]:
-    """``{"resolution": "raw"|"minute", "series": {name: {"t", ...}}}`` for the dashboard's
-    series between ``start`` and ``end``. Raises what the client raises (EngineUnavailable,
-    EngineError); a series without data in the range is absent."""
+def fetch_history(client: Any, start: float, end: float, gpu_indices: Iterable[int]) -> History:
+    """The dashboard's series between ``start`` and ``end``, at one resolution. Raises what
+    the client raises (EngineUnavailable, EngineError); a series without data in the range is
+    absent."""
     names, prefixes = series_for(gpu_indices)
     span = end - start
     raw = span <= RAW_LIMIT_SECONDS
     if not raw:  # the engine keeps the series by process name for the last hour only
         prefixes = [p for p in prefixes if not memory_only(p)]
     chunk = RAW_CHUNK_SECONDS if raw else MINUTE_CHUNK_SECONDS
-    resolution: Optional[str] = None
-    series: Dict[str, Dict[str, List[float]]] = {}
-    jobs: List[Tuple[Dict[str, Any], Tuple[float, float]]] = []
+    jobs: List[Tuple[Dict[str, List[str]], Tuple[float, float]]] = []
     for name in names:
         jobs += [({"series": [name]}, c) for c in _chunks(start, end, chunk)]
     for prefix in prefixes:
         jobs += [({"prefix": [prefix]}, c) for c in _chunks(start, end, chunk / PREFIX_SHARE)]
+    out = History(None, start, end)
     for which, (a, b) in jobs:
-        answer = client.history(a, b, **which)
-        if resolution is None:
-            resolution = answer.get("resolution")
-        if answer.get("resolution") != resolution:
+        answer: History = client.history(a, b, **which)
+        if out.resolution is None:
+            out = History(answer.resolution, start, end)
+        if answer.resolution != out.resolution:
             # A chunk crossed the raw tier's horizon: keep one resolution for the whole range.
             continue
-        _merge(series, answer.get("series") or {})
-    return {
-        "resolution": resolution or ("raw" if raw else "minute"),
-        "start": start,
-        "end": end,
-        "series": series,
-    }
+        # Chunk edges are inclusive on both sides: a row the previous chunk had is not doubled.
+        out = out.joined(answer)
+    return History(out.resolution or (RAW if raw else MINUTE), start, end, out.series)
 
 
 def fetch_events(client: Any, since: float) -> List[EngineEvent]:
@@ -137,16 +117,25 @@ def job_names(client: Any) -> Dict[str, str]:
     return {job.id: job.name or job.id for job in client.jobs(all=True)}
 
 
-def load_range(
-    client: Any, seconds: float, gpu_indices: Iterable[int], now: float
-) -> Dict[str, Any]:
-    """History and events for the last ``seconds`` up to ``now``, and the names of the jobs:
-    ``{"range", "end", "history", "events", "jobs"}``."""
+@dataclass(frozen=True)
+class RangeData:
+    """What the dashboard shows for its range (``load_range``): the history up to ``end``, the
+    events it marks, and the names of the jobs they are about (id -> name)."""
+
+    range_seconds: float
+    end: float
+    history: History = field(default_factory=History)
+    events: Sequence[EngineEvent] = ()
+    jobs: Mapping[str, str] = field(default_factory=dict)
+
+
+def load_range(client: Any, seconds: float, gpu_indices: Iterable[int], now: float) -> RangeData:
+    """History and events for the last ``seconds`` up to ``now``, and the names of the jobs."""
     start = now - seconds
-    return {
-        "range": seconds,
-        "end": now,
-        "history": fetch_history(client, start, now, list(gpu_indices)),
-        "events": fetch_events(client, start),
-        "jobs": job_names(client),
-    }
+    return RangeData(
+        seconds,
+        now,
+        fetch_history(client, start, now, list(gpu_indices)),
+        fetch_events(client, start),
+        job_names(client),
+    )

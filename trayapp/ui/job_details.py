@@ -37,6 +37,7 @@ from trayapp import formats
 from trayapp import series as seriesmod
 from trayapp.config import format_bytes
 from trayapp.engine.event_record import EngineEvent
+from trayapp.engine.history_record import History, Series
 from trayapp.jobs.curves import FitStart, JobCurves
 from trayapp.jobs.record import JobRecord
 from trayapp.text import one_line
@@ -279,18 +280,18 @@ class MemoryChart(QWidget):
         self.rss_curve.setData([], [])
         self.vram_curve.setData([], [])
 
-    def show_history(self, job_id: str, result: Dict[str, Any], job: Optional[JobRecord]) -> None:
+    def show_history(self, job_id: str, result: History, job: Optional[JobRecord]) -> None:
         """Draw the engine's history answer for ``job_id`` (``chart_request``'s series)."""
-        found = (result or {}).get("series") or {}
         data = []
         for name, curve in (
             (seriesmod.job_series(job_id, "rss"), self.rss_curve),
             (seriesmod.job_series(job_id, "vram"), self.vram_curve),
         ):
-            cols = found.get(name) or {}
-            # Raw rows have "v"; one-minute rows have min/mean/max: the peak is what counts.
-            values = cols.get("v") if "v" in cols else cols.get("max")
-            data.append((curve, cols.get("t") or [], values or []))
+            rows = result.series.get(name) or Series()
+            # Raw samples, or of one-minute rows the peak: the peak is what counts. A row
+            # without a value is not drawn.
+            kept = [(t, v) for t, v in zip(rows.t, rows.values()) if v is not None]
+            data.append((curve, [t for t, _v in kept], [v for _t, v in kept]))
         peak = max((max(v) for _c, _t, v in data if v), default=0.0)
         unit, scale = ("GiB", float(1 << 30)) if peak >= 2 * float(1 << 30) else ("MiB", MIB)
         plot = self.chart.getPlotItem()

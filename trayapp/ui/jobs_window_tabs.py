@@ -7,7 +7,7 @@ checkpoints while their tab shows), and what the checkpoint manager's buttons as
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, List, Optional, Protocol
 
 from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QLabel, QSplitter, QTabWidget, QVBoxLayout, QWidge
 from trayapp.engine.checkpoint_record import CheckpointListing
 from trayapp.engine.client import EngineClient
 from trayapp.engine.event_record import EngineEvent
+from trayapp.engine.history_record import History
 from trayapp.jobs.curves import JobCurves
 from trayapp.jobs.logpages import LogPage
 from trayapp.jobs.record import JobRecord
@@ -221,7 +222,7 @@ class DetailTabs:
             lambda r: self._got_chart(job_id, r),
         )
 
-    def _got_chart(self, job_id: str, result: Dict[str, Any]) -> None:
+    def _got_chart(self, job_id: str, result: History) -> None:
         if job_id == self._w.selected_id:
             self.memory_chart.show_history(job_id, result, self._w.model.job(job_id))
 

@@ -11,6 +11,8 @@ from typing import Dict, Iterable, Mapping, Optional
 
 import numpy as np
 
+from trayapp.engine.history_record import Series
+
 NAN = float("nan")
 
 
@@ -157,22 +159,17 @@ class Table:
 
 
 def align_series(
-    series: Mapping[str, Mapping[str, list]], low: Iterable[str] = ()
+    series: Mapping[str, Series], low: Iterable[str] = ()
 ) -> tuple[np.ndarray, Dict[str, np.ndarray]]:
-    """History answers (raw ``{"t", "v"}`` or minute ``{"t", "min", "mean", "max"}``) on one
-    time column: the union of the series' times, NaN where a series has no row. Minute rows
-    keep the peak: ``max``, or ``min`` for the names in ``low``."""
+    """History series (raw or minute rows) on one time column: the union of the series'
+    times, NaN where a series has no row. Minute rows keep the peak: the highest, or the
+    lowest for the names in ``low``."""
     low = frozenset(low)
     picked: Dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, cols in series.items():
-        if "v" in cols:
-            key = "v"
-        else:
-            key = "min" if name in low else "max"
-            if key not in cols:
-                key = "mean"
-        t = np.asarray(cols.get("t") or [], dtype=float)
-        v = np.asarray([NAN if x is None else x for x in cols.get(key) or []], dtype=float)
+    for name, rows in series.items():
+        t = np.asarray(rows.t, dtype=float)
+        values = rows.values(low=name in low)
+        v = np.asarray([NAN if x is None else x for x in values], dtype=float)
         n = min(len(t), len(v))
         picked[name] = (t[:n], v[:n])
     if not picked:
