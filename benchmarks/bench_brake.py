@@ -137,7 +137,8 @@ def one_run(c: EngineClient, rate: int, budget_mb: int, brake: bool) -> Dict[str
     job = c.job_start({"script": HOG, "python": sys.executable, "name": "hog",
                        "args": ["8", str(rate), str(budget_mb + 1024)],
                        "ram_budget_mb": budget_mb})
-    job_id, pid = job["id"], int(job["pid"])
+    job_id, pid = job.id, job.pid
+    assert pid is not None, "a launched job has its pid"
     folder = Path(cgroups.detect(probe=False).memory_parent or "/nonexistent") / \
         f"{cgroups.PREFIX}{job_id}"
     sampler = Resident(pid)
@@ -149,7 +150,7 @@ def one_run(c: EngineClient, rate: int, budget_mb: int, brake: bool) -> Dict[str
             if rows and rows[-1][1] >= budget - 32 * MiB and \
                     time.monotonic() - sampler.last_growth >= STILL_SECONDS:
                 break  # near B and grown no more for a while: held (kernel) or paused (guard)
-            state = c.job_get(job_id)["state"]
+            state = c.job_get(job_id).state
             if state not in LIVE:
                 raise SystemExit(f"the hog ended ({state})")
             if time.monotonic() > deadline:
@@ -181,13 +182,13 @@ def one_run(c: EngineClient, rate: int, budget_mb: int, brake: bool) -> Dict[str
         except OSError:
             pass
         end = time.monotonic() + 10  # ended and its cgroups removed before the next run
-        while time.monotonic() < end and c.job_get(job_id)["state"] in LIVE:
+        while time.monotonic() < end and c.job_get(job_id).state in LIVE:
             time.sleep(0.05)
     reached, last = held_at(sampler.rows, budget)
     return {"peak_over_bytes": None if peak is None else peak - budget,
             "cgroup_peak_over_bytes": None if cg_peak is None else cg_peak - budget,
-            "oom_kill": oom_kill, "protection": record.get("protection"),
-            "state": record.get("state"), "paused_by": record.get("paused_by"),
+            "oom_kill": oom_kill, "protection": record.protection,
+            "state": record.state, "paused_by": record.paused_by,
             "ms_to_held": None if reached is None or last is None else
             max(0.0, (last - reached) * 1000.0),
             "cpu_held": None if cpu0 is None or cpu1 is None else cpu1 - cpu0}

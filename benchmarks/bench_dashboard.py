@@ -25,6 +25,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import shiboken6  # noqa: E402
 from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
@@ -90,6 +91,8 @@ def main() -> int:
             view.repaint()
             times.append((time.perf_counter() - t0) * 1000.0)
         d.close()
+        # Gone before the application is: a window outliving it crashes the interpreter's exit.
+        shiboken6.delete(d)
     warm = times[10:] or times
     median = statistics.median(warm)
     p95 = sorted(warm)[int(0.95 * (len(warm) - 1))]

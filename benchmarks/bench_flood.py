@@ -24,7 +24,7 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import psutil
 
@@ -109,14 +109,14 @@ def main() -> int:
         try:
             with EngineClient(paths) as c:
                 job_id = c.job_start({"script": TICKER, "args": ["0", "0.2"],
-                                      "name": "ticker"})["id"]
+                                      "name": "ticker"}).id
                 deadline = time.monotonic() + 30
-                while not c.job_get(job_id)["connected"] and time.monotonic() < deadline:
+                while not c.job_get(job_id).connected and time.monotonic() < deadline:
                     time.sleep(0.1)
             time_status(home, 2)  # warm: the first run of a command reads its files cold
             control, key = paths.control_address, str(paths.key_file)
             job = paths.job_address(job_id)
-            conditions = [
+            conditions: List[Tuple[str, List[Tuple[str, str, int, Optional[str]]]]] = [
                 ("at rest", []),
                 ("64 idle authenticated connections", [(control, "idle", 64, key)]),
                 ("200 unauthenticated clients reconnecting", [(control, "reconnect", 200, key)]),

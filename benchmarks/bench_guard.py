@@ -148,18 +148,18 @@ def one_run(c: EngineClient, home: Path, rate_mib_s: int, predict: bool) -> Dict
     job = c.job_start({"script": HOG, "args": ["8", str(rate_mib_s), str(int(2.5 * 1024)),
                                               str(progress)],
                        "name": "hog", "ram_budget_mb": 3 * 1024})
-    job_id = job["id"]
+    job_id = job.id
     try:
         deadline = time.monotonic() + 30
         while True:
             job = c.job_get(job_id)
-            if job["state"] == "paused" or job["state"] not in LIVE:
+            if job.state == "paused" or job.state not in LIVE:
                 break
             if time.monotonic() > deadline:
                 raise SystemExit("the hog was not paused in 30 s")
             time.sleep(0.02)
-        if job["state"] != "paused":
-            raise SystemExit(f"the hog ended ({job['state']}) instead of being paused")
+        if job.state != "paused":
+            raise SystemExit(f"the hog ended ({job.state}) instead of being paused")
         time.sleep(0.3)
         after = available()
         events = [e for e in c.events(limit=200, since=time.time() - 60)
@@ -174,7 +174,7 @@ def one_run(c: EngineClient, home: Path, rate_mib_s: int, predict: bool) -> Dict
             c.job_action(job_id, "kill", reason="benchmark run over")
         except Exception:
             pass
-        for p in (job.get("pids") or []):
+        for p in job.pids:
             try:
                 psutil.Process(p).kill()
             except psutil.Error:

@@ -35,6 +35,7 @@ from bench_engine import start_engine  # noqa: E402
 
 from trayapp.config import get_paths  # noqa: E402
 from trayapp.engine.client import EngineClient  # noqa: E402
+from trayapp.jobs.record import JobRecord  # noqa: E402
 from trayapp.jobs.runner_link import MESSAGES_PER_SECOND  # noqa: E402
 
 NEVER_READS = str(REPO / "tests" / "scripts" / "jobs" / "never_reads.py")
@@ -68,7 +69,7 @@ def watch(paths: Any, job_id: str, seconds: float, rate: Optional[float], addres
     sent: List[int] = []
     flooder = None
     with EngineClient(paths, timeout=30) as c:
-        dropped0 = c.job_get(job_id)["dropped_fields"]
+        dropped0 = c.job_get(job_id).dropped_fields
     t0 = time.time()
     if rate != 0:
         flooder = threading.Thread(target=lambda: sent.append(flood(address, key, rate,
@@ -85,12 +86,12 @@ def watch(paths: Any, job_id: str, seconds: float, rate: Optional[float], addres
         flooder.join()
     time.sleep(1.0)  # what was sent is read by now
     with EngineClient(paths, timeout=30) as c:
-        times = c.history(t0)["series"]["mem.available"]["t"]
+        times = c.history(t0).series["mem.available"].t
         # Over the rate is dropped unread: counted when the next message is taken.
         c_job = c.job_get(job_id)
     gaps = [b - a for a, b in zip(times, times[1:]) if a >= t0]
     n = sent[0] if sent else 0
-    dropped = c_job["dropped_fields"] - dropped0
+    dropped = c_job.dropped_fields - dropped0
     return {"rate": rate, "sent_per_s": n / seconds, "taken_per_s": max(0, n - dropped) / seconds,
             "status_s": slowest, "gap_s": max(gaps) if gaps else None}
 
@@ -103,7 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         proc = start_engine(home)
-        job: Dict[str, Any] = {}
+        job: Optional[JobRecord] = None
         try:
             paths = get_paths()
             marker = home / "quiet"
@@ -113,18 +114,19 @@ def main() -> None:
             deadline = time.monotonic() + 60
             while not marker.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            key = (paths.jobs_dir / job["id"] / "key").read_bytes()
-            address = paths.job_address(job["id"])
-            quiet = watch(paths, job["id"], args.seconds, 0, address, key)
-            rows = [watch(paths, job["id"], args.seconds, r, address, key) for r in RATES]
+            key = (paths.jobs_dir / job.id / "key").read_bytes()
+            address = paths.job_address(job.id)
+            quiet = watch(paths, job.id, args.seconds, 0, address, key)
+            rows = [watch(paths, job.id, args.seconds, r, address, key) for r in RATES]
         finally:
-            if job:  # an engine does not end its jobs: this one would sleep on for good
+            if job is not None:  # an engine does not end its jobs: this one would sleep on for good
                 try:
                     with EngineClient(paths, timeout=30) as c:
-                        c.job_action(job["id"], "kill")
+                        c.job_action(job.id, "kill")
                 except Exception as e:  # the engine gone: the job's group by hand
                     print(f"could not end the job through the engine ({e}); killing it")
-                    os.killpg(job["pid"], signal.SIGKILL)
+                    if job.pid:  # never 0: that would be this process's own group
+                        os.killpg(job.pid, signal.SIGKILL)
             proc.terminate()
             proc.wait(30)
     for row in rows:

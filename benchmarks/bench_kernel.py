@@ -61,7 +61,7 @@ def one_kernel(prefix: Path, name: str, epochs: int) -> Tuple[float, float]:
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=120)
-        kc.execute_interactive("1", timeout=120)
+        kc.execute_interactive("1", timeout=120, output_hook=lambda m: None)  # nothing printed
         start = time.perf_counter() - started
         out: List[str] = []
         kc.execute_interactive(CELL.format(epochs=epochs), timeout=600, output_hook=lambda m:

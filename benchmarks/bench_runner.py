@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 from trayapp.jobs.options import JobSpec, MemoryOptions  # noqa: E402
 from trayapp.jobs.plan import build_launch  # noqa: E402
 from trayapp.runner import protocol  # noqa: E402
+from trayapp.runner.forecast import PROBE  # noqa: E402
 
 FIT_GOAL = 1.02
 START_GOAL_MS = 300.0
@@ -210,7 +211,7 @@ for i in range(rounds):
     ratios.append(pair["hooked"] / pair["plain"])
     starts.append(start["hooked"] - start["plain"])
 
-progress_cls, first_cls, _ = fithook._callback_classes(keras.callbacks, True)
+progress_cls, first_cls = fithook._callback_classes(keras.callbacks, True)[:2]
 run = training.FitRun(session, model, 1, 1, True, True)
 run.steps = samples // batch
 logs = model.get_metrics_result()
@@ -268,7 +269,13 @@ class EngineSide:
                     data = conn.recv_bytes()
                 except (EOFError, OSError):
                     break
-                self.messages.put((time.perf_counter(), protocol.decode(data)))
+                message = protocol.decode(data)
+                self.messages.put((time.perf_counter(), message))
+                if message.get("type") == protocol.FORECAST and message.get("how") == PROBE:
+                    # --fit-batch's question, answered as an engine with room does: the
+                    # accumulation it probed (the runner would wait for an answer otherwise).
+                    k = message.get("accumulation") or 1
+                    conn.send_bytes(protocol.encode(protocol.make(protocol.FIT, accumulation=k)))
 
     def send(self, kind: str) -> float:
         sent = time.perf_counter()

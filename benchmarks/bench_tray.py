@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import psutil
 
@@ -110,7 +110,8 @@ class Desktop:
     def _tree(self) -> List[tuple]:
         out = subprocess.run(["xwininfo", "-root", "-tree"], env=self.env, capture_output=True,
                              text=True, timeout=10).stdout
-        rows, stack = [], []
+        rows: List[tuple] = []
+        stack: List[Any] = []
         for line in out.splitlines():
             m = _LINE.match(line)
             if not m:
@@ -180,10 +181,10 @@ def start_training(paths: Paths) -> str:
                            "name": "bench-train"})
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            got = c.job_get(job["id"])
-            if got.get("epoch"):
-                return str(job["id"])
-            if got["state"] not in ("starting", "running"):
+            got = c.job_get(job.id)
+            if got.epoch:
+                return job.id
+            if got.state not in ("starting", "running"):
                 break
             time.sleep(0.2)
     raise SystemExit("bench_tray: the Keras job did not start training")

@@ -113,7 +113,10 @@ def verdict(res: Dict[str, Any]) -> str:
     value, ratio, goal = res.get("value"), res.get("ratio"), res.get("goal")
     if goal is None or not isinstance(value, (int, float)):
         return ""
-    ok = value <= float(goal) if goal_on_value(res) else float(ratio) <= float(goal)
+    if goal_on_value(res):
+        ok = value <= float(goal)
+    else:
+        ok = ratio is not None and float(ratio) <= float(goal)
     if res.get("goal_min") is not None:  # a range: "1 ≤ x ≤ 1.15"
         ok = ok and value >= float(res["goal_min"])
     return "meets the goal" if ok else "misses the goal"

@@ -15,7 +15,8 @@ from .training import FitRun, _first_line, _int
 
 
 def _callback_classes(callbacks_module, keras3):
-    """(the progress callback, the first callback, the restoring callback or None)."""
+    """(the progress callback, the first callback, the restoring callback or None, the
+    progress bar class or None)."""
     headroom_cls, first_cls = _progress_classes(callbacks_module.Callback)
     return (
         headroom_cls,
