@@ -60,6 +60,9 @@ def test_fit_batch_starts_at_the_micro_batch_that_fits_the_budget_and_trains_the
         # Measured again in the first steps at the micro-batch it trains: it fits.
         steps = [e for e in forecasts if e.data["how"] == "steps"]
         assert steps and steps[-1].data["fits"], [(e.message, e.data) for e in forecasts]
+        # Each line says where its figure comes from (two figures of one fit read as one).
+        assert probe.message.endswith("(a forecast from a trial at a small batch, before training)")
+        assert steps[-1].message.endswith("(measured over its first steps)"), steps[-1]
         assert job.forecast and job.forecast.fits, job.forecast
         shrunk = [e for e in said if e.kind == E.JOB_SHRUNK]
         assert shrunk and f"{job.micro_batch} x {job.accumulation}" in shrunk[0].message
@@ -268,7 +271,8 @@ def test_a_job_that_fits_its_budget_is_not_said_not_to_fit(
         need = e.data["need_bytes"]
         assert peak * 0.98 <= need <= peak * 1.15, (need / peak, e.message)
     probe = next(e for e in forecasts if e.data["how"] == "probe")
-    assert probe.data["fits"] and probe.message.endswith(": it fits"), probe.message
+    assert probe.data["fits"] and ": it fits (a forecast from a trial" in probe.message, \
+        probe.message
 
 
 def test_a_job_that_does_not_fit_its_budget_is_said_not_to(
@@ -278,5 +282,5 @@ def test_a_job_that_does_not_fit_its_budget_is_said_not_to(
     forecasts = forecast_events(start_engine, tmp_path, budget_mb)
     for e in forecasts:
         assert e.level == "warn" and not e.data["fits"], e
-        assert e.message.endswith("it does not fit even at micro-batches of 8"), e.message
+        assert "it does not fit even at micro-batches of 8 (" in e.message, e.message
         assert f"its budget is {budget_mb:.1f} MiB (" in e.message, e.message

@@ -289,6 +289,10 @@ def test_the_job_channel_drives_the_job(manager: JobManager, paths: Paths, event
         assert moving.metrics == {"loss": 0.4}
         # 4 steps in about 1.1 s, 14 to go: about 4 s.
         assert 2.0 < moving.eta_seconds < 5.0
+        # The next epoch begins (its report has no logs yet): the last loss is still the job's.
+        send(rp.PROGRESS, epoch=2, epochs=2, step=0, steps=10, logs={})
+        begun = until(manager, lambda: manager.get(jid).epoch == 2 and manager.get(jid))
+        assert begun.metrics == {"loss": 0.4} and begun.step == 0
 
         manager.pause(jid, reason="testing")
         assert command() == rp.PAUSE
