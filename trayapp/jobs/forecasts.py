@@ -235,6 +235,18 @@ def _outcome(
     return f": it will train micro-batches of {micro} x {k} (the same training)"
 
 
+# Where a forecast's figure comes from: its event says so (a job has one of each, or more).
+_SOURCES = {
+    rf.PROBE: " (a forecast from a trial at a small batch, before training)",
+    rf.STEPS: " (measured over its first steps)",
+}
+
+
+def source_said(how: Optional[str]) -> str:
+    """What a forecast's event adds after its verdict: where its figure comes from."""
+    return _SOURCES.get(how or "", "")
+
+
 def ram_need(msg: Forecast) -> Optional[int]:
     """The RAM (bytes) the fit needs at the micro-batch it trains, from its forecast; None
     where it has no RAM figure (the guard's rule for resuming a job paused mid-step)."""

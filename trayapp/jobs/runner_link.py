@@ -47,11 +47,6 @@ PROGRESS_FIELDS = (
 )
 MAX_FIT_ANSWERS = 8  # --fit-batch answers a job gets (one a fit; a job that asks on and on
 # and never reads would fill its channel until the engine's writes block)
-# Where a forecast's figure comes from, as its event says (a job has one of each, or more).
-FORECAST_FROM = {
-    rf.PROBE: " (a forecast from a trial at a small batch, before training)",
-    rf.STEPS: " (measured over its first steps)",
-}
 MAX_FORECAST_EVENTS = 8  # a job's forecasts said as events (one a fit and micro-batch)
 MAX_PEERS = 4  # connections a job's channel takes at once (the runner reconnects)
 # Messages a job may send a second (on average; BURST at once). A runner sends a few: progress
@@ -375,7 +370,7 @@ class RunnerLink:
             (
                 E.JOB_FORECAST,
                 level,
-                f"job {job.id} ({rec.name}) {verdict.text}{FORECAST_FROM.get(msg.how or '', '')}",
+                f"job {job.id} ({rec.name}) {verdict.text}{forecasts.source_said(msg.how)}",
                 job.id,
                 {**verdict.to_json(), "batch": msg.batch, "how": msg.how},
             )
